@@ -1,0 +1,86 @@
+#include "runtime/arena.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/check.h"
+
+namespace mt {
+
+const char* mem_category_name(MemCategory c) {
+  static const char* names[] = {"params", "grads", "optimizer", "activations", "comm", "other"};
+  return names[int(c)];
+}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    arena_ = o.arena_;
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    cat_ = o.cat_;
+    o.arena_ = nullptr;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void Buffer::reset() {
+  if (arena_ && ptr_) arena_->release(ptr_, bytes_, cat_);
+  arena_ = nullptr;
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+Arena::Arena()
+    : alloc_([](size_t n) {
+        size_t rounded = (n + 63) / 64 * 64;
+        void* p = std::aligned_alloc(64, rounded);
+        if (p) std::memset(p, 0, rounded);
+        return p;
+      }),
+      free_([](void* p) { std::free(p); }) {}
+
+Arena::Arena(AllocFn alloc, FreeFn free) : alloc_(std::move(alloc)), free_(std::move(free)) {}
+
+Arena::~Arena() = default;
+
+Buffer Arena::alloc(MemCategory cat, size_t bytes) {
+  Buffer b;
+  if (bytes == 0) return b;
+  void* p = alloc_(bytes);
+  MT_CHECK(p != nullptr, "out of memory allocating %s for %s", format_bytes(bytes).c_str(), mem_category_name(cat));
+  b.arena_ = this;
+  b.ptr_ = p;
+  b.bytes_ = bytes;
+  b.cat_ = cat;
+  size_t i = size_t(cat);
+  stats_.live[i] += bytes;
+  stats_.live_total += bytes;
+  stats_.peak[i] = std::max(stats_.peak[i], stats_.live[i]);
+  stats_.peak_total = std::max(stats_.peak_total, stats_.live_total);
+  return b;
+}
+
+void Arena::release(void* p, size_t bytes, MemCategory cat) {
+  free_(p);
+  stats_.live[size_t(cat)] -= bytes;
+  stats_.live_total -= bytes;
+}
+
+void Arena::reset_peaks() {
+  stats_.peak = stats_.live;
+  stats_.peak_total = stats_.live_total;
+}
+
+std::string format_bytes(size_t bytes) {
+  double b = double(bytes);
+  if (b < 1024) return strfmt("%zu B", bytes);
+  if (b < 1024.0 * 1024) return strfmt("%.1f KiB", b / 1024);
+  if (b < 1024.0 * 1024 * 1024) return strfmt("%.1f MiB", b / (1024.0 * 1024));
+  return strfmt("%.2f GiB", b / (1024.0 * 1024 * 1024));
+}
+
+}  // namespace mt

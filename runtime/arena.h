@@ -1,0 +1,81 @@
+// Arena: every byte the trainer allocates goes through here, tagged with a category, so memory is
+// measured (live and peak per category, and peak of the total) rather than estimated.
+//
+// On the CPU backend blocks come from aligned host memory; a device backend passes its own
+// allocate/free pair. Blocks are RAII (Buffer) so activations freed during backward show up in the
+// live counters immediately and the peak reflects what activation checkpointing really saves.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace mt {
+
+enum class MemCategory : uint8_t { params, grads, optimizer, activations, comm, other };
+constexpr int kNumMemCategories = 6;
+const char* mem_category_name(MemCategory c);
+
+struct MemStats {
+  std::array<size_t, kNumMemCategories> live{};
+  std::array<size_t, kNumMemCategories> peak{};
+  size_t live_total = 0;
+  size_t peak_total = 0;
+};
+
+class Arena;
+
+// An owned block of memory; returns itself to its arena when destroyed.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { reset(); }
+
+  void reset();
+  void* data() const { return ptr_; }
+  float* f32() const { return static_cast<float*>(ptr_); }
+  int32_t* i32() const { return static_cast<int32_t*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+  explicit operator bool() const { return ptr_ != nullptr; }
+
+ private:
+  friend class Arena;
+  Arena* arena_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  MemCategory cat_ = MemCategory::other;
+};
+
+class Arena {
+ public:
+  using AllocFn = std::function<void*(size_t)>;
+  using FreeFn = std::function<void(void*)>;
+
+  Arena();  // host memory, 64-byte aligned, zero-filled
+  Arena(AllocFn alloc, FreeFn free);
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena();
+
+  // Allocates `bytes` (zero-filled on host) tagged with `cat`.
+  Buffer alloc(MemCategory cat, size_t bytes);
+  const MemStats& stats() const { return stats_; }
+  // Sets every peak to the current live value, so the next phase measures its own peak.
+  void reset_peaks();
+
+ private:
+  friend class Buffer;
+  void release(void* p, size_t bytes, MemCategory cat);
+  AllocFn alloc_;
+  FreeFn free_;
+  MemStats stats_;
+};
+
+std::string format_bytes(size_t bytes);  // "12.3 MiB"
+
+}  // namespace mt

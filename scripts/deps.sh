@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages minitrain builds and tests with, if any are missing.
+# Usage: scripts/deps.sh [--with-torch]   (torch: fixtures and the PyTorch peer benchmark)
+set -euo pipefail
+pkgs=(cmake ninja-build g++ libopenmpi-dev openmpi-bin libopenblas-dev libgtest-dev nlohmann-json3-dev
+      python3-numpy fortunes fortunes-min)
+[[ "${1:-}" == "--with-torch" ]] && pkgs+=(python3-torch)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "deps: installing ${missing[*]}"
+  sudo_cmd=""
+  [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

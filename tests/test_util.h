@@ -1,0 +1,23 @@
+// Small helpers shared by the unit tests: seeded random fills and error measures.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace mt::testing {
+
+// A fresh seed per test run unless MT_TEST_SEED pins it; printed so a failure can be replayed.
+uint64_t test_seed();
+
+std::vector<float> random_floats(size_t n, std::mt19937_64& rng, float lo = -1.f, float hi = 1.f);
+std::vector<double> random_doubles(size_t n, std::mt19937_64& rng, double lo = -1.0, double hi = 1.0);
+
+// max_i |a_i - b_i| / max(max_i |b_i|, floor)
+double max_rel_error(const float* a, const float* b, size_t n, double floor = 1e-12);
+double max_rel_error(const double* a, const double* b, size_t n, double floor = 1e-12);
+
+// A fresh empty directory under the system temp dir, removed by the caller if wanted.
+std::string make_temp_dir(const std::string& prefix);
+
+}  // namespace mt::testing

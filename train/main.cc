@@ -1,7 +1,85 @@
-// The minitrain command line: train | sample | bench | data | plan | ckpt.
+// The minitrain command line:
+//   minitrain train  [--config f.json] [key=value ...] [--flag value ...]
+//   minitrain bench  [same options] [warmup=N]
+//   minitrain sample --model run/model.safetensors --prompt 1,2,3 [--tokens N --temperature T --top_k K --seed S]
+//   minitrain data   prepare|inspect ...
+// Errors print one line `minitrain: error: ...` and exit with status 2.
 #include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
 
-int main() {
-  std::puts("minitrain: under construction");
+#include "runtime/check.h"
+#include "train/bench.h"
+#include "train/sample.h"
+#include "train/trainer.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: minitrain <command> [options]\n"
+    "  train   train a GPT (key=value options, --config file.json; see README)\n"
+    "  bench   time training steps on synthetic tokens and print a table\n"
+    "  sample  generate tokens from a trained model.safetensors\n"
+    "  data    prepare | inspect token shards\n";
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    std::string tok = s.substr(i, j - i);
+    char* end = nullptr;
+    long v = std::strtol(tok.c_str(), &end, 10);
+    if (tok.empty() || *end) mt::fail("--prompt must be comma-separated token ids (bad item '%s')", tok.c_str());
+    ids.push_back(int32_t(v));
+    i = j + 1;
+  }
+  return ids;
+}
+
+int sample_main(const std::vector<std::string>& args) {
+  mt::train::SampleOptions o;
+  for (size_t i = 0; i < args.size(); i++) {
+    const std::string& a = args[i];
+    if (i + 1 >= args.size()) mt::fail("flag %s needs a value", a.c_str());
+    const std::string& v = args[++i];
+    if (a == "--model") o.model_path = v;
+    else if (a == "--prompt") o.prompt = parse_ids(v);
+    else if (a == "--tokens") o.max_new_tokens = std::atoi(v.c_str());
+    else if (a == "--temperature") o.temperature = std::strtof(v.c_str(), nullptr);
+    else if (a == "--top_k" || a == "--top-k") o.top_k = std::atoi(v.c_str());
+    else if (a == "--seed") o.seed = std::strtoull(v.c_str(), nullptr, 10);
+    else mt::fail("unknown sample flag '%s'", a.c_str());
+  }
+  if (o.model_path.empty()) mt::fail("sample needs --model <model.safetensors>");
+  const std::vector<int32_t> out = mt::train::sample_tokens(o);
+  for (size_t i = 0; i < out.size(); i++) std::printf("%s%d", i ? "," : "", out[i]);
+  std::printf("\n");
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    if (cmd == "train") {
+      mt::train::Trainer t(mt::train::parse_train_options(args));
+      t.run();
+      return 0;
+    }
+    if (cmd == "bench") return mt::train::bench_main(args);
+    if (cmd == "sample") return sample_main(args);
+    mt::fail("unknown command '%s'\n%s", cmd.c_str(), kUsage);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "minitrain: error: %s\n", e.what());
+    return 2;
+  }
 }

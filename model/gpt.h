@@ -1,0 +1,109 @@
+// GPT-2: pre-LN transformer, learned positions, 4x GELU MLP, tied embedding/unembedding, vocabulary
+// padded to a multiple of 128. Forward and backward are explicit (no autograd): backward is a
+// reverse loop over the layers reading the activations saved by forward, or recomputing them.
+//
+// Activation checkpointing (Recompute):
+//   none       every layer keeps all its activations until backward;
+//   selective  the attention probabilities (B,NH,T,T) are not kept; backward recomputes them from
+//              the saved qkv (Korthikanti et al. 2022, "Reducing Activation Recomputation");
+//   full       only each layer's input (N,C) is kept; backward re-runs the layer's forward first.
+// Activations come from the Arena under MemCategory::activations, so the saving is measured.
+//
+// The classifier is fused with its backward and processed in row chunks: logits for a chunk are
+// computed, turned into loss and dlogits in place, and pushed back through the unembedding at once,
+// so the (N, Vp) logits are never materialised whole (as in llm.c's fused classifier).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "model/config.h"
+#include "runtime/arena.h"
+#include "runtime/param_store.h"
+
+namespace mt::model {
+
+enum class Recompute { none, selective, full };
+Recompute recompute_from_name(const std::string& s);  // throws naming --recompute
+const char* recompute_name(Recompute r);
+
+// Indices of one layer's parameters in the ParamStore.
+struct LayerParams {
+  int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
+};
+
+// One micro-batch as the model sees it: all (B,T) int32 on the host.
+struct MicroBatch {
+  int B = 0, T = 0;
+  const int32_t* tokens = nullptr;
+  const int32_t* targets = nullptr;    // < 0: ignored position
+  const int32_t* positions = nullptr;  // nullptr: 0..T-1 in every row
+  const int32_t* doc_ids = nullptr;    // nullptr: plain causal attention
+};
+
+class GPT {
+ public:
+  // Registers the parameters in `store` (which the caller finalizes). Names follow Hugging Face's
+  // GPT-2 ("transformer.h.0.attn.c_attn.weight"); matrices are stored (out, in) like nn.Linear.
+  GPT(const GPTConfig& cfg, ParamStore& store);
+
+  const GPTConfig& config() const { return cfg_; }
+  // GPT-2 initialisation: N(0, 0.02) matrices and embeddings, residual projections scaled by
+  // 1/sqrt(2 L) (Radford et al. 2019), zero biases, unit LayerNorm gains. Writes master weights.
+  void init_weights(uint64_t seed);
+
+  // Forward + backward of one micro-batch. Parameter gradients are accumulated (+=) into the store's
+  // grads with every token's loss weighted by `dloss` (1 / valid tokens of the global batch, times
+  // the fp16 loss scale). Returns the SUM of the per-token losses of this micro-batch.
+  double forward_backward(const MicroBatch& mb, float dloss);
+  // Forward only: the sum of per-token losses (eval). Keeps no activations.
+  double forward_loss(const MicroBatch& mb);
+  // Forward only for sampling: logits (V) of the last position of row 0 written to `logits`.
+  void forward_last_logits(const MicroBatch& mb, float* logits);
+
+  void set_recompute(Recompute r) { recompute_ = r; }
+  Recompute recompute() const { return recompute_; }
+  // Called after backward has finished the gradients of layer l (L-1 down to 0), then with -1 once the
+  // embeddings' gradients are final: the hook data parallelism uses to start bucket reductions.
+  void set_grad_ready_hook(std::function<void(int)> hook) { grad_ready_ = std::move(hook); }
+
+  // Wall time spent in forward (including the fused classifier) and backward since the last reset.
+  struct PhaseTimes {
+    double forward = 0, backward = 0;
+  };
+  const PhaseTimes& times() const { return times_; }
+  void reset_times() { times_ = PhaseTimes(); }
+
+  void set_arena(Arena* a) { arena_ = a; }
+  void set_ctx(const ops::Ctx& c) { ctx_ = c; }
+  const LayerParams& layer(int l) const { return layers_[size_t(l)]; }
+  int wte() const { return wte_; }
+  int wpe() const { return wpe_; }
+  int lnf_w() const { return lnf_w_; }
+  int lnf_b() const { return lnf_b_; }
+
+ private:
+  struct LayerActs;
+  struct Workspace;
+  enum class Mode { train, eval, last_logits };
+  double run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits);
+  void check_batch(const MicroBatch& mb) const;
+  void layer_forward(int l, const float* x, float* x_next, LayerActs& a, int B, int T, const int32_t* doc);
+  void layer_backward(int l, float* dx, const float* x, LayerActs& a, Workspace& w, int B, int T,
+                      const int32_t* doc);
+  double classifier(const float* lnf, float* dlnf, const int32_t* targets, float dloss, int N, bool grads);
+  void store(float* x, int64_t n);  // round to the compute precision where the GPU stores low precision
+
+  GPTConfig cfg_;
+  ParamStore& store_;
+  std::vector<LayerParams> layers_;
+  int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+  Recompute recompute_ = Recompute::none;
+  std::function<void(int)> grad_ready_;
+  Arena* arena_ = nullptr;
+  ops::Ctx ctx_;
+  PhaseTimes times_;
+};
+
+}  // namespace mt::model

@@ -1,0 +1,35 @@
+// What the trainer needs from the data pipeline: micro-batches of (B,T) int32 arrays and a resumable
+// position. Implemented over data::Loader in train/batches.cpp.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/gpt.h"
+#include "train/options.h"
+
+namespace mt::train {
+
+struct HostBatch {
+  int B = 0, T = 0;
+  std::vector<int32_t> tokens, targets, positions, doc_ids;  // positions/doc_ids empty without doc masking
+  model::MicroBatch view() const;
+  int valid_targets() const;
+};
+
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual void next(HostBatch& b) = 0;
+  virtual nlohmann::json state() const = 0;
+  virtual void restore(const nlohmann::json& s) = 0;
+  virtual double wait_seconds() const = 0;  // cumulative time next() waited for data
+  virtual int vocab_size() const = 0;
+};
+
+// Opens the training (split = "train") or validation ("val") stream described by the options, for
+// data-parallel rank `dp_rank` of `dp_size`. Fails naming the file on any problem.
+std::unique_ptr<BatchSource> open_batches(const TrainOptions& o, const std::string& split, int dp_rank, int dp_size);
+
+}  // namespace mt::train

@@ -1,0 +1,81 @@
+#include "train/bench.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "runtime/check.h"
+#include "train/trainer.h"
+
+namespace mt::train {
+
+int bench_main(const std::vector<std::string>& args) {
+  int warmup = 2;
+  std::vector<std::string> rest;
+  bool has_data = false, has_steps = false;
+  for (const std::string& a : args) {
+    if (a.rfind("warmup=", 0) == 0) {
+      warmup = std::atoi(a.c_str() + 7);
+      if (warmup < 0) fail("warmup must not be negative");
+      continue;
+    }
+    has_data |= a.rfind("data.path=", 0) == 0 || a == "--data";
+    has_steps |= a.rfind("steps=", 0) == 0 || a == "--steps";
+    rest.push_back(a);
+  }
+  if (!has_data) rest.push_back("data.path=synthetic");
+  if (!has_steps) rest.push_back("steps=5");
+  TrainOptions o = parse_train_options(rest);
+  const int measured = o.steps;
+  o.steps = measured + warmup;
+  o.optim.warmup_steps = 0;
+  Trainer tr(o);
+  const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+  const Peak peak = o.peak_flops > 0 ? Peak{o.peak_flops, "user-given peak"} : calibrate_cpu_peak(threads);
+  std::vector<StepResult> rs;
+  for (int i = 0; i < o.steps; i++) {
+    if (i == warmup) tr.arena().reset_peaks();
+    StepResult r = tr.step();
+    if (i >= warmup) rs.push_back(r);
+    std::fprintf(stderr, "bench: step %d/%d %.3f s%s\n", i + 1, o.steps, r.t_total, i < warmup ? " (warm-up)" : "");
+  }
+  std::vector<double> totals;
+  StepResult sum;
+  for (const StepResult& r : rs) {
+    totals.push_back(r.t_total);
+    sum.t_data += r.t_data;
+    sum.t_forward += r.t_forward;
+    sum.t_backward += r.t_backward;
+    sum.t_optimizer += r.t_optimizer;
+    sum.t_total += r.t_total;
+  }
+  std::sort(totals.begin(), totals.end());
+  const double median = totals[totals.size() / 2];
+  const int tokens = rs[0].tokens;
+  const double tok_s = tokens / median;
+  const double mfu = tok_s * o.model.flops_per_token(o.seq_len) / peak.flops;
+  const double hfu = tok_s * hardware_flops_per_token(o.model, o.seq_len, o.recompute) / peak.flops;
+  const MemStats& m = tr.arena().stats();
+  auto pct = [&](double x) { return 100.0 * x / sum.t_total; };
+  std::printf("| %-22s | %s |\n", "minitrain bench", "value");
+  std::printf("|------------------------|-------|\n");
+  std::printf("| %-22s | %s (%.2fM params) |\n", "model", o.model_preset.c_str(), o.model.num_params() / 1e6);
+  std::printf("| %-22s | B=%d T=%d accum=%d %s recompute=%s threads=%d |\n", "config", o.batch_size, o.seq_len,
+              o.grad_accum, dtype_name(o.precision), model::recompute_name(o.recompute), threads);
+  std::printf("| %-22s | %.1f |\n", "tokens/s (median)", tok_s);
+  std::printf("| %-22s | %.1f |\n", "ms/step (median)", 1e3 * median);
+  std::printf("| %-22s | %.1f%% |\n", "MFU", 100 * mfu);
+  std::printf("| %-22s | %.1f%% |\n", "HFU", 100 * hfu);
+  std::printf("| %-22s | %.1f GFLOP/s (%s) |\n", "peak", peak.flops / 1e9, peak.label.c_str());
+  std::printf("| %-22s | data %.1f%%, forward %.1f%%, backward %.1f%%, optimizer %.1f%% |\n", "time split",
+              pct(sum.t_data), pct(sum.t_forward), pct(sum.t_backward), pct(sum.t_optimizer));
+  for (int c = 0; c < kNumMemCategories; c++)
+    if (m.peak[size_t(c)])
+      std::printf("| %-22s | %s |\n", (std::string("peak mem ") + mem_category_name(MemCategory(c))).c_str(),
+                  format_bytes(m.peak[size_t(c)]).c_str());
+  std::printf("| %-22s | %s |\n", "peak mem total", format_bytes(m.peak_total).c_str());
+  return 0;
+}
+
+}  // namespace mt::train

@@ -1,0 +1,45 @@
+// Per-step metrics: one JSON object per line in <out_dir>/metrics.jsonl, and a one-line human
+// progress display with ETA on stderr. Also the throughput arithmetic (MFU, HFU) and the CPU peak
+// calibration.
+#pragma once
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/gpt.h"
+#include "runtime/arena.h"
+
+namespace mt::train {
+
+// Appends JSON lines to a file, flushing each so a killed run keeps every completed step.
+class JsonlWriter {
+ public:
+  JsonlWriter() = default;
+  JsonlWriter(const std::string& path, bool append);
+  JsonlWriter(const JsonlWriter&) = delete;
+  JsonlWriter& operator=(const JsonlWriter&) = delete;
+  ~JsonlWriter();
+  void write(const nlohmann::json& j);
+
+ private:
+  FILE* f_ = nullptr;
+};
+
+// FLOPs per token that the hardware executes, including activation recomputation: full recompute
+// re-runs each layer's forward (2 N_layers + 4 L C T), selective re-runs the attention core (4 L C T).
+double hardware_flops_per_token(const model::GPTConfig& cfg, int T, model::Recompute r);
+
+// The peak used for MFU: a GPU table entry (bf16 dense), or on CPU the measured rate of a
+// calibration GEMM. `label` says which.
+struct Peak {
+  double flops = 0;
+  std::string label;
+};
+Peak calibrate_cpu_peak(int threads);
+Peak gpu_peak_from_name(const std::string& device_name);  // 0 if unknown
+
+nlohmann::json memory_json(const MemStats& s);
+std::string format_duration(double seconds);  // "1h02m", "3m05s", "12s"
+
+}  // namespace mt::train

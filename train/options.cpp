@@ -1,0 +1,217 @@
+#include "train/options.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include "runtime/check.h"
+
+namespace mt::train {
+
+namespace {
+
+int to_int(const std::string& key, const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno || x < INT32_MIN || x > INT32_MAX)
+    fail("%s must be an integer (got '%s')", key.c_str(), v.c_str());
+  return int(x);
+}
+
+double to_double(const std::string& key, const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || errno) fail("%s must be a number (got '%s')", key.c_str(), v.c_str());
+  return x;
+}
+
+bool to_bool(const std::string& key, const std::string& v) {
+  if (v == "1" || v == "true" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "off") return false;
+  fail("%s must be true or false (got '%s')", key.c_str(), v.c_str());
+}
+
+LrSchedule schedule_from_name(const std::string& v) {
+  if (v == "cosine") return LrSchedule::cosine;
+  if (v == "linear") return LrSchedule::linear;
+  if (v == "constant") return LrSchedule::constant;
+  fail("optim.schedule must be cosine, linear or constant (got '%s')", v.c_str());
+}
+
+const char* schedule_name(LrSchedule s) {
+  return s == LrSchedule::cosine ? "cosine" : s == LrSchedule::linear ? "linear" : "constant";
+}
+
+using Setter = std::function<void(TrainOptions&, const std::string& key, const std::string& v)>;
+
+const std::map<std::string, Setter>& setters() {
+  static const std::map<std::string, Setter> table = {
+      {"model", [](TrainOptions& o, auto&, auto& v) { o.model_preset = v; o.model = model::GPTConfig::preset(v); }},
+      {"model.preset", [](TrainOptions& o, auto&, auto& v) { o.model_preset = v; o.model = model::GPTConfig::preset(v); }},
+      {"model.vocab_size", [](TrainOptions& o, auto& k, auto& v) { o.model.vocab_size = to_int(k, v); }},
+      {"model.block_size", [](TrainOptions& o, auto& k, auto& v) { o.model.block_size = to_int(k, v); }},
+      {"model.n_layer", [](TrainOptions& o, auto& k, auto& v) { o.model.n_layer = to_int(k, v); }},
+      {"model.n_head", [](TrainOptions& o, auto& k, auto& v) { o.model.n_head = to_int(k, v); }},
+      {"model.n_embd", [](TrainOptions& o, auto& k, auto& v) { o.model.n_embd = to_int(k, v); }},
+      {"data.path", [](TrainOptions& o, auto&, auto& v) { o.data.path = v; }},
+      {"data.val_path", [](TrainOptions& o, auto&, auto& v) { o.data.val_path = v; }},
+      {"data.mode", [](TrainOptions& o, auto& k, auto& v) {
+         if (v != "sequential" && v != "shuffled") fail("%s must be sequential or shuffled (got '%s')", k.c_str(), v.c_str());
+         o.data.mode = v; }},
+      {"data.doc_mask", [](TrainOptions& o, auto& k, auto& v) { o.data.doc_mask = to_bool(k, v); }},
+      {"data.prefetch", [](TrainOptions& o, auto& k, auto& v) { o.data.prefetch = to_int(k, v); }},
+      {"data.mix", [](TrainOptions& o, auto&, auto& v) { o.data.mix = v; }},
+      {"optim.lr", [](TrainOptions& o, auto& k, auto& v) { o.optim.lr = float(to_double(k, v)); }},
+      {"optim.min_lr_ratio", [](TrainOptions& o, auto& k, auto& v) { o.optim.min_lr_ratio = float(to_double(k, v)); }},
+      {"optim.warmup_steps", [](TrainOptions& o, auto& k, auto& v) { o.optim.warmup_steps = to_int(k, v); }},
+      {"optim.schedule", [](TrainOptions& o, auto&, auto& v) { o.optim.schedule = schedule_from_name(v); }},
+      {"optim.weight_decay", [](TrainOptions& o, auto& k, auto& v) { o.optim.weight_decay = float(to_double(k, v)); }},
+      {"optim.beta1", [](TrainOptions& o, auto& k, auto& v) { o.optim.beta1 = float(to_double(k, v)); }},
+      {"optim.beta2", [](TrainOptions& o, auto& k, auto& v) { o.optim.beta2 = float(to_double(k, v)); }},
+      {"optim.eps", [](TrainOptions& o, auto& k, auto& v) { o.optim.eps = float(to_double(k, v)); }},
+      {"optim.grad_clip", [](TrainOptions& o, auto& k, auto& v) { o.optim.grad_clip = float(to_double(k, v)); }},
+      {"loss_scale.init", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.init_scale = float(to_double(k, v)); }},
+      {"loss_scale.growth_interval", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.growth_interval = to_int(k, v); }},
+      {"batch_size", [](TrainOptions& o, auto& k, auto& v) { o.batch_size = to_int(k, v); }},
+      {"seq_len", [](TrainOptions& o, auto& k, auto& v) { o.seq_len = to_int(k, v); }},
+      {"grad_accum", [](TrainOptions& o, auto& k, auto& v) { o.grad_accum = to_int(k, v); }},
+      {"steps", [](TrainOptions& o, auto& k, auto& v) { o.steps = to_int(k, v); }},
+      {"seed", [](TrainOptions& o, auto& k, auto& v) { o.seed = uint64_t(to_double(k, v)); }},
+      {"precision", [](TrainOptions& o, auto& k, auto& v) {
+         if (v != "fp32" && v != "bf16" && v != "fp16") fail("%s must be fp32, bf16 or fp16 (got '%s')", k.c_str(), v.c_str());
+         o.precision = dtype_from_name(v); }},
+      {"recompute", [](TrainOptions& o, auto&, auto& v) { o.recompute = model::recompute_from_name(v); }},
+      {"device", [](TrainOptions& o, auto&, auto& v) { o.device = device_from_name(v); }},
+      {"out_dir", [](TrainOptions& o, auto&, auto& v) { o.out_dir = v; }},
+      {"init_from", [](TrainOptions& o, auto&, auto& v) { o.init_from = v; }},
+      {"resume", [](TrainOptions& o, auto&, auto& v) { o.resume = v; }},
+      {"save_every", [](TrainOptions& o, auto& k, auto& v) { o.save_every = to_int(k, v); }},
+      {"eval_every", [](TrainOptions& o, auto& k, auto& v) { o.eval_every = to_int(k, v); }},
+      {"eval_batches", [](TrainOptions& o, auto& k, auto& v) { o.eval_batches = to_int(k, v); }},
+      {"log_every", [](TrainOptions& o, auto& k, auto& v) { o.log_every = to_int(k, v); }},
+      {"threads", [](TrainOptions& o, auto& k, auto& v) { o.threads = to_int(k, v); }},
+      {"peak_flops", [](TrainOptions& o, auto& k, auto& v) { o.peak_flops = to_double(k, v); }},
+  };
+  return table;
+}
+
+// Flattens nested JSON objects into dotted keys with string values.
+void flatten(const nlohmann::json& j, const std::string& prefix, std::vector<std::pair<std::string, std::string>>& out) {
+  for (auto& [k, v] : j.items()) {
+    std::string key = prefix.empty() ? k : prefix + "." + k;
+    if (v.is_object()) {
+      flatten(v, key, out);
+    } else if (v.is_string()) {
+      out.emplace_back(key, v.get<std::string>());
+    } else if (v.is_boolean()) {
+      out.emplace_back(key, v.get<bool>() ? "true" : "false");
+    } else if (v.is_number()) {
+      out.emplace_back(key, v.dump());
+    } else {
+      fail("config key '%s' has an unsupported value %s", key.c_str(), v.dump().c_str());
+    }
+  }
+}
+
+}  // namespace
+
+void apply_option(TrainOptions& o, const std::string& key, const std::string& value) {
+  auto it = setters().find(key);
+  if (it == setters().end()) fail("unknown option '%s'", key.c_str());
+  it->second(o, key, value);
+}
+
+TrainOptions parse_train_options(const std::vector<std::string>& args) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  for (size_t i = 0; i < args.size(); i++) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) == 0) {
+      std::string flag = a.substr(2);
+      std::string value;
+      size_t eq = flag.find('=');
+      if (eq != std::string::npos) {
+        value = flag.substr(eq + 1);
+        flag = flag.substr(0, eq);
+      } else {
+        if (i + 1 >= args.size()) fail("flag --%s needs a value", flag.c_str());
+        value = args[++i];
+      }
+      for (char& c : flag)
+        if (c == '-') c = '_';
+      if (flag == "config") {
+        std::ifstream f(value);
+        if (!f) fail("cannot open config file '%s'", value.c_str());
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(f);
+        } catch (const nlohmann::json::exception& e) {
+          fail("config file '%s' is not valid JSON: %s", value.c_str(), e.what());
+        }
+        if (!j.is_object()) fail("config file '%s' must hold a JSON object", value.c_str());
+        flatten(j, "", kv);
+        continue;
+      }
+      if (flag == "out") flag = "out_dir";
+      if (flag == "data") flag = "data.path";
+      if (!setters().count(flag)) fail("unknown flag '--%s'", flag.c_str());
+      kv.emplace_back(flag, value);
+    } else {
+      size_t eq = a.find('=');
+      if (eq == std::string::npos || eq == 0) fail("unexpected argument '%s' (expected key=value or --flag value)", a.c_str());
+      kv.emplace_back(a.substr(0, eq), a.substr(eq + 1));
+    }
+  }
+  TrainOptions o;
+  // The preset goes first so that explicit dimensions override it whatever their order.
+  for (auto& [k, v] : kv)
+    if (k == "model" || k == "model.preset") apply_option(o, k, v);
+  for (auto& [k, v] : kv)
+    if (k != "model" && k != "model.preset") apply_option(o, k, v);
+  o.validate();
+  return o;
+}
+
+void TrainOptions::validate() const {
+  model.validate();
+  if (batch_size <= 0) fail("batch_size must be positive (got %d)", batch_size);
+  if (seq_len <= 0) fail("seq_len must be positive (got %d)", seq_len);
+  if (seq_len > model.block_size)
+    fail("seq_len %d is longer than the model's context (model.block_size = %d)", seq_len, model.block_size);
+  if (grad_accum <= 0) fail("grad_accum must be positive (got %d)", grad_accum);
+  if (steps <= 0) fail("steps must be positive (got %d)", steps);
+  if (optim.lr < 0) fail("optim.lr must not be negative");
+  if (optim.warmup_steps < 0) fail("optim.warmup_steps must not be negative");
+  if (optim.min_lr_ratio < 0 || optim.min_lr_ratio > 1) fail("optim.min_lr_ratio must be in [0, 1]");
+  if (optim.beta1 < 0 || optim.beta1 >= 1 || optim.beta2 < 0 || optim.beta2 >= 1)
+    fail("optim.beta1 and optim.beta2 must be in [0, 1)");
+  if (log_every <= 0) fail("log_every must be positive (got %d)", log_every);
+  if (save_every < 0 || eval_every < 0) fail("save_every and eval_every must not be negative");
+  if (eval_batches <= 0) fail("eval_batches must be positive (got %d)", eval_batches);
+  if (threads < 0) fail("threads must not be negative");
+  if (data.prefetch < 0) fail("data.prefetch must not be negative");
+  if (loss_scale.init_scale <= 0 || loss_scale.growth_interval <= 0)
+    fail("loss_scale.init and loss_scale.growth_interval must be positive");
+}
+
+nlohmann::json TrainOptions::to_json() const {
+  return {
+      {"model", [&] { auto m = model.to_json(); m["preset"] = model_preset; return m; }()},
+      {"data", {{"path", data.path}, {"val_path", data.val_path}, {"mode", data.mode}, {"doc_mask", data.doc_mask},
+                {"prefetch", data.prefetch}, {"mix", data.mix}}},
+      {"optim", {{"lr", optim.lr}, {"min_lr_ratio", optim.min_lr_ratio}, {"warmup_steps", optim.warmup_steps},
+                 {"schedule", schedule_name(optim.schedule)}, {"weight_decay", optim.weight_decay},
+                 {"beta1", optim.beta1}, {"beta2", optim.beta2}, {"eps", optim.eps}, {"grad_clip", optim.grad_clip}}},
+      {"loss_scale", {{"init", loss_scale.init_scale}, {"growth_interval", loss_scale.growth_interval}}},
+      {"batch_size", batch_size}, {"seq_len", seq_len}, {"grad_accum", grad_accum}, {"steps", steps},
+      {"seed", seed}, {"precision", precision == DType::f32 ? "fp32" : precision == DType::bf16 ? "bf16" : "fp16"},
+      {"recompute", model::recompute_name(recompute)}, {"device", device_name(device)}, {"out_dir", out_dir},
+      {"init_from", init_from}, {"resume", resume}, {"save_every", save_every}, {"eval_every", eval_every},
+      {"eval_batches", eval_batches}, {"log_every", log_every}, {"threads", threads}, {"peak_flops", peak_flops},
+  };
+}
+
+}  // namespace mt::train

@@ -1,0 +1,81 @@
+// Training options: one struct per concern, parsed in one place (train/options.cpp) from a JSON config
+// file plus `key=value` overrides and `--flag value` layout flags. Every error names the key or flag.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config.h"
+#include "model/gpt.h"
+#include "runtime/dtype.h"
+#include "runtime/tensor.h"
+
+namespace mt::train {
+
+enum class LrSchedule { cosine, linear, constant };
+
+struct OptimOptions {
+  float lr = 6e-4f;
+  float min_lr_ratio = 0.1f;  // the schedule decays to lr * min_lr_ratio
+  int warmup_steps = 10;
+  LrSchedule schedule = LrSchedule::cosine;
+  float weight_decay = 0.1f;
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float grad_clip = 1.0f;  // <= 0 disables clipping
+};
+
+// Dynamic loss scaling for fp16 (Micikevicius et al. 2018): skip the step and halve the scale on
+// inf/NaN gradients, double it after `growth_interval` clean steps.
+struct LossScaleOptions {
+  float init_scale = 65536.f;
+  int growth_interval = 200;
+};
+
+struct DataOptions {
+  std::string path;             // a token shard file or a dataset directory
+  std::string val_path;         // optional held-out shards
+  std::string mode = "sequential";  // sequential | shuffled
+  bool doc_mask = false;        // document-masked attention and per-document positions
+  int prefetch = 2;             // batches prepared ahead on a background thread (0: none)
+  std::string mix;              // "a:0.7,b:0.3" weighted mixture of datasets
+};
+
+struct TrainOptions {
+  std::string model_preset = "tiny";
+  model::GPTConfig model = model::GPTConfig::preset("tiny");
+  DataOptions data;
+  OptimOptions optim;
+  LossScaleOptions loss_scale;
+  int batch_size = 4;   // B: rows per micro-batch (per data-parallel rank)
+  int seq_len = 64;     // T
+  int grad_accum = 1;   // micro-batches per optimizer step
+  int steps = 50;
+  uint64_t seed = 1337;
+  DType precision = DType::f32;
+  model::Recompute recompute = model::Recompute::none;
+  Device device = Device::cpu;
+  std::string out_dir = "runs/default";
+  std::string init_from;   // Hugging Face GPT-2 safetensors to initialise the weights from
+  std::string resume;      // a training-state file to continue from ("" = start fresh)
+  int save_every = 0;      // steps between training-state saves (0: only at the end)
+  int eval_every = 0;      // steps between validation evaluations (0: never)
+  int eval_batches = 4;
+  int log_every = 1;
+  int threads = 0;         // OpenMP threads (0: all cores)
+  double peak_flops = 0;   // override of the peak used for MFU (0: calibrate / table)
+
+  nlohmann::json to_json() const;
+  void validate() const;
+};
+
+// Parses `args` (the arguments after `minitrain train`): `--config file.json`, `key=value`
+// overrides with dotted keys (optim.lr=3e-4, model.n_layer=2, data.path=...), and `--flag value`
+// forms for common keys (--steps, --precision, --recompute, --device, --out ...).
+TrainOptions parse_train_options(const std::vector<std::string>& args);
+
+// Applies one `key=value` (dotted key) to `o`; throws naming the key on an unknown key or bad value.
+void apply_option(TrainOptions& o, const std::string& key, const std::string& value);
+
+}  // namespace mt::train

@@ -2,24 +2,25 @@
 
 #include <random>
 
+#include "data/loader.h"
 #include "runtime/check.h"
 
 namespace mt::train {
 
-model::MicroBatch HostBatch::view() const {
+model::MicroBatch view(const HostBatch& b) {
   model::MicroBatch mb;
-  mb.B = B;
-  mb.T = T;
-  mb.tokens = tokens.data();
-  mb.targets = targets.data();
-  mb.positions = positions.empty() ? nullptr : positions.data();
-  mb.doc_ids = doc_ids.empty() ? nullptr : doc_ids.data();
+  mb.B = b.B;
+  mb.T = b.T;
+  mb.tokens = b.inputs.data();
+  mb.targets = b.targets.data();
+  mb.positions = b.positions_or_null();
+  mb.doc_ids = b.doc_ids_or_null();
   return mb;
 }
 
-int HostBatch::valid_targets() const {
+int valid_targets(const HostBatch& b) {
   int n = 0;
-  for (int32_t t : targets) n += t >= 0;
+  for (int32_t t : b.targets) n += t >= 0;
   return n;
 }
 
@@ -33,19 +34,15 @@ class SyntheticBatches final : public BatchSource {
   void next(HostBatch& b) override {
     std::mt19937_64 rng(seed_ + 0x9E3779B97F4A7C15ULL * ++index_);
     std::uniform_int_distribution<int32_t> d(0, vocab_ - 1);
-    b.B = B_;
-    b.T = T_;
-    b.tokens.resize(size_t(B_) * T_);
-    b.targets.resize(size_t(B_) * T_);
-    for (auto& t : b.tokens) t = d(rng);
+    b.resize(B_, T_, false);
+    for (auto& t : b.inputs) t = d(rng);
     for (auto& t : b.targets) t = d(rng);
-    b.positions.clear();
-    b.doc_ids.clear();
   }
   nlohmann::json state() const override { return {{"synthetic_index", index_}}; }
   void restore(const nlohmann::json& s) override { index_ = s.at("synthetic_index"); }
   double wait_seconds() const override { return 0; }
   int vocab_size() const override { return vocab_; }
+  void rewind() override { index_ = 0; }
 
  private:
   int B_, T_, vocab_;
@@ -53,15 +50,46 @@ class SyntheticBatches final : public BatchSource {
   uint64_t index_ = 0;
 };
 
+// Token shards through data::Loader (sampling, packing, document masks, prefetch).
+class ShardBatches final : public BatchSource {
+ public:
+  explicit ShardBatches(data::LoaderConfig cfg) : loader_(std::move(cfg)) {}
+  void next(HostBatch& b) override { loader_.next(b); }
+  nlohmann::json state() const override { return loader_.state(); }
+  void restore(const nlohmann::json& s) override { loader_.restore(s); }
+  double wait_seconds() const override { return loader_.wait_seconds(); }
+  int vocab_size() const override { return int(loader_.vocab_size()); }
+  void rewind() override { loader_.rewind(); }
+
+ private:
+  data::Loader loader_;
+};
+
 }  // namespace
 
 std::unique_ptr<BatchSource> open_batches(const TrainOptions& o, const std::string& split, int dp_rank, int dp_size) {
-  (void)dp_size;
   if (o.data.path == "synthetic")
     return std::make_unique<SyntheticBatches>(o.batch_size, o.seq_len, o.model.vocab_size,
                                               o.seed + (split == "val" ? 7777 : 0), dp_rank);
-  if (o.data.path.empty()) fail("no training data: set data.path=<token shard or dataset dir> (or --data)");
-  fail("data.path '%s': shard loading is not wired yet", o.data.path.c_str());
+  if (o.data.path.empty() && o.data.mix.empty())
+    fail("no training data: set data.path=<token shard or dataset dir> (or --data, or data.mix)");
+  data::LoaderConfig c;
+  const bool val = split == "val";
+  if (val && !o.data.val_path.empty())
+    c.sources = data::parse_mixture(o.data.val_path, "data.val_path");
+  else
+    c.sources = data::parse_mixture(o.data.mix.empty() ? o.data.path : o.data.mix,
+                                    o.data.mix.empty() ? "data.path" : "data.mix");
+  c.split = val && o.data.val_path.empty() ? data::Split::val : data::Split::train;
+  c.B = o.batch_size;
+  c.T = o.seq_len;
+  c.seed = o.seed;
+  c.dp_rank = dp_rank;
+  c.dp_size = dp_size;
+  c.mode = o.data.mode == "sequential" || val ? data::SampleMode::sequential : data::SampleMode::shuffled;
+  c.doc_mask = o.data.doc_mask;
+  c.prefetch = val ? 0 : o.data.prefetch;
+  return std::make_unique<ShardBatches>(std::move(c));
 }
 
 }  // namespace mt::train

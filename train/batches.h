@@ -6,17 +6,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/packer.h"
 #include "model/gpt.h"
 #include "train/options.h"
 
 namespace mt::train {
 
-struct HostBatch {
-  int B = 0, T = 0;
-  std::vector<int32_t> tokens, targets, positions, doc_ids;  // positions/doc_ids empty without doc masking
-  model::MicroBatch view() const;
-  int valid_targets() const;
-};
+using HostBatch = data::Batch;
+model::MicroBatch view(const HostBatch& b);
+int valid_targets(const HostBatch& b);
 
 class BatchSource {
  public:
@@ -26,6 +24,7 @@ class BatchSource {
   virtual void restore(const nlohmann::json& s) = 0;
   virtual double wait_seconds() const = 0;  // cumulative time next() waited for data
   virtual int vocab_size() const = 0;
+  virtual void rewind() = 0;  // back to the first batch (each evaluation reads the same batches)
 };
 
 // Opens the training (split = "train") or validation ("val") stream described by the options, for

@@ -31,7 +31,7 @@ Trainer::Trainer(const TrainOptions& o)
   if (train_data_->vocab_size() > o_.model.vocab_size)
     fail("data '%s' uses a vocabulary of %d tokens but model.vocab_size is %d", o_.data.path.c_str(),
          train_data_->vocab_size(), o_.model.vocab_size);
-  if (o_.eval_every > 0) val_data_ = open_batches(o_, o_.data.val_path.empty() ? "train" : "val", 0, 1);
+  if (o_.eval_every > 0) val_data_ = open_batches(o_, "val", 0, 1);
   gpt_ = std::make_unique<model::GPT>(o_.model, store_);
   store_.finalize(arena_, o_.precision);
   gpt_->set_arena(&arena_);
@@ -55,7 +55,7 @@ StepResult Trainer::step() {
   int valid = 0;
   for (HostBatch& b : micro_) {
     train_data_->next(b);
-    valid += b.valid_targets();
+    valid += valid_targets(b);
   }
   r.t_data = train_data_->wait_seconds() - wait0;
   MT_CHECK(valid > 0, "a global batch without any target token");
@@ -66,7 +66,7 @@ StepResult Trainer::step() {
   gpt_->reset_times();
   double loss_sum = 0;
   for (const HostBatch& b : micro_) {
-    loss_sum += gpt_->forward_backward(b.view(), dloss);
+    loss_sum += gpt_->forward_backward(view(b), dloss);
     r.tokens += b.B * b.T;
   }
   r.loss = loss_sum / valid;
@@ -98,14 +98,16 @@ StepResult Trainer::step() {
 }
 
 double Trainer::evaluate() {
-  BatchSource& src = val_data_ ? *val_data_ : *train_data_;
+  MT_CHECK(val_data_ != nullptr, "evaluate() without validation data (eval_every=0)");
+  BatchSource& src = *val_data_;
+  src.rewind();
   HostBatch b;
   double sum = 0;
   long valid = 0;
   for (int i = 0; i < o_.eval_batches; i++) {
     src.next(b);
-    sum += gpt_->forward_loss(b.view());
-    valid += b.valid_targets();
+    sum += gpt_->forward_loss(view(b));
+    valid += valid_targets(b);
   }
   return valid ? sum / double(valid) : NAN;
 }
@@ -120,7 +122,7 @@ void Trainer::save_state(const std::string& path) const {
   nlohmann::json meta = {{"format", "minitrain-train-state"}, {"version", 1}, {"step", step_}, {"updates", updates_},
                          {"loss_scale", scaler_.scale()}, {"loss_scale_clean", scaler_.clean_steps()},
                          {"model", o_.model.to_json()}, {"data", train_data_->state()},
-                         {"val_data", val_data_ ? val_data_->state() : nlohmann::json()}, {"seed", o_.seed}};
+                         {"seed", o_.seed}};
   w.set_metadata("minitrain", meta.dump());
   w.write(path);
 }
@@ -157,7 +159,6 @@ void Trainer::load_state(const std::string& path) {
   updates_ = meta.at("updates");
   scaler_.restore(meta.at("loss_scale"), meta.at("loss_scale_clean"));
   train_data_->restore(meta.at("data"));
-  if (val_data_ && !meta.at("val_data").is_null()) val_data_->restore(meta.at("val_data"));
   store_.refresh_compute();
 }
 

@@ -35,7 +35,7 @@ class Trainer {
   void run();
 
   StepResult step();      // one optimizer step
-  double evaluate();      // mean validation loss over eval_batches batches (train split if no val)
+  double evaluate();      // mean validation loss over the first eval_batches validation batches
   int step_count() const { return step_; }
 
   // Full training state (weights, AdamW moments, step, update count, loss scale, data position),

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""PyTorch eager training-step benchmark of GPT-2: the peer that minitrain's `bench` is compared with.
+
+The model is what a PyTorch user would write: nn.Embedding / nn.LayerNorm / nn.Linear, pre-LN blocks,
+learned positions, GELU (tanh), unembedding tied to wte, fp32 throughout, AdamW, random tokens.
+Attention uses torch.nn.functional.scaled_dot_product_attention(is_causal=True) where this PyTorch
+has it (2.0 and later) and the plain masked-softmax formulation otherwise; the table says which.
+
+FLOPs per token follow minitrain's convention (PaLM appendix B): 6 N_matmul + 12 L C T, where
+N_matmul counts the matrices of the blocks and the tied unembedding once (real, unpadded vocabulary).
+
+Usage: /usr/bin/python3 scripts/bench_torch.py --preset gpt2 --batch 4 --seq 256 --steps 3 --warmup 1 --threads 2
+"""
+import argparse
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# The same presets as minitrain's model config (model/config.cpp).
+PRESETS = {
+    "tiny": dict(vocab_size=512, block_size=128, n_layer=4, n_head=4, n_embd=128),
+    "gpt2": dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+    "gpt2-medium": dict(vocab_size=50257, block_size=1024, n_layer=24, n_head=16, n_embd=1024),
+    "gpt2-large": dict(vocab_size=50257, block_size=1024, n_layer=36, n_head=20, n_embd=1280),
+    "gpt2-xl": dict(vocab_size=50257, block_size=1024, n_layer=48, n_head=25, n_embd=1600),
+}
+HAVE_SDPA = hasattr(F, "scaled_dot_product_attention")
+
+
+def padded_vocab(v):
+    # Padded to a multiple of 128 (50257 -> 50304), as minitrain pads it, so both run the same
+    # classifier GEMM shape; the padded logits are sliced off before the loss, as minitrain ignores them.
+    return (v + 127) // 128 * 128
+
+
+class Block(nn.Module):
+    def __init__(self, C, n_head, block_size):
+        super().__init__()
+        self.n_head = n_head
+        self.ln_1 = nn.LayerNorm(C, eps=1e-5)
+        self.c_attn = nn.Linear(C, 3 * C)
+        self.c_proj = nn.Linear(C, C)
+        self.ln_2 = nn.LayerNorm(C, eps=1e-5)
+        self.c_fc = nn.Linear(C, 4 * C)
+        self.mlp_proj = nn.Linear(4 * C, C)
+        if not HAVE_SDPA:
+            mask = torch.tril(torch.ones(block_size, block_size, dtype=torch.bool))
+            self.register_buffer("causal", mask, persistent=False)
+
+    def attention(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if HAVE_SDPA:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+            att = att.masked_fill(~self.causal[:T, :T], float("-inf")).softmax(dim=-1)
+            y = att @ v
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+    def forward(self, x):
+        x = x + self.attention(self.ln_1(x))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.vocab = cfg["vocab_size"]
+        C = cfg["n_embd"]
+        self.wte = nn.Embedding(padded_vocab(self.vocab), C)
+        self.wpe = nn.Embedding(cfg["block_size"], C)
+        self.blocks = nn.ModuleList(Block(C, cfg["n_head"], cfg["block_size"]) for _ in range(cfg["n_layer"]))
+        self.ln_f = nn.LayerNorm(C, eps=1e-5)
+        for p in self.parameters():
+            nn.init.normal_(p, std=0.02) if p.dim() > 1 else nn.init.zeros_(p)
+        for blk in self.blocks:
+            for ln in (blk.ln_1, blk.ln_2):
+                nn.init.ones_(ln.weight)
+        nn.init.ones_(self.ln_f.weight)
+
+    def forward(self, idx, targets):
+        T = idx.size(1)
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)  # tied unembedding, (B, T, Vp)
+        logits = logits[..., : self.vocab]
+        return F.cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1))
+
+
+def param_count(cfg):
+    """Parameters with the unpadded vocabulary and the tied embedding counted once (as HF reports)."""
+    V, P, L, C = cfg["vocab_size"], cfg["block_size"], cfg["n_layer"], cfg["n_embd"]
+    return V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C
+
+
+def flops_per_token(cfg, T):
+    n_matmul = cfg["n_layer"] * 12 * cfg["n_embd"] ** 2 + cfg["vocab_size"] * cfg["n_embd"]
+    return 6.0 * n_matmul + 12.0 * cfg["n_layer"] * cfg["n_embd"] * T
+
+
+def main():
+    ap = argparse.ArgumentParser(description="PyTorch eager GPT-2 training-step benchmark (fp32, AdamW)")
+    ap.add_argument("--preset", default="gpt2", choices=sorted(PRESETS))
+    ap.add_argument("--batch", type=int, default=4, help="sequences per step (B)")
+    ap.add_argument("--seq", type=int, default=256, help="tokens per sequence (T), at most the block size")
+    ap.add_argument("--steps", type=int, default=10, help="measured steps")
+    ap.add_argument("--warmup", type=int, default=2, help="unmeasured steps before them")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: PyTorch's default)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    cfg = PRESETS[args.preset]
+    for flag, val, lo in (("--batch", args.batch, 1), ("--seq", args.seq, 1), ("--steps", args.steps, 1),
+                          ("--warmup", args.warmup, 0), ("--threads", args.threads, 0)):
+        if val < lo:
+            sys.exit(f"bench_torch.py: {flag} must be >= {lo} (got {val})")
+    if args.seq > cfg["block_size"]:
+        sys.exit(f"bench_torch.py: --seq {args.seq} exceeds the block size {cfg['block_size']} of '{args.preset}'")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_torch.py: --device cuda but PyTorch sees no CUDA device")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+
+    model = GPT(cfg).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    B, T, V = args.batch, args.seq, cfg["vocab_size"]
+    times, loss = [], float("nan")
+    wall0 = time.perf_counter()
+    for step in range(args.warmup + args.steps):
+        tokens = torch.randint(0, V, (B, T + 1), device=dev)
+        sync()
+        t0 = time.perf_counter()
+        out = model(tokens[:, :-1], tokens[:, 1:])
+        out.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss = out.item()  # also waits for the step on an accelerator
+        sync()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    wall = time.perf_counter() - wall0
+
+    med = statistics.median(times)
+    tok_s = B * T / med
+    attn = "sdpa" if HAVE_SDPA else "masked softmax (no sdpa in this PyTorch)"
+    where = f"{torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name()
+    print(f"PyTorch {torch.__version__} eager, fp32, {args.device} ({where}), attention: {attn}")
+    print(f"vocab {V} padded to {padded_vocab(V)}; FLOPs/token = 6 N_matmul + 12 L C T = "
+          f"{flops_per_token(cfg, T) / 1e6:.1f} MFLOP")
+    hdr = f"{'config':<12} {'params':>10} {'B':>4} {'T':>5} {'steps':>5} {'ms/step':>10} {'tokens/s':>10} " \
+          f"{'TFLOP/s':>8} {'loss':>7}"
+    print(hdr)
+    print("-" * len(hdr))
+    print(f"{args.preset:<12} {param_count(cfg) / 1e6:>9.2f}M {B:>4} {T:>5} {len(times):>5} {med * 1e3:>10.1f} "
+          f"{tok_s:>10.1f} {flops_per_token(cfg, T) * tok_s / 1e12:>8.4f} {loss:>7.3f}")
+    print(f"(medians over {len(times)} measured steps after {args.warmup} warmup; min {min(times) * 1e3:.1f} ms, "
+          f"max {max(times) * 1e3:.1f} ms; wall {wall:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

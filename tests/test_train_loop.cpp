@@ -1,0 +1,223 @@
+// The training loop as a user relies on it: loss falls, runs are reproducible, a saved state resumes
+// bitwise, fp16 loss scaling skips overflowing steps, and bad inputs fail before anything is written.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "data/shard.h"
+#include "runtime/check.h"
+#include "train/trainer.h"
+#include "tests/test_util.h"
+
+namespace mt::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A learnable corpus: documents that count upwards from a random start modulo `vocab - 1` (the last
+// id is the end-of-text token), so next-token prediction is easy and the loss must fall fast.
+std::string write_counting_shard(const std::string& dir, int vocab, int docs, uint64_t seed) {
+  data::ShardBuilder b(uint32_t(vocab), uint32_t(vocab - 1));
+  std::mt19937_64 rng(seed);
+  for (int d = 0; d < docs; d++) {
+    std::vector<int32_t> doc(size_t(8 + rng() % 40));
+    int32_t x = int32_t(rng() % uint64_t(vocab - 1));
+    for (auto& t : doc) t = x = (x + 1) % (vocab - 1);
+    b.add_document(doc);
+  }
+  const std::string path = dir + "/counting.bin";
+  b.write(path);
+  return path;
+}
+
+TrainOptions tiny_options(const std::string& data, const std::string& out) {
+  return parse_train_options({"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32",
+                              "model.n_head=4", "model.block_size=32", "batch_size=4", "seq_len=32",
+                              "steps=60", "optim.lr=1e-2", "optim.warmup_steps=5", "data.path=" + data,
+                              "data.mode=shuffled", "out_dir=" + out, "threads=2"});
+}
+
+class TrainLoop : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::make_temp_dir("mt_train");
+    data_ = write_counting_shard(dir_, 64, 400, 7);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string dir_, data_;
+};
+
+TEST_F(TrainLoop, TinyModelLossFallsBelowBound) {
+  TrainOptions o = tiny_options(data_, dir_ + "/run");
+  Trainer t(o);
+  double first = 0, last = 0;
+  for (int i = 0; i < o.steps; i++) {
+    StepResult r = t.step();
+    if (i == 0) first = r.loss;
+    last = r.loss;
+  }
+  std::printf("loss %.3f -> %.3f after %d steps\n", first, last, o.steps);
+  EXPECT_GT(first, 3.5);  // ~ln(64) = 4.16 at initialisation
+  EXPECT_LT(last, 1.5);   // counting is learnable: a falling loss proves learning, not noise
+}
+
+TEST_F(TrainLoop, IdenticalRunsGiveIdenticalLosses) {
+  for (const char* prec : {"fp32", "bf16"}) {
+    TrainOptions o = tiny_options(data_, dir_ + "/run");
+    apply_option(o, "precision", prec);
+    Trainer a(o), b(o);
+    for (int i = 0; i < 6; i++) EXPECT_EQ(a.step().loss, b.step().loss) << prec << " step " << i;
+  }
+}
+
+void expect_same_state(Trainer& a, Trainer& b) {
+  const int64_t n = a.params().total_numel();
+  EXPECT_EQ(0, std::memcmp(a.params().master(), b.params().master(), size_t(n) * 4)) << "master weights differ";
+  EXPECT_EQ(0, std::memcmp(a.params().compute(), b.params().compute(), size_t(n) * 4)) << "compute weights differ";
+}
+
+TEST_F(TrainLoop, SaveLoadContinueEqualsUninterruptedBitwise) {
+  for (const char* prec : {"fp32", "fp16"}) {
+    TrainOptions o = tiny_options(data_, dir_ + "/run");
+    apply_option(o, "precision", prec);
+    apply_option(o, "optim.grad_clip", "0.5");
+    o.steps = 12;
+    Trainer full(o);
+    std::vector<double> want;
+    for (int i = 0; i < o.steps; i++) want.push_back(full.step().loss);
+
+    const std::string state = dir_ + "/state.safetensors";
+    {
+      Trainer first(o);
+      for (int i = 0; i < 5; i++) EXPECT_EQ(first.step().loss, want[size_t(i)]);
+      first.save_state(state);
+    }
+    TrainOptions o2 = o;
+    o2.resume = state;
+    Trainer resumed(o2);
+    EXPECT_EQ(resumed.step_count(), 5);
+    for (int i = 5; i < o.steps; i++) EXPECT_EQ(resumed.step().loss, want[size_t(i)]) << prec << " step " << i;
+    expect_same_state(full, resumed);
+  }
+}
+
+TEST_F(TrainLoop, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
+  TrainOptions o = tiny_options(data_, dir_ + "/run");
+  apply_option(o, "precision", "fp16");
+  apply_option(o, "loss_scale.init", "1e30");  // guaranteed to overflow fp16 gradients
+  Trainer t(o);
+  std::vector<float> before(t.params().master(), t.params().master() + t.params().total_numel());
+  StepResult r = t.step();
+  EXPECT_TRUE(r.skipped);
+  EXPECT_EQ(0, std::memcmp(before.data(), t.params().master(), before.size() * 4)) << "a skipped step changed weights";
+  int skipped = 1;
+  while (t.step().skipped) skipped++;
+  std::printf("fp16: %d steps skipped before the scale fit\n", skipped);
+  EXPECT_GT(skipped, 1);
+  EXPECT_LT(skipped, 100);
+}
+
+TEST(LossScaler, HalvesOnOverflowAndGrowsAfterCleanSteps) {
+  LossScaleOptions lo;
+  lo.init_scale = 1024;
+  lo.growth_interval = 3;
+  LossScaler s(lo, true);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 512);
+  s.update(false);
+  s.update(false);
+  EXPECT_EQ(s.scale(), 512);
+  s.update(false);
+  EXPECT_EQ(s.scale(), 1024);
+  LossScaler off(lo, false);
+  off.update(true);
+  EXPECT_EQ(off.scale(), 1);
+}
+
+TEST(LrSchedule, WarmupThenCosineToMinimum) {
+  OptimOptions o;
+  o.lr = 1.0f;
+  o.warmup_steps = 4;
+  o.min_lr_ratio = 0.1f;
+  EXPECT_FLOAT_EQ(lr_at(o, 0, 20), 0.25f);
+  EXPECT_FLOAT_EQ(lr_at(o, 3, 20), 1.0f);
+  EXPECT_FLOAT_EQ(lr_at(o, 4, 20), 1.0f);
+  EXPECT_NEAR(lr_at(o, 19, 20), 0.1f, 1e-6);
+  o.schedule = LrSchedule::linear;
+  EXPECT_NEAR(lr_at(o, 19, 20), 0.1f, 1e-6);
+  o.schedule = LrSchedule::constant;
+  EXPECT_FLOAT_EQ(lr_at(o, 15, 20), 1.0f);
+}
+
+TEST_F(TrainLoop, RunWritesMetricsStateAndWeights) {
+  TrainOptions o = tiny_options(data_, dir_ + "/run");
+  o.steps = 3;
+  Trainer(o).run();
+  std::ifstream f(dir_ + "/run/metrics.jsonl");
+  std::string line;
+  int steps = 0;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("step") && j.contains("loss")) {
+      steps++;
+      for (const char* k : {"lr", "grad_norm", "tokens_per_s", "mfu", "hfu", "time", "memory"})
+        EXPECT_TRUE(j.contains(k)) << "metrics line lacks " << k;
+    }
+  }
+  EXPECT_EQ(steps, 3);
+  EXPECT_TRUE(fs::exists(dir_ + "/run/state.safetensors"));
+  EXPECT_TRUE(fs::exists(dir_ + "/run/model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir_ + "/run/config.json"));
+  // A second fresh run into the same directory refuses instead of overwriting the logs.
+  EXPECT_THROW(Trainer(o).run(), Error);
+}
+
+// Each bad input fails with an mt::Error whose message names the culprit.
+void expect_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(TrainLoop, BadInputsFailWithAClearMessageAndWriteNothing) {
+  const std::string out = dir_ + "/never";
+  expect_error([&] { parse_train_options({"no_such_key=1"}); }, "no_such_key");
+  expect_error([&] { parse_train_options({"--bogus", "1"}); }, "--bogus");
+  expect_error([&] { parse_train_options({"batch_size=-2"}); }, "batch_size");
+  expect_error([&] { parse_train_options({"steps=abc"}); }, "steps");
+  expect_error([&] { parse_train_options({"model.n_embd=30", "model.n_head=4"}); }, "n_head");
+  expect_error([&] { parse_train_options({"model.block_size=16", "seq_len=32"}); }, "block_size");
+  expect_error([&] { parse_train_options({"precision=fp8"}); }, "precision");
+  {
+    std::ofstream(dir_ + "/bad.json") << "{\"steps\": 3,,}";
+    expect_error([&] { parse_train_options({"--config", dir_ + "/bad.json"}); }, "bad.json");
+  }
+  expect_error([&] { Trainer(tiny_options(dir_ + "/missing.bin", out)); }, "missing.bin");
+  {  // data whose vocabulary is larger than the model's
+    TrainOptions o = tiny_options(data_, out);
+    o.model.vocab_size = 32;
+    expect_error([&] { Trainer t(o); }, "vocab");
+  }
+  {  // a state file of another model shape
+    TrainOptions o = tiny_options(data_, out);
+    Trainer(o).save_state(dir_ + "/s.safetensors");
+    o.model.n_layer = 3;
+    o.resume = dir_ + "/s.safetensors";
+    expect_error([&] { Trainer t(o); }, "another model shape");
+  }
+  {  // a truncated data file
+    std::ofstream(dir_ + "/short.bin") << "MTOK";
+    expect_error([&] { Trainer(tiny_options(dir_ + "/short.bin", out)); }, "short.bin");
+  }
+  EXPECT_FALSE(fs::exists(out)) << "a failed start created the output directory";
+}
+
+}  // namespace
+}  // namespace mt::train

@@ -1,7 +1,8 @@
 // The minitrain command line:
 //   minitrain train  [--config f.json] [key=value ...] [--flag value ...]
 //   minitrain bench  [same options] [warmup=N]
-//   minitrain sample --model run/model.safetensors --prompt 1,2,3 [--tokens N --temperature T --top_k K --seed S]
+//   minitrain sample --model run/model.safetensors (--text "..." --tokenizer tok.json | --prompt 1,2,3)
+//                    [--tokens N --temperature T --top_k K --seed S]
 //   minitrain data   prepare|inspect ...
 // Errors print one line `minitrain: error: ...` and exit with status 2.
 #include <cstdio>
@@ -9,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "data/prepare.h"
+#include "data/tokenizer.h"
 #include "runtime/check.h"
 #include "train/bench.h"
 #include "train/sample.h"
@@ -41,12 +44,15 @@ std::vector<int32_t> parse_ids(const std::string& s) {
 
 int sample_main(const std::vector<std::string>& args) {
   mt::train::SampleOptions o;
+  std::string text, tokenizer_path;
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& a = args[i];
     if (i + 1 >= args.size()) mt::fail("flag %s needs a value", a.c_str());
     const std::string& v = args[++i];
     if (a == "--model") o.model_path = v;
     else if (a == "--prompt") o.prompt = parse_ids(v);
+    else if (a == "--text") text = v;
+    else if (a == "--tokenizer") tokenizer_path = v;
     else if (a == "--tokens") o.max_new_tokens = std::atoi(v.c_str());
     else if (a == "--temperature") o.temperature = std::strtof(v.c_str(), nullptr);
     else if (a == "--top_k" || a == "--top-k") o.top_k = std::atoi(v.c_str());
@@ -54,9 +60,21 @@ int sample_main(const std::vector<std::string>& args) {
     else mt::fail("unknown sample flag '%s'", a.c_str());
   }
   if (o.model_path.empty()) mt::fail("sample needs --model <model.safetensors>");
+  if (!text.empty() && tokenizer_path.empty()) mt::fail("sample: --text needs --tokenizer <tokenizer.json>");
+  if (!text.empty() && !o.prompt.empty()) mt::fail("sample: give either --text or --prompt, not both");
+  if (tokenizer_path.empty()) {
+    const std::vector<int32_t> out = mt::train::sample_tokens(o);
+    for (size_t i = 0; i < out.size(); i++) std::printf("%s%d", i ? "," : "", out[i]);
+    std::printf("\n");
+    return 0;
+  }
+  const mt::data::Tokenizer tok = mt::data::Tokenizer::load_any(tokenizer_path);
+  // Generation starts after an end-of-text token, as every training document does.
+  o.prompt.insert(o.prompt.begin(), tok.eot_token());
+  const std::vector<int32_t> p = tok.encode(text);
+  o.prompt.insert(o.prompt.end(), p.begin(), p.end());
   const std::vector<int32_t> out = mt::train::sample_tokens(o);
-  for (size_t i = 0; i < out.size(); i++) std::printf("%s%d", i ? "," : "", out[i]);
-  std::printf("\n");
+  std::printf("%s\n", tok.decode(std::span<const int32_t>(out).subspan(1)).c_str());
   return 0;
 }
 
@@ -77,6 +95,7 @@ int main(int argc, char** argv) {
     }
     if (cmd == "bench") return mt::train::bench_main(args);
     if (cmd == "sample") return sample_main(args);
+    if (cmd == "data") return mt::data::data_cli(argc - 2, argv + 2);
     mt::fail("unknown command '%s'\n%s", cmd.c_str(), kUsage);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "minitrain: error: %s\n", e.what());

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The main job: installs what is missing, builds, prepares the default corpus (the public-domain
+# `fortunes` collection from Debian: ~15k short documents) on first run, trains a small GPT on it on
+# the CPU backend, and prints a sample. Extra arguments are passed to `minitrain train` as overrides
+# (e.g. `scripts/train.sh steps=50 precision=bf16`).
+# Outputs: runs/fortunes/{metrics.jsonl,config.json,state.safetensors,model.safetensors,sample.txt}
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/deps.sh"
+"$root/scripts/build.sh"
+mt="${MT_BUILD_DIR:-$root/build}/minitrain"
+
+corpus_dir=/usr/share/games/fortunes
+data_dir="$root/data_cache/fortunes"
+run_dir="$root/runs/fortunes"
+# The plain-text fortune files (not the .dat indexes or the .u8 links to the same texts).
+mapfile -t inputs < <(find "$corpus_dir" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | sort)
+[[ ${#inputs[@]} -gt 0 ]] || { echo "train.sh: no fortune files in $corpus_dir" >&2; exit 1; }
+"$mt" data prepare --input "${inputs[@]}" --out "$data_dir" --splitter fortune --vocab 2048
+
+# A fresh run each time: keep the previous one under runs/fortunes.prev.
+if [[ -e "$run_dir" ]]; then rm -rf "$run_dir.prev"; mv "$run_dir" "$run_dir.prev"; fi
+"$mt" train model=tiny model.vocab_size=2048 model.block_size=128 model.n_layer=4 model.n_embd=128 \
+  model.n_head=4 batch_size=8 seq_len=128 steps=200 optim.lr=2e-3 optim.warmup_steps=20 \
+  data.path="$data_dir" data.mode=shuffled eval_every=50 eval_batches=4 log_every=10 \
+  out_dir="$run_dir" "$@"
+
+"$mt" sample --model "$run_dir/model.safetensors" --tokenizer "$data_dir/tokenizer.json" \
+  --text "The meaning of life" --tokens 80 --temperature 0.8 --top_k 40 --seed 1 | tee "$run_dir/sample.txt"
+echo "train.sh: logs in $run_dir/metrics.jsonl, weights in $run_dir/model.safetensors, sample in $run_dir/sample.txt"

@@ -1,0 +1,115 @@
+// Optimizer-side ops on flat parameter/gradient buffers: AdamW, the sum of squares behind the global
+// gradient norm, scaling (clipping, loss-scale removal), rounding to the compute precision, and the
+// finiteness check of fp16 loss scaling.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/vec_math.h"
+#include "runtime/check.h"
+#include "runtime/dtype.h"
+
+namespace mt::cpu {
+
+namespace {
+// sum_squares works in blocks of this many elements, each summed alone, then added in block order:
+// the split does not depend on the thread count, so neither does the result.
+constexpr int64_t kSumBlock = 4096;
+}  // namespace
+
+// AdamW (Loshchilov & Hutter 2019, Algorithm 2), with the decay scaled by lr as torch.optim.AdamW does:
+//   m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2,
+//   p -= lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd p).
+template <class T>
+void adamw(T* params, T* m, T* v, const T* grads, int64_t N, T lr, T beta1, T beta2, T eps, T weight_decay, int t) {
+  MT_CHECK(t >= 1, "adamw: step t = %d, but bias correction needs t >= 1", t);
+  const T bc1 = T(1.0 - std::pow(double(beta1), t));
+  const T bc2 = T(1.0 - std::pow(double(beta2), t));
+  const T one_b1 = T(1) - beta1, one_b2 = T(1) - beta2;
+#pragma omp parallel for schedule(static) if (parallel_worth(N))
+  for (int64_t i = 0; i < N; i++) {
+    const T g = grads[i];
+    const T mi = beta1 * m[i] + one_b1 * g;
+    const T vi = beta2 * v[i] + one_b2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const T mhat = mi / bc1, vhat = vi / bc2;
+    params[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + weight_decay * params[i]);
+  }
+}
+
+template <class T>
+double sum_squares(const T* x, int64_t N) {
+  const int64_t blocks = (N + kSumBlock - 1) / kSumBlock;
+  std::vector<double> partial(size_t(blocks), 0.0);
+#pragma omp parallel for schedule(static) if (parallel_worth(N))
+  for (int64_t b = 0; b < blocks; b++) {
+    const int64_t i0 = b * kSumBlock, n = std::min(kSumBlock, N - i0);
+    // Eight lanes so the loop vectorises; their order of combination is fixed.
+    double acc[8] = {};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      for (int l = 0; l < 8; l++) {
+        const double e = double(x[i0 + i + l]);
+        acc[l] += e * e;
+      }
+    for (int l = 0; i < n; i++, l++) {
+      const double e = double(x[i0 + i]);
+      acc[l] += e * e;
+    }
+    double s = 0.0;
+    for (int l = 0; l < 8; l++) s += acc[l];
+    partial[size_t(b)] = s;
+  }
+  double total = 0.0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+template <class T>
+void scale(T* x, T s, int64_t N) {
+#pragma omp parallel for schedule(static) if (parallel_worth(N))
+  for (int64_t i = 0; i < N; i++) x[i] *= s;
+}
+
+void round_to(float* x, int64_t N, int dtype) {
+  switch (DType(dtype)) {
+    case DType::f32:
+      return;
+    case DType::bf16:
+#pragma omp parallel for schedule(static) if (parallel_worth(N))
+      for (int64_t i = 0; i < N; i++) x[i] = round_bf16(x[i]);
+      return;
+    case DType::f16:
+#pragma omp parallel for schedule(static) if (parallel_worth(N))
+      for (int64_t i = 0; i < N; i++) x[i] = round_f16(x[i]);
+      return;
+    default:
+      break;
+  }
+  mt::fail("round_to: cannot round float values to %s (expected f32, bf16 or f16)", dtype_name(DType(dtype)));
+}
+
+bool all_finite(const float* x, int64_t N) {
+  // Exponent bits all ones <=> inf or NaN; a branch-free OR keeps the loop vectorised.
+  uint32_t bad = 0;
+#pragma omp parallel for schedule(static) reduction(| : bad) if (parallel_worth(N))
+  for (int64_t i = 0; i < N; i++) {
+    uint32_t u;
+    std::memcpy(&u, &x[i], sizeof u);
+    bad |= uint32_t((u & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
+template void adamw<float>(float*, float*, float*, const float*, int64_t, float, float, float, float, float, int);
+template void adamw<double>(double*, double*, double*, const double*, int64_t, double, double, double, double, double,
+                            int);
+template double sum_squares<float>(const float*, int64_t);
+template double sum_squares<double>(const double*, int64_t);
+template void scale<float>(float*, float, int64_t);
+template void scale<double>(double*, double, int64_t);
+
+}  // namespace mt::cpu

@@ -1,0 +1,88 @@
+// Small inline helpers shared by the CPU kernels (internal to kernels/cpu).
+//
+// The build does not allow the compiler to reassociate floating-point sums (no -ffast-math), so a
+// plain `s += x[i]` loop runs one element at a time. The reductions below keep kLanes independent
+// partial sums that the compiler maps onto SIMD registers, then combine them in a fixed order: fast,
+// and still bitwise deterministic.
+//
+// exp_fast is a branch-free exp that vectorises (glibc's expf is called one element at a time); the
+// double version is std::exp, since double is what the finite-difference tests use.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace mt::cpu {
+
+inline constexpr int kLanes = 8;
+
+// Below about this much work (elements touched or multiply-adds) forking and joining a parallel
+// region costs more than it saves; ops pass `if (parallel_worth(work))` to their OpenMP pragmas.
+// Every op's result is independent of the thread count, so this only changes speed.
+inline bool parallel_worth(int64_t work) { return work >= (int64_t(1) << 15); }
+
+template <class T>
+inline T sum_lanes(const T* x, int n) {
+  T acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; l++) acc[l] += x[i + l];
+  for (int l = 0; i < n; i++, l++) acc[l] += x[i];
+  T s = T(0);
+  for (int l = 0; l < kLanes; l++) s += acc[l];
+  return s;
+}
+
+template <class T>
+inline T dot_lanes(const T* a, const T* b, int n) {
+  T acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; l++) acc[l] += a[i + l] * b[i + l];
+  for (int l = 0; i < n; i++, l++) acc[l] += a[i] * b[i];
+  T s = T(0);
+  for (int l = 0; l < kLanes; l++) s += acc[l];
+  return s;
+}
+
+template <class T>
+inline T max_lanes(const T* x, int n) {
+  T acc[kLanes];
+  for (int l = 0; l < kLanes; l++) acc[l] = -INFINITY;
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; l++) acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
+  for (int l = 0; i < n; i++, l++) acc[l] = x[i] > acc[l] ? x[i] : acc[l];
+  T m = acc[0];
+  for (int l = 1; l < kLanes; l++) m = acc[l] > m ? acc[l] : m;
+  return m;
+}
+
+// exp(x) for float: x = n ln2 + r with |r| <= ln2/2 (Cody & Waite's two-constant reduction, exact
+// for |n| <= 128), exp(r) by its degree-7 Taylor polynomial (truncation error < 6e-9 relative), and
+// 2^n built in the exponent bits. Inputs are clamped to [-87, 88], so the result is never inf or
+// subnormal: exp of anything below -87 reads as ~1.6e-38, which every caller treats as zero.
+inline float exp_fast(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  // round(x / ln2) by the 1.5 * 2^23 trick: exact round-to-nearest, vectorises without SSE4.1 rint.
+  const float shifter = 12582912.0f;
+  float n = (x * 1.44269504088896341f + shifter) - shifter;
+  float r = x - n * 0.693359375f;  // ln2 split: 0.693359375 has 9 significant bits
+  r = r - n * -2.12194440e-4f;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  int32_t bits = (int32_t(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return p * two_n;
+}
+inline double exp_fast(double x) { return std::exp(x); }
+
+}  // namespace mt::cpu

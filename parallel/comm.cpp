@@ -1,0 +1,232 @@
+// The backend-independent half of Comm: argument checks, byte counters, handles.
+#include "parallel/comm.h"
+
+#include <cstdio>
+#include <exception>
+
+namespace mt::parallel {
+
+const char* reduce_op_name(ReduceOp op) {
+  static const char* names[] = {"sum", "avg", "max"};
+  return names[int(op)];
+}
+
+const char* comm_op_name(CommOp op) {
+  static const char* names[] = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all",
+                                "broadcast",  "send",           "recv",       "barrier"};
+  return names[int(op)];
+}
+
+uint64_t CommCounters::total_sent_bytes() const {
+  uint64_t s = 0;
+  for (const auto& o : ops) s += o.sent_bytes;
+  return s;
+}
+
+uint64_t CommCounters::total_payload_bytes() const {
+  uint64_t s = 0;
+  for (const auto& o : ops) s += o.payload_bytes;
+  return s;
+}
+
+size_t chunk_size(size_t count, int n, int i) {
+  size_t un = size_t(n), ui = size_t(i);
+  return count / un + (ui < count % un ? 1 : 0);
+}
+
+size_t chunk_offset(size_t count, int n, int i) {
+  size_t un = size_t(n), ui = size_t(i);
+  size_t rem = count % un;
+  return ui * (count / un) + (ui < rem ? ui : rem);
+}
+
+// Ring all-reduce = reduce-scatter (send every chunk but your own once) + all-gather (send your
+// reduced chunk to the N-1 others); Patarasuk & Yuan 2009 show 2(N-1)/N x bytes is the minimum.
+uint64_t all_reduce_sent_bytes(size_t count, size_t elem_bytes, int n, int rank) {
+  if (n <= 1) return 0;
+  uint64_t own = chunk_size(count, n, rank);
+  return (uint64_t(count) - own + uint64_t(n - 1) * own) * elem_bytes;
+}
+
+uint64_t broadcast_sent_bytes(size_t count, size_t elem_bytes, int n, int rank, int root) {
+  int pos = (rank - root + n) % n;  // position in the ring that starts at root
+  return pos < n - 1 ? uint64_t(count) * elem_bytes : 0;
+}
+
+CommHandle& CommHandle::operator=(CommHandle&& o) {
+  if (this != &o) {
+    wait();
+    op_ = std::move(o.op_);
+  }
+  return *this;
+}
+
+CommHandle::~CommHandle() {
+  if (!op_) return;
+  if (std::uncaught_exceptions() > 0) {
+    // Abandon: the buffers and requests stay alive (leaked) so the backend never touches freed
+    // memory; the launcher aborts the job right after unwinding.
+    (void)op_.release();
+    return;
+  }
+  try {
+    op_->wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: a communication op failed while its handle was dropped: %s\n", e.what());
+    std::fflush(stderr);
+    std::terminate();
+  }
+}
+
+void CommHandle::wait() {
+  if (!op_) return;
+  op_->wait();
+  op_.reset();
+}
+
+bool CommHandle::test() {
+  if (!op_) return true;
+  if (!op_->test()) return false;
+  op_.reset();
+  return true;
+}
+
+Comm::Comm(int rank, int size, Device device, std::string name)
+    : rank_(rank), size_(size), device_(device), name_(std::move(name)) {
+  MT_CHECK(size >= 1 && rank >= 0 && rank < size, "communicator '%s': rank %d of size %d", name_.c_str(), rank, size);
+}
+
+void Comm::tally(CommOp op, uint64_t payload, uint64_t sent) {
+  CommOpCount& c = counters_[op];
+  c.calls++;
+  c.payload_bytes += payload;
+  c.sent_bytes += sent;
+}
+
+void Comm::check_reduce(DType t, ReduceOp op, const char* what) const {
+  MT_CHECK(t != DType::u16, "%s on communicator '%s': u16 is data-movement only, it cannot be reduced", what,
+           name_.c_str());
+  MT_CHECK(!(t == DType::i32 && op == ReduceOp::avg), "%s on communicator '%s': avg is not defined for i32", what,
+           name_.c_str());
+}
+
+void Comm::check_peer(int peer, const char* what) const {
+  MT_CHECK(peer >= 0 && peer < size_, "%s on communicator '%s': rank %d is not in [0, %d)", what, name_.c_str(), peer,
+           size_);
+}
+
+void Comm::all_reduce(void* buf, size_t count, DType t, ReduceOp op) { all_reduce_async(buf, count, t, op).wait(); }
+
+CommHandle Comm::all_reduce_async(void* buf, size_t count, DType t, ReduceOp op) {
+  check_reduce(t, op, "all_reduce");
+  MT_CHECK(buf || count == 0, "all_reduce on '%s': null buffer", name_.c_str());
+  size_t b = dtype_size(t);
+  tally(CommOp::all_reduce, uint64_t(count) * b, all_reduce_sent_bytes(count, b, size_, rank_));
+  if (count == 0) return {};
+  return do_all_reduce(buf, count, t, op);
+}
+
+void Comm::reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) {
+  reduce_scatter_async(send, recv, recv_count, t, op).wait();
+}
+
+CommHandle Comm::reduce_scatter_async(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) {
+  check_reduce(t, op, "reduce_scatter");
+  MT_CHECK((send && recv) || recv_count == 0, "reduce_scatter on '%s': null buffer", name_.c_str());
+  uint64_t b = dtype_size(t);
+  tally(CommOp::reduce_scatter, uint64_t(size_) * recv_count * b, uint64_t(size_ - 1) * recv_count * b);
+  if (recv_count == 0) return {};
+  return do_reduce_scatter(send, recv, recv_count, t, op);
+}
+
+void Comm::all_gather(const void* send, void* recv, size_t send_count, DType t) {
+  all_gather_async(send, recv, send_count, t).wait();
+}
+
+CommHandle Comm::all_gather_async(const void* send, void* recv, size_t send_count, DType t) {
+  MT_CHECK((send && recv) || send_count == 0, "all_gather on '%s': null buffer", name_.c_str());
+  uint64_t b = dtype_size(t);
+  tally(CommOp::all_gather, uint64_t(size_) * send_count * b, uint64_t(size_ - 1) * send_count * b);
+  if (send_count == 0) return {};
+  return do_all_gather(send, recv, send_count, t);
+}
+
+void Comm::all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                        std::span<const size_t> recv_counts, DType t) {
+  all_to_all_v_async(send, send_counts, recv, recv_counts, t).wait();
+}
+
+CommHandle Comm::all_to_all_v_async(const void* send, std::span<const size_t> send_counts, void* recv,
+                                    std::span<const size_t> recv_counts, DType t) {
+  MT_CHECK(send_counts.size() == size_t(size_) && recv_counts.size() == size_t(size_),
+           "all_to_all_v on '%s': %zu send and %zu receive counts for %d ranks", name_.c_str(), send_counts.size(),
+           recv_counts.size(), size_);
+  uint64_t b = dtype_size(t), total = 0, others = 0;
+  for (int j = 0; j < size_; j++) {
+    total += send_counts[size_t(j)];
+    if (j != rank_) others += send_counts[size_t(j)];
+  }
+  tally(CommOp::all_to_all, total * b, others * b);
+  // Never skipped when this rank moves nothing: the peers may still send to or expect from it.
+  return do_all_to_all_v(send, send_counts, recv, recv_counts, t);
+}
+
+void Comm::broadcast(void* buf, size_t count, DType t, int root) { broadcast_async(buf, count, t, root).wait(); }
+
+CommHandle Comm::broadcast_async(void* buf, size_t count, DType t, int root) {
+  check_peer(root, "broadcast root");
+  MT_CHECK(buf || count == 0, "broadcast on '%s': null buffer", name_.c_str());
+  size_t b = dtype_size(t);
+  tally(CommOp::broadcast, uint64_t(count) * b, broadcast_sent_bytes(count, b, size_, rank_, root));
+  if (count == 0) return {};
+  return do_broadcast(buf, count, t, root);
+}
+
+void Comm::send(const void* buf, size_t count, DType t, int peer, int tag) {
+  send_async(buf, count, t, peer, tag).wait();
+}
+
+CommHandle Comm::send_async(const void* buf, size_t count, DType t, int peer, int tag) {
+  return send_recv_async(buf, count, peer, nullptr, 0, -1, t, tag);
+}
+
+void Comm::recv(void* buf, size_t count, DType t, int peer, int tag) { recv_async(buf, count, t, peer, tag).wait(); }
+
+CommHandle Comm::recv_async(void* buf, size_t count, DType t, int peer, int tag) {
+  return send_recv_async(nullptr, 0, -1, buf, count, peer, t, tag);
+}
+
+void Comm::send_recv(const void* send_buf, size_t send_count, int dst, void* recv_buf, size_t recv_count, int src,
+                     DType t, int tag) {
+  send_recv_async(send_buf, send_count, dst, recv_buf, recv_count, src, t, tag).wait();
+}
+
+CommHandle Comm::send_recv_async(const void* send_buf, size_t send_count, int dst, void* recv_buf, size_t recv_count,
+                                 int src, DType t, int tag) {
+  MT_CHECK(tag >= 0, "point-to-point on '%s': tag %d is negative", name_.c_str(), tag);
+  uint64_t b = dtype_size(t);
+  if (dst >= 0) {
+    check_peer(dst, "send");
+    MT_CHECK(send_buf || send_count == 0, "send on '%s': null buffer", name_.c_str());
+    tally(CommOp::send, send_count * b, send_count * b);
+  }
+  if (src >= 0) {
+    check_peer(src, "recv");
+    MT_CHECK(recv_buf || recv_count == 0, "recv on '%s': null buffer", name_.c_str());
+    tally(CommOp::recv, recv_count * b, 0);
+  }
+  if (dst < 0 && src < 0) return {};
+  return do_send_recv(send_buf, send_count, dst, recv_buf, recv_count, src, t, tag);
+}
+
+void Comm::barrier() {
+  tally(CommOp::barrier, 0, 0);
+  do_barrier().wait();
+}
+
+std::unique_ptr<Comm> Comm::split(int color, int key, const std::string& name) {
+  MT_CHECK(color >= 0, "split of '%s' into '%s': color %d is negative", name_.c_str(), name.c_str(), color);
+  return do_split(color, key, name);
+}
+
+}  // namespace mt::parallel

@@ -1,0 +1,212 @@
+// Comm: a communicator over a group of ranks, the only way code above kernels/ talks to other ranks.
+//
+// One interface, three backends:
+//   SelfComm  (self_comm.h)  one rank, no MPI: every collective is a copy or a no-op;
+//   MpiComm   (mpi_comm.h)   host buffers, nonblocking MPI; the reference backend on CPU nodes;
+//   NcclComm  (nccl_comm.h)  device buffers, NCCL on a communication stream.
+// Buffers are (pointer, element count, DType) and live where device() says.
+//
+// Every operation has a blocking form and an `_async` form returning a CommHandle. A buffer handed
+// to an async op is "in flight" until the handle completes (wait() returns or test() returns true):
+// the caller must not read or write it before then. Collectives must be issued in the same order on
+// every rank of a communicator (the MPI and NCCL rule); the backends keep that true internally even
+// when handles are completed out of order.
+//
+// Collective pairs (Megatron-Core's convention; each forward op names its backward twin):
+//   all_gather <-> reduce_scatter,   identity <-> all_reduce,   all_to_all_v <-> all_to_all_v
+//   (with send and receive counts swapped),   broadcast <-> reduce to root (not needed so far).
+//
+// Reductions (sum, avg, max) are deterministic and give bitwise-identical results on every rank.
+// bf16/f16 values are widened to fp32, reduced in fp32, and rounded to bf16/f16 once at the end
+// (host backends; see parallel/host_reduce.h for the exact order). i32 sums wrap modulo 2^32; avg is
+// not defined for i32; u16 (token ids) is data-movement only.
+//
+// Byte counters. For every op kind a Comm counts calls and two byte figures for THIS rank:
+//   payload_bytes  the size of the logical tensor handed to the op (below, b = dtype_size);
+//   sent_bytes     bytes this rank sends under a bandwidth-optimal (ring/pairwise) algorithm, the
+//                  figure that "bytes on the wire per step" and the theoretical minimum are compared in.
+// With N ranks, rank r, and chunk(c, N, r) the r-th of N near-equal parts of c elements (the first
+// c mod N parts one element longer):
+//   op               payload_bytes          sent_bytes
+//   all_reduce(c)    c b                    (c - chunk_r + (N-1) chunk_r) b  = 2(N-1)/N c b when N | c
+//                                           (reduce-scatter then all-gather, Patarasuk & Yuan 2009)
+//   reduce_scatter   N c_out b (input)      (N-1) c_out b
+//   all_gather       N c_in b  (output)     (N-1) c_in b
+//   all_to_all_v     sum_j send_j b         sum_{j != r} send_j b
+//   broadcast(c)     c b                    c b on every rank but the last of the ring that starts
+//                                           at root, 0 there (pipelined ring: (N-1) c b in total)
+//   send / recv      c b                    send: c b;  recv: 0
+//   barrier          0                      0
+// These are counted when an op is started, from its arguments alone, so they are identical for every
+// backend and can be checked against the formulas in tests.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "runtime/check.h"
+#include "runtime/dtype.h"
+#include "runtime/tensor.h"
+
+namespace mt::parallel {
+
+enum class ReduceOp : uint8_t { sum, avg, max };
+const char* reduce_op_name(ReduceOp op);
+
+enum class CommOp : uint8_t { all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, send, recv, barrier };
+constexpr int kNumCommOps = 8;
+const char* comm_op_name(CommOp op);
+
+struct CommOpCount {
+  uint64_t calls = 0;
+  uint64_t payload_bytes = 0;
+  uint64_t sent_bytes = 0;
+};
+
+struct CommCounters {
+  std::array<CommOpCount, kNumCommOps> ops{};
+  CommOpCount& operator[](CommOp op) { return ops[size_t(op)]; }
+  const CommOpCount& operator[](CommOp op) const { return ops[size_t(op)]; }
+  uint64_t total_sent_bytes() const;
+  uint64_t total_payload_bytes() const;
+};
+
+// The i-th of n near-equal parts of `count` elements: the first count % n parts are one longer.
+size_t chunk_size(size_t count, int n, int i);
+size_t chunk_offset(size_t count, int n, int i);
+
+// The sent_bytes formulas of the table above, for rank `rank` of `n`, elements of `elem_bytes` bytes.
+uint64_t all_reduce_sent_bytes(size_t count, size_t elem_bytes, int n, int rank);
+uint64_t broadcast_sent_bytes(size_t count, size_t elem_bytes, int n, int rank, int root);
+
+// An error that every rank of a communicator raises at the same point with the same cause (a config
+// that differs between ranks, a bad layout): the launcher prints it once, from rank 0.
+class CollectiveError : public Error {
+ public:
+  using Error::Error;
+};
+
+// One operation in flight, implemented by a backend.
+class PendingOp {
+ public:
+  virtual ~PendingOp() = default;
+  virtual bool test() = 0;  // drives progress; true once complete
+  virtual void wait() = 0;  // returns once complete
+};
+
+// The handle of an async op. Completion means: host backends, the result is in the buffer; device
+// backends, the caller's compute stream is ordered after the op (no host synchronisation).
+// The Comm must outlive the handles it returns. A handle that goes out of scope still pending waits
+// for its op, because its buffers are in flight; during exception unwinding it abandons the op
+// instead (the rank is about to abort, and waiting could hang on peers that will never arrive).
+class CommHandle {
+ public:
+  CommHandle() = default;  // an already-complete handle
+  explicit CommHandle(std::unique_ptr<PendingOp> op) : op_(std::move(op)) {}
+  CommHandle(CommHandle&& o) noexcept = default;
+  CommHandle& operator=(CommHandle&& o);  // completes the op this handle held first
+  CommHandle(const CommHandle&) = delete;
+  CommHandle& operator=(const CommHandle&) = delete;
+  ~CommHandle();
+
+  void wait();
+  bool test();
+  bool done() const { return op_ == nullptr; }
+
+ private:
+  std::unique_ptr<PendingOp> op_;
+};
+
+class Comm {
+ public:
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+  virtual ~Comm() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  Device device() const { return device_; }  // where buffers must live
+  const std::string& name() const { return name_; }  // "world", "tp", "dp", ... (for reports)
+
+  const CommCounters& counters() const { return counters_; }
+  void reset_counters() { counters_ = CommCounters{}; }
+
+  // In place: buf (count) = op over ranks of buf.
+  void all_reduce(void* buf, size_t count, DType t, ReduceOp op);
+  CommHandle all_reduce_async(void* buf, size_t count, DType t, ReduceOp op);
+
+  // recv (recv_count) = op over ranks of send[rank * recv_count, (rank+1) * recv_count);
+  // send holds size() * recv_count elements. In place when recv == send + rank * recv_count
+  // elements; otherwise the two must not overlap.
+  void reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op);
+  CommHandle reduce_scatter_async(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op);
+
+  // recv (size() * send_count) = concatenation over ranks of send (send_count). In place when
+  // send == recv + rank * send_count elements (the ZeRO case); otherwise the two must not overlap.
+  void all_gather(const void* send, void* recv, size_t send_count, DType t);
+  CommHandle all_gather_async(const void* send, void* recv, size_t send_count, DType t);
+
+  // Packed all-to-all: send holds send_counts[0] elements for rank 0, then send_counts[1] for rank 1,
+  // ...; recv receives recv_counts[j] elements from rank j in rank order. Both spans have size()
+  // entries, and recv_counts[j] must equal rank j's send_counts[rank] (the caller exchanges counts
+  // first, e.g. with an all_to_all_v of one i32 per rank). send and recv must not overlap.
+  void all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                    std::span<const size_t> recv_counts, DType t);
+  CommHandle all_to_all_v_async(const void* send, std::span<const size_t> send_counts, void* recv,
+                                std::span<const size_t> recv_counts, DType t);
+
+  // buf (count) on every rank = buf on root.
+  void broadcast(void* buf, size_t count, DType t, int root);
+  CommHandle broadcast_async(void* buf, size_t count, DType t, int root);
+
+  // Point to point. Messages between a pair of ranks on one communicator match in issue order per
+  // tag (NCCL has no tags: there the order alone matches them). A rank that both sends and
+  // receives in the same step (pipeline steady state, ring attention) should use send_recv, which
+  // cannot deadlock however the peers order their calls.
+  void send(const void* buf, size_t count, DType t, int peer, int tag = 0);
+  CommHandle send_async(const void* buf, size_t count, DType t, int peer, int tag = 0);
+  void recv(void* buf, size_t count, DType t, int peer, int tag = 0);
+  CommHandle recv_async(void* buf, size_t count, DType t, int peer, int tag = 0);
+  void send_recv(const void* send_buf, size_t send_count, int dst, void* recv_buf, size_t recv_count, int src,
+                 DType t, int tag = 0);
+  CommHandle send_recv_async(const void* send_buf, size_t send_count, int dst, void* recv_buf, size_t recv_count,
+                             int src, DType t, int tag = 0);
+
+  void barrier();
+
+  // Collective: the ranks passing the same color form a new communicator, ranked by key (ties by
+  // this communicator's rank). color >= 0. The new communicator starts with zero counters.
+  std::unique_ptr<Comm> split(int color, int key, const std::string& name);
+
+ protected:
+  Comm(int rank, int size, Device device, std::string name);
+
+  // Backend hooks, called after the arguments are validated and counted. For do_send_recv, a side
+  // with peer < 0 is absent (a plain send or a plain recv).
+  virtual CommHandle do_all_reduce(void* buf, size_t count, DType t, ReduceOp op) = 0;
+  virtual CommHandle do_reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) = 0;
+  virtual CommHandle do_all_gather(const void* send, void* recv, size_t send_count, DType t) = 0;
+  virtual CommHandle do_all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                                     std::span<const size_t> recv_counts, DType t) = 0;
+  virtual CommHandle do_broadcast(void* buf, size_t count, DType t, int root) = 0;
+  virtual CommHandle do_send_recv(const void* send_buf, size_t send_count, int dst, void* recv_buf,
+                                  size_t recv_count, int src, DType t, int tag) = 0;
+  virtual CommHandle do_barrier() = 0;
+  virtual std::unique_ptr<Comm> do_split(int color, int key, const std::string& name) = 0;
+
+ private:
+  void tally(CommOp op, uint64_t payload, uint64_t sent);
+  void check_reduce(DType t, ReduceOp op, const char* what) const;
+  void check_peer(int peer, const char* what) const;
+
+  int rank_;
+  int size_;
+  Device device_;
+  std::string name_;
+  CommCounters counters_;
+};
+
+}  // namespace mt::parallel

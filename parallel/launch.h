@@ -1,0 +1,74 @@
+// Process start and end: the World (MPI's lifetime as an object), the error policy of a distributed
+// program, and the check that every rank runs the same configuration.
+//
+//   int main(int argc, char** argv) {
+//     mt::parallel::World world(&argc, &argv);
+//     return mt::parallel::run_main(world, [&](mt::parallel::World& w) { ...; return 0; });
+//   }
+//
+// Threading: the trainer calls MPI from one thread at a time, always the main thread, so it needs
+// MPI_THREAD_FUNNELED. World asks for MPI_THREAD_MULTIPLE so that a background thread (the async
+// checkpoint writer, a data prefetcher) may drive a communicator of its own; code that does so must
+// check thread_multiple(). World fails if the library offers less than FUNNELED.
+//
+// Without mpirun, an MPI build starts as a one-rank world (MPI singleton init); a build without MPI
+// (MT_MPI=OFF) always is one, on SelfComm.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "parallel/comm.h"
+
+namespace mt::parallel {
+
+class World {
+ public:
+  // Initialises MPI (when built with it). Only one World may exist in a process.
+  World(int* argc, char*** argv);
+  ~World();  // finalises MPI
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+  // Rank among the processes on this node (from MPI_Comm_split_type SHARED): picks the GPU.
+  int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }
+  Comm& comm() const { return *comm_; }
+  bool thread_multiple() const { return thread_multiple_; }
+
+  // Ends the whole job now with `code`: MPI_Abort in an MPI world (mpirun then kills every rank),
+  // else std::_Exit. Output streams are flushed first.
+  [[noreturn]] void abort(int code) const;
+
+ private:
+  std::unique_ptr<Comm> comm_;
+  int local_rank_ = 0;
+  int local_size_ = 1;
+  bool thread_multiple_ = false;
+  bool finalize_ = false;
+};
+
+// Runs body(world) and returns its exit code. If body throws on a rank, that rank prints one line
+// "[rank R] error: <what>" to stderr and, in a world of more than one rank, aborts the job, so the
+// other ranks (possibly blocked in a collective with the failed one) do not hang. A CollectiveError
+// is printed once, by rank 0, without the rank prefix; the other ranks wait a few seconds for rank 0
+// to end the job and only then print and abort themselves.
+int run_main(World& world, const std::function<int(World&)>& body);
+
+// Checks that `text` (e.g. the resolved config as JSON) is identical on every rank of `comm`. On a
+// mismatch every rank throws CollectiveError; rank 0's message names the ranks that differ and,
+// when the text is JSON, the first differing keys, e.g.
+//   "the resolved config differs across ranks: rank 2 (and 1 other) disagree with rank 0;
+//    /train/lr: 0.001 on rank 0, 0.002 on rank 2".
+// `what` names the text in the message ("the resolved config").
+void check_same_across_ranks(Comm& comm, const std::string& text, const std::string& what);
+
+// The difference report above for two texts (exposed for tests): JSON-aware when both parse.
+std::string describe_difference(const std::string& a, int rank_a, const std::string& b, int rank_b);
+
+// FNV-1a 64-bit hash (Fowler, Noll, Vo): what ranks exchange instead of the full text.
+uint64_t fnv1a64(const std::string& s);
+
+}  // namespace mt::parallel

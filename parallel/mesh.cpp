@@ -1,0 +1,153 @@
+#include "parallel/mesh.h"
+
+namespace mt::parallel {
+
+const char* mesh_dim_name(MeshDim d) {
+  static const char* names[] = {"tp", "cp", "pp", "dp"};
+  return names[int(d)];
+}
+
+int MeshCoord::operator[](MeshDim d) const {
+  switch (d) {
+    case MeshDim::tp: return tp;
+    case MeshDim::cp: return cp;
+    case MeshDim::pp: return pp;
+    case MeshDim::dp: return dp;
+  }
+  return 0;
+}
+
+int& MeshCoord::operator[](MeshDim d) {
+  switch (d) {
+    case MeshDim::cp: return cp;
+    case MeshDim::pp: return pp;
+    case MeshDim::dp: return dp;
+    default: return tp;
+  }
+}
+
+MeshLayout resolve_layout(MeshLayout l, int world_size) {
+  MT_CHECK(world_size >= 1, "world size %d", world_size);
+  auto positive = [](const char* flag, int v) {
+    if (v < 1) throw CollectiveError(strfmt("%s must be a positive integer (got %d)", flag, v));
+  };
+  positive("--tp", l.tp);
+  positive("--pp", l.pp);
+  positive("--cp", l.cp);
+  if (l.dp < 0)
+    throw CollectiveError(
+        strfmt("--dp must be a positive integer, or 0 to infer it from the world size (got %d)", l.dp));
+  const long model = long(l.tp) * l.pp * l.cp;
+  if (l.dp == 0) {
+    if (world_size % model != 0)
+      throw CollectiveError(strfmt("--tp %d x --pp %d x --cp %d = %ld does not divide the world size %d, so --dp "
+                                   "cannot be inferred",
+                                   l.tp, l.pp, l.cp, model, world_size));
+    l.dp = int(world_size / model);
+  }
+  const long product = long(l.dp) * model;
+  if (product != world_size)
+    throw CollectiveError(strfmt("--dp %d x --tp %d x --pp %d x --cp %d = %ld but the world has %d rank%s", l.dp,
+                                 l.tp, l.pp, l.cp, product, world_size, world_size == 1 ? "" : "s"));
+  return l;
+}
+
+Mesh::Mesh(const MeshLayout& layout, int world_size, int rank)
+    : layout_(resolve_layout(layout, world_size)), world_size_(world_size), rank_(rank) {
+  MT_CHECK(rank >= 0 && rank < world_size, "rank %d is not in a world of %d", rank, world_size);
+  coord_ = coord_of(rank);
+}
+
+Mesh::Mesh(const MeshLayout& layout, Comm& world) : Mesh(layout, world.size(), world.rank()) {
+  // One split per dimension: the color names the group (the rank at coordinate 0 along d, unique
+  // per group), the key orders it by the coordinate along d. Every rank makes the same calls in
+  // the same order, as a collective requires.
+  for (int i = 0; i < kNumMeshDims; i++) {
+    MeshDim d = MeshDim(i);
+    MeshCoord c0 = coord_;
+    c0[d] = 0;
+    comms_[size_t(i)] = world.split(rank_of(c0), coord_[d], mesh_dim_name(d));
+    MT_CHECK(comms_[size_t(i)]->size() == size(d) && comms_[size_t(i)]->rank() == coord_[d],
+             "%s communicator has rank %d of %d, expected %d of %d", mesh_dim_name(d), comms_[size_t(i)]->rank(),
+             comms_[size_t(i)]->size(), coord_[d], size(d));
+  }
+  MeshCoord c0 = coord_;
+  c0.cp = 0;
+  c0.dp = 0;
+  cp_dp_comm_ = world.split(rank_of(c0), coord_.dp * layout_.cp + coord_.cp, "cp_dp");
+}
+
+Mesh::~Mesh() = default;
+
+int Mesh::size(MeshDim d) const {
+  switch (d) {
+    case MeshDim::tp: return layout_.tp;
+    case MeshDim::cp: return layout_.cp;
+    case MeshDim::pp: return layout_.pp;
+    case MeshDim::dp: return layout_.dp;
+  }
+  return 1;
+}
+
+MeshCoord Mesh::coord_of(int rank) const {
+  MT_CHECK(rank >= 0 && rank < world_size_, "rank %d is not in a world of %d", rank, world_size_);
+  MeshCoord c;
+  c.tp = rank % layout_.tp;
+  rank /= layout_.tp;
+  c.cp = rank % layout_.cp;
+  rank /= layout_.cp;
+  c.pp = rank % layout_.pp;
+  c.dp = rank / layout_.pp;
+  return c;
+}
+
+int Mesh::rank_of(const MeshCoord& c) const {
+  for (int i = 0; i < kNumMeshDims; i++)
+    MT_CHECK(c[MeshDim(i)] >= 0 && c[MeshDim(i)] < size(MeshDim(i)), "%s coordinate %d is not in [0, %d)",
+             mesh_dim_name(MeshDim(i)), c[MeshDim(i)], size(MeshDim(i)));
+  return c.tp + layout_.tp * (c.cp + layout_.cp * (c.pp + layout_.pp * c.dp));
+}
+
+std::vector<int> Mesh::group_ranks(MeshDim d, int rank) const {
+  MeshCoord c = coord_of(rank);
+  std::vector<int> out;
+  for (int i = 0; i < size(d); i++) {
+    c[d] = i;
+    out.push_back(rank_of(c));
+  }
+  return out;
+}
+
+std::vector<int> Mesh::cp_dp_group_ranks(int rank) const {
+  MeshCoord c = coord_of(rank);
+  std::vector<int> out;
+  for (int dp = 0; dp < layout_.dp; dp++) {
+    for (int cp = 0; cp < layout_.cp; cp++) {
+      c.dp = dp;
+      c.cp = cp;
+      out.push_back(rank_of(c));
+    }
+  }
+  return out;
+}
+
+Comm& Mesh::comm(MeshDim d) const {
+  MT_CHECK(has_comms(), "this Mesh was built without a world communicator; it has no %s communicator",
+           mesh_dim_name(d));
+  return *comms_[size_t(d)];
+}
+
+Comm& Mesh::cp_dp_comm() const {
+  MT_CHECK(has_comms(), "this Mesh was built without a world communicator; it has no cp_dp communicator");
+  return *cp_dp_comm_;
+}
+
+std::string Mesh::str() const {
+  return strfmt("TP(%d)-CP(%d)-PP(%d)-DP(%d)-Rank(%d)", coord_.tp, coord_.cp, coord_.pp, coord_.dp, rank_);
+}
+
+std::string Mesh::layout_str() const {
+  return strfmt("dp=%d pp=%d cp=%d tp=%d", layout_.dp, layout_.pp, layout_.cp, layout_.tp);
+}
+
+}  // namespace mt::parallel

@@ -1,0 +1,109 @@
+// Mesh: the rank grid of 4D parallelism, built once from the world size, this rank and the layout.
+//
+// Rank order (picotron's grid, and Megatron's "tp fastest" convention):
+//     rank = tp + TP * (cp + CP * (pp + PP * dp))
+// tp varies fastest, so a tensor-parallel group is TP adjacent ranks (on one node, where its
+// per-layer all-reduces need the fast links); then cp, then pp; dp varies slowest.
+// Printed as picotron does: TP(tp)-CP(cp)-PP(pp)-DP(dp)-Rank(rank), with this rank's coordinates.
+//
+// A group along dimension d is the set of ranks that share every coordinate except d, ordered by
+// their coordinate along d (so a rank's index in its tp group is its tp coordinate). The cp x dp
+// group (the ranks that hold replicas of the same parameters when context parallelism shards the
+// sequence, and so average gradients together) is offered too; expert parallelism will be carved
+// from it.
+//
+// The arithmetic needs no communication (and is unit-tested without MPI); constructing a Mesh from a
+// world Comm also splits it into one sub-communicator per dimension.
+#pragma once
+#include <array>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/comm.h"
+
+namespace mt::parallel {
+
+enum class MeshDim : uint8_t { tp, cp, pp, dp };  // fastest-varying first
+constexpr int kNumMeshDims = 4;
+const char* mesh_dim_name(MeshDim d);  // "tp", "cp", "pp", "dp"
+
+// The --dp --pp --cp --tp flags. dp = 0 means "infer from the world size".
+struct MeshLayout {
+  int dp = 0;
+  int pp = 1;
+  int cp = 1;
+  int tp = 1;
+};
+
+// Validates `layout` against `world_size` and returns it with dp filled in. Throws a CollectiveError
+// (every rank sees the same flags) naming the flags, e.g.
+//   "--dp 2 x --pp 1 x --cp 1 x --tp 2 = 4 but the world has 8 ranks".
+MeshLayout resolve_layout(MeshLayout layout, int world_size);
+
+struct MeshCoord {
+  int tp = 0, cp = 0, pp = 0, dp = 0;
+  int operator[](MeshDim d) const;
+  int& operator[](MeshDim d);
+  bool operator==(const MeshCoord&) const = default;
+};
+
+class Mesh {
+ public:
+  // Arithmetic only: no sub-communicators (comm() throws).
+  Mesh(const MeshLayout& layout, int world_size, int rank);
+  // Also splits `world` into the tp, cp, pp, dp and cp x dp communicators (collective on world).
+  // Sub-communicators are named "tp", "cp", ... and count their own bytes.
+  Mesh(const MeshLayout& layout, Comm& world);
+
+  Mesh(Mesh&&) noexcept = default;
+  Mesh& operator=(Mesh&&) noexcept = default;
+  ~Mesh();
+
+  const MeshLayout& layout() const { return layout_; }
+  int world_size() const { return world_size_; }
+  int rank() const { return rank_; }
+  int size(MeshDim d) const;
+  int tp() const { return layout_.tp; }
+  int cp() const { return layout_.cp; }
+  int pp() const { return layout_.pp; }
+  int dp() const { return layout_.dp; }
+
+  const MeshCoord& coord() const { return coord_; }
+  int coord(MeshDim d) const { return coord_[d]; }
+  MeshCoord coord_of(int rank) const;
+  int rank_of(const MeshCoord& c) const;
+
+  // World ranks of the group of `rank` (default: this rank) along d, ordered by coordinate along d.
+  std::vector<int> group_ranks(MeshDim d) const { return group_ranks(d, rank_); }
+  std::vector<int> group_ranks(MeshDim d, int rank) const;
+  // World ranks sharing tp and pp with `rank`, ordered by (dp, cp) with cp fastest.
+  std::vector<int> cp_dp_group_ranks() const { return cp_dp_group_ranks(rank_); }
+  std::vector<int> cp_dp_group_ranks(int rank) const;
+
+  bool first_stage() const { return coord_.pp == 0; }
+  bool last_stage() const { return coord_.pp == layout_.pp - 1; }
+
+  bool has_comms() const { return comms_[0] != nullptr; }
+  Comm& comm(MeshDim d) const;
+  Comm& tp_comm() const { return comm(MeshDim::tp); }
+  Comm& cp_comm() const { return comm(MeshDim::cp); }
+  Comm& pp_comm() const { return comm(MeshDim::pp); }
+  Comm& dp_comm() const { return comm(MeshDim::dp); }
+  Comm& cp_dp_comm() const;
+
+  // "TP(2)-CP(1)-PP(2)-DP(4)-Rank(3)": this rank's coordinates, then its world rank.
+  std::string str() const;
+  // "dp=4 pp=2 cp=1 tp=2" (the resolved layout, for logs).
+  std::string layout_str() const;
+
+ private:
+  MeshLayout layout_;
+  int world_size_;
+  int rank_;
+  MeshCoord coord_;
+  std::array<std::unique_ptr<Comm>, kNumMeshDims> comms_;
+  std::unique_ptr<Comm> cp_dp_comm_;
+};
+
+}  // namespace mt::parallel

@@ -1,0 +1,221 @@
+#ifdef MT_HAVE_NCCL
+#include "parallel/nccl_comm.h"
+
+#include <exception>
+
+#include "kernels/cuda/cuda_check.cuh"
+
+namespace mt::parallel {
+
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32: return ncclFloat32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
+    case DType::i32: return ncclInt32;
+    case DType::u16: break;  // data movement only: moved as bytes
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;  // NCCL >= 2.10: divides by the rank count after summing
+    case ReduceOp::max: return ncclMax;
+  }
+  return ncclSum;
+}
+
+// One op on the comm stream, complete when `done` has fired.
+class NcclOp final : public PendingOp {
+ public:
+  NcclOp(ncclComm_t comm, cudaStream_t compute, cudaEvent_t done) : comm_(comm), compute_(compute), done_(done) {}
+  ~NcclOp() override { cudaEventDestroy(done_); }  // safe while pending: released when it fires
+
+  bool test() override {
+    cudaError_t e = cudaEventQuery(done_);
+    if (e == cudaErrorNotReady) {
+      // A peer that died leaves NCCL waiting forever; the async error turns that into an exception.
+      ncclResult_t async = ncclSuccess;
+      MT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+      MT_NCCL_CHECK(async);
+      return false;
+    }
+    MT_CUDA_CHECK(e);
+    wait();
+    return true;
+  }
+
+  void wait() override { MT_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0)); }
+
+ private:
+  ncclComm_t comm_;
+  cudaStream_t compute_;
+  cudaEvent_t done_;
+};
+
+int nccl_rank(ncclComm_t c) {
+  int r = 0;
+  MT_NCCL_CHECK(ncclCommUserRank(c, &r));
+  return r;
+}
+
+int nccl_size(ncclComm_t c) {
+  int n = 0;
+  MT_NCCL_CHECK(ncclCommCount(c, &n));
+  return n;
+}
+
+}  // namespace
+
+NcclComm::NcclComm(Comm& bootstrap, cudaStream_t compute_stream, std::string name)
+    : Comm(bootstrap.rank(), bootstrap.size(), Device::cuda, std::move(name)), compute_(compute_stream) {
+  MT_CHECK(bootstrap.device() == Device::cpu, "NcclComm '%s' needs a host communicator to exchange its id",
+           this->name().c_str());
+  ncclUniqueId id{};
+  static_assert(sizeof(id) % 4 == 0, "the NCCL id is broadcast as 32-bit words");
+  if (bootstrap.rank() == 0) MT_NCCL_CHECK(ncclGetUniqueId(&id));
+  bootstrap.broadcast(&id, sizeof(id) / 4, DType::i32, 0);
+  MT_NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()));
+  init_streams();
+}
+
+NcclComm::NcclComm(ncclComm_t comm, int rank, int size, cudaStream_t compute_stream, std::string name)
+    : Comm(rank, size, Device::cuda, std::move(name)), comm_(comm), compute_(compute_stream) {
+  init_streams();
+}
+
+void NcclComm::init_streams() {
+  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  MT_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(int)));
+  MT_CUDA_CHECK(cudaMemset(barrier_word_, 0, sizeof(int)));
+}
+
+NcclComm::~NcclComm() {
+  if (comm_) {
+    if (std::uncaught_exceptions() > 0) {
+      ncclCommAbort(comm_);  // peers may never arrive: do not wait for in-flight work
+    } else {
+      cudaStreamSynchronize(stream_);
+      ncclCommFinalize(comm_);
+      ncclCommDestroy(comm_);
+    }
+  }
+  if (barrier_word_) cudaFree(barrier_word_);
+  if (ready_) cudaEventDestroy(ready_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void NcclComm::begin() {
+  MT_CUDA_CHECK(cudaEventRecord(ready_, compute_));
+  MT_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+}
+
+CommHandle NcclComm::end() {
+  cudaEvent_t done = nullptr;
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  cudaError_t e = cudaEventRecord(done, stream_);
+  if (e != cudaSuccess) cudaEventDestroy(done);
+  MT_CUDA_CHECK(e);
+  return CommHandle(std::make_unique<NcclOp>(comm_, compute_, done));
+}
+
+CommHandle NcclComm::do_all_reduce(void* buf, size_t count, DType t, ReduceOp op) {
+  begin();
+  MT_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, stream_));
+  return end();
+}
+
+CommHandle NcclComm::do_reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) {
+  begin();
+  MT_NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, stream_));
+  return end();
+}
+
+CommHandle NcclComm::do_all_gather(const void* send, void* recv, size_t send_count, DType t) {
+  const size_t b = dtype_size(t);
+  begin();
+  // Moved as bytes: no arithmetic, and u16 has no NCCL type. In place when send is this rank's slot.
+  MT_NCCL_CHECK(ncclAllGather(send, recv, send_count * b, ncclUint8, comm_, stream_));
+  return end();
+}
+
+CommHandle NcclComm::do_all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                                     std::span<const size_t> recv_counts, DType t) {
+  const size_t b = dtype_size(t);
+  const auto* s = static_cast<const char*>(send);
+  auto* r = static_cast<char*>(recv);
+  size_t send_off = 0, recv_off = 0, self_send = 0, self_recv = 0;
+  const size_t own = send_counts[size_t(rank())] * b;
+  MT_CHECK(own == recv_counts[size_t(rank())] * b, "all_to_all_v on '%s': sends %zu elements to itself but expects %zu",
+           name().c_str(), send_counts[size_t(rank())], recv_counts[size_t(rank())]);
+  begin();
+  MT_NCCL_CHECK(ncclGroupStart());
+  for (int j = 0; j < size(); j++) {
+    const size_t sc = send_counts[size_t(j)] * b, rc = recv_counts[size_t(j)] * b;
+    if (j == rank()) {
+      self_send = send_off;
+      self_recv = recv_off;
+    } else {
+      if (sc) MT_NCCL_CHECK(ncclSend(s + send_off, sc, ncclUint8, j, comm_, stream_));
+      if (rc) MT_NCCL_CHECK(ncclRecv(r + recv_off, rc, ncclUint8, j, comm_, stream_));
+    }
+    send_off += sc;
+    recv_off += rc;
+  }
+  MT_NCCL_CHECK(ncclGroupEnd());
+  if (own) MT_CUDA_CHECK(cudaMemcpyAsync(r + self_recv, s + self_send, own, cudaMemcpyDeviceToDevice, stream_));
+  return end();
+}
+
+CommHandle NcclComm::do_broadcast(void* buf, size_t count, DType t, int root) {
+  begin();
+  MT_NCCL_CHECK(ncclBroadcast(buf, buf, count * dtype_size(t), ncclUint8, root, comm_, stream_));
+  return end();
+}
+
+CommHandle NcclComm::do_send_recv(const void* send_buf, size_t send_count, int dst, void* recv_buf,
+                                  size_t recv_count, int src, DType t, int) {
+  const size_t b = dtype_size(t);
+  if (dst == rank() || src == rank()) {
+    // With itself a rank exchanges only inside one call (as on SelfComm): a device copy.
+    MT_CHECK(dst == rank() && src == rank() && send_count == recv_count,
+             "send_recv on '%s': an exchange with itself needs both sides, of equal size, in one call", name().c_str());
+    begin();
+    MT_CUDA_CHECK(cudaMemcpyAsync(recv_buf, send_buf, send_count * b, cudaMemcpyDeviceToDevice, stream_));
+    return end();
+  }
+  begin();
+  MT_NCCL_CHECK(ncclGroupStart());
+  if (dst >= 0 && send_count) MT_NCCL_CHECK(ncclSend(send_buf, send_count * b, ncclUint8, dst, comm_, stream_));
+  if (src >= 0 && recv_count) MT_NCCL_CHECK(ncclRecv(recv_buf, recv_count * b, ncclUint8, src, comm_, stream_));
+  MT_NCCL_CHECK(ncclGroupEnd());
+  return end();
+}
+
+CommHandle NcclComm::do_barrier() {
+  MT_NCCL_CHECK(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, stream_));
+  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return {};
+}
+
+std::unique_ptr<Comm> NcclComm::do_split(int color, int key, const std::string& name) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+  ncclComm_t sub = nullptr;
+  MT_NCCL_CHECK(ncclCommSplit(comm_, color, key, &sub, nullptr));
+  return std::unique_ptr<Comm>(new NcclComm(sub, nccl_rank(sub), nccl_size(sub), compute_, name));
+#else
+  (void)color;
+  (void)key;
+  mt::fail("splitting NcclComm '%s' into '%s' needs NCCL >= 2.18; build the sub-communicator from a host "
+           "communicator instead",
+           this->name().c_str(), name.c_str());
+#endif
+}
+
+}  // namespace mt::parallel
+#endif  // MT_HAVE_NCCL

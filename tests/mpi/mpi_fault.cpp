@@ -1,0 +1,34 @@
+// A job in which one rank fails while the others wait for it in a collective. Run as
+//   mpirun -np N mpi_fault <mode>
+// with mode: none (no failure: exits 0), kill (rank 1 SIGKILLs itself), exit (rank 1 exits with
+// status 3 without finalising MPI), throw (rank 1 throws), collective (every rank throws the same
+// CollectiveError), mismatch (the last rank has a different config). Every mode but `none` must
+// end the whole job promptly with a non-zero status; expect_failure.sh checks that.
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "parallel/launch.h"
+
+using namespace mt::parallel;
+
+int main(int argc, char** argv) {
+  World world(&argc, &argv);
+  const std::string mode = argc > 1 ? argv[1] : "none";
+  return run_main(world, [&](World& w) {
+    Comm& c = w.comm();
+    const int rank = c.rank();
+    float x = 1.f;
+    c.all_reduce(&x, 1, mt::DType::f32, ReduceOp::sum);  // step 0: every rank healthy
+    if (rank == 1 && mode == "kill") std::raise(SIGKILL);
+    if (rank == 1 && mode == "exit") std::_Exit(3);
+    if (rank == 1 && mode == "throw") mt::fail("injected failure at step %d", 1);
+    if (mode == "collective") throw CollectiveError("injected collective failure");
+    if (mode == "mismatch")
+      check_same_across_ranks(c, rank == c.size() - 1 ? R"({"lr": 0.2})" : R"({"lr": 0.1})", "the resolved config");
+    // The healthy ranks block here on a rank that never arrives, unless the job is ended for them.
+    for (int step = 1; step <= 3; step++) c.all_reduce(&x, 1, mt::DType::f32, ReduceOp::sum);
+    return x == float(c.size()) * float(c.size()) * float(c.size()) * float(c.size()) ? 0 : 2;
+  });
+}

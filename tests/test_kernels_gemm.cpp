@@ -1,0 +1,137 @@
+// The GEMM under every CPU matmul: the BLAS path (gemm) and the built-in fallback (gemm_builtin)
+// against a plain triple loop in long double, for all four transpose combinations, alpha/beta,
+// leading dimensions wider than the matrices, and sizes that cross the built-in kernel's register
+// and cache blocks (MR 4, NR 8, MC 64, NC 256, KC 256) with ragged edges.
+//
+// Tolerance, with entries uniform in (-1, 1) and u the unit roundoff of the type:
+// |error| <= 2 u (K |alpha| + |beta|). Rounding errors of a length-K sum grow like a random walk, about
+// u K / 15 at the worst of the ~1e5 entries checked, so this leaves a wide margin, while a wrong
+// index or a missed block gives errors of order 1.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+#include "tests/test_util.h"
+
+namespace mt::cpu {
+namespace {
+
+constexpr size_t sz(int64_t n) { return static_cast<size_t>(n); }
+
+struct Case {
+  int M, N, K;
+  bool ta, tb;
+};
+
+template <class T>
+struct Problem {
+  int M, N, K, lda, ldb, ldc;
+  bool ta, tb;
+  T alpha, beta;
+  std::vector<T> A, B, C0;
+
+  Problem(const Case& c, std::mt19937_64& rng, T alpha_, T beta_)
+      : M(c.M), N(c.N), K(c.K), ta(c.ta), tb(c.tb), alpha(alpha_), beta(beta_) {
+    // Stored shapes: A is (M,K) or (K,M); B is (K,N) or (N,K); each row padded by 3 elements.
+    const int arows = ta ? K : M, acols = ta ? M : K, brows = tb ? N : K, bcols = tb ? K : N;
+    lda = acols + 3;
+    ldb = bcols + 3;
+    ldc = N + 3;
+    A = fill(sz(arows) * lda, rng);
+    B = fill(sz(brows) * ldb, rng);
+    C0 = fill(sz(M) * ldc, rng);
+  }
+  static std::vector<T> fill(size_t n, std::mt19937_64& rng) {
+    std::uniform_real_distribution<double> d(-1, 1);
+    std::vector<T> v(n);
+    for (auto& x : v) x = T(d(rng));
+    return v;
+  }
+  T a(int i, int k) const { return ta ? A[sz(k) * lda + sz(i)] : A[sz(i) * lda + sz(k)]; }
+  T b(int k, int j) const { return tb ? B[sz(j) * ldb + sz(k)] : B[sz(k) * ldb + sz(j)]; }
+
+  // Checks C (computed from C0) against the long-double reference; padding columns must be untouched.
+  void check(const std::vector<T>& C, const char* what) const {
+    const double u = std::numeric_limits<T>::epsilon();
+    const double bound = 2 * u * (K * std::fabs(double(alpha)) + std::fabs(double(beta))) + 1e-300;
+    double worst = 0;
+    for (int i = 0; i < M; i++) {
+      for (int j = 0; j < N; j++) {
+        long double s = 0;
+        for (int k = 0; k < K; k++) s += (long double)a(i, k) * (long double)b(k, j);
+        const long double ref = (long double)alpha * s + (long double)beta * C0[sz(i) * ldc + sz(j)];
+        worst = std::max(worst, double(std::fabs((long double)C[sz(i) * ldc + sz(j)] - ref)));
+      }
+      for (int j = N; j < ldc; j++) ASSERT_EQ(C[sz(i) * ldc + sz(j)], C0[sz(i) * ldc + sz(j)]) << what;
+    }
+    EXPECT_LE(worst, bound) << what << " M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb;
+  }
+};
+
+const Case kCases[] = {{1, 1, 1, false, false},   {3, 5, 7, false, true},     {3, 5, 7, true, false},
+                       {13, 11, 17, true, true},   {67, 9, 5, false, true},    {5, 263, 3, true, false},
+                       {70, 300, 301, false, true}, {130, 257, 300, true, true}, {129, 31, 520, false, false}};
+
+template <class T>
+void check_all_cases(std::mt19937_64& rng) {
+  for (const Case& c : kCases) {
+    for (auto [alpha, beta] : {std::pair<T, T>{T(1), T(0)}, {T(0.75), T(1)}, {T(-1.5), T(0.5)}}) {
+      Problem<T> p(c, rng, alpha, beta);
+      std::vector<T> blas = p.C0, builtin = p.C0;
+      gemm<T>(p.ta, p.tb, p.M, p.N, p.K, alpha, p.A.data(), p.lda, p.B.data(), p.ldb, beta, blas.data(), p.ldc);
+      gemm_builtin<T>(p.ta, p.tb, p.M, p.N, p.K, alpha, p.A.data(), p.lda, p.B.data(), p.ldb, beta, builtin.data(),
+                      p.ldc);
+      p.check(blas, have_blas() ? "gemm (BLAS)" : "gemm (built-in)");
+      p.check(builtin, "gemm_builtin");
+    }
+  }
+}
+
+TEST(Gemm, FloatBlasAndBuiltinMatchExactProducts) {
+  std::mt19937_64 rng(mt::testing::test_seed());
+  check_all_cases<float>(rng);
+}
+
+TEST(Gemm, DoubleBlasAndBuiltinMatchExactProducts) {
+  std::mt19937_64 rng(mt::testing::test_seed() + 1);
+  check_all_cases<double>(rng);
+}
+
+TEST(Gemm, BetaZeroOverwritesWithoutReadingC) {
+  std::mt19937_64 rng(mt::testing::test_seed() + 2);
+  Problem<float> p({37, 45, 29, false, true}, rng, 1.f, 0.f);
+  std::vector<float> c1(p.C0.size(), std::numeric_limits<float>::quiet_NaN()), c2 = c1;
+  gemm<float>(p.ta, p.tb, p.M, p.N, p.K, 1.f, p.A.data(), p.lda, p.B.data(), p.ldb, 0.f, c1.data(), p.ldc);
+  gemm_builtin<float>(p.ta, p.tb, p.M, p.N, p.K, 1.f, p.A.data(), p.lda, p.B.data(), p.ldb, 0.f, c2.data(), p.ldc);
+  for (int i = 0; i < p.M; i++)
+    for (int j = 0; j < p.N; j++) {
+      ASSERT_FALSE(std::isnan(c1[sz(i) * p.ldc + sz(j)]));
+      ASSERT_FALSE(std::isnan(c2[sz(i) * p.ldc + sz(j)]));
+    }
+}
+
+TEST(Gemm, BuiltinIsBitwiseIndependentOfThreadCountAndBlasIsRepeatable) {
+  std::mt19937_64 rng(mt::testing::test_seed() + 3);
+  Problem<float> p({200, 300, 280, true, false}, rng, 1.f, 1.f);
+  const int saved = omp_get_max_threads();
+  auto run = [&](bool builtin, int threads) {
+    omp_set_num_threads(threads);
+    std::vector<float> c = p.C0;
+    if (builtin)
+      gemm_builtin<float>(p.ta, p.tb, p.M, p.N, p.K, 1.f, p.A.data(), p.lda, p.B.data(), p.ldb, 1.f, c.data(), p.ldc);
+    else
+      gemm<float>(p.ta, p.tb, p.M, p.N, p.K, 1.f, p.A.data(), p.lda, p.B.data(), p.ldb, 1.f, c.data(), p.ldc);
+    return c;
+  };
+  EXPECT_EQ(run(true, 1), run(true, 2));
+  EXPECT_EQ(run(true, 2), run(true, 3));
+  EXPECT_EQ(run(false, 2), run(false, 2));
+  omp_set_num_threads(saved);
+}
+
+}  // namespace
+}  // namespace mt::cpu

@@ -1,0 +1,211 @@
+// Memory accounting (Arena, Buffer) and the flat parameter store (ParamStore).
+//
+// Arena promises: live bytes per category follow Buffer lifetimes exactly (RAII, moves transfer
+// ownership), peaks are the maxima of live bytes since the last reset_peaks(), host blocks are
+// 64-byte aligned and zero-filled, a failed allocation throws naming the category.
+// ParamStore promises: every entry starts at a multiple of 16 elements (64 bytes), entries do not
+// overlap, counts exclude the padding, the three buffers are charged to params/grads, and
+// refresh_compute() makes compute the master weights rounded to the compute dtype.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "runtime/arena.h"
+#include "runtime/check.h"
+#include "runtime/dtype.h"
+#include "runtime/param_store.h"
+#include "tests/test_util.h"
+
+namespace mt {
+namespace {
+
+size_t live(const Arena& a, MemCategory c) { return a.stats().live[size_t(c)]; }
+size_t peak(const Arena& a, MemCategory c) { return a.stats().peak[size_t(c)]; }
+
+TEST(Arena, LiveAndPeakBytesFollowBufferLifetimesPerCategory) {
+  Arena a;
+  {
+    Buffer p = a.alloc(MemCategory::params, 1000);
+    Buffer g = a.alloc(MemCategory::grads, 500);
+    EXPECT_EQ(live(a, MemCategory::params), 1000u);
+    EXPECT_EQ(live(a, MemCategory::grads), 500u);
+    {
+      Buffer x1 = a.alloc(MemCategory::activations, 4000);
+      Buffer x2 = a.alloc(MemCategory::activations, 3000);
+      EXPECT_EQ(live(a, MemCategory::activations), 7000u);
+      EXPECT_EQ(a.stats().live_total, 8500u);
+    }
+    EXPECT_EQ(live(a, MemCategory::activations), 0u);
+    EXPECT_EQ(peak(a, MemCategory::activations), 7000u);
+    EXPECT_EQ(a.stats().peak_total, 8500u);
+    EXPECT_EQ(a.stats().live_total, 1500u);
+
+    a.reset_peaks();  // the next phase measures its own peak
+    EXPECT_EQ(peak(a, MemCategory::activations), 0u);
+    EXPECT_EQ(peak(a, MemCategory::params), 1000u);
+    EXPECT_EQ(a.stats().peak_total, 1500u);
+    Buffer x3 = a.alloc(MemCategory::activations, 2000);
+    EXPECT_EQ(peak(a, MemCategory::activations), 2000u);
+    EXPECT_EQ(a.stats().peak_total, 3500u);
+    x3.reset();
+    x3.reset();  // idempotent
+    EXPECT_FALSE(x3);
+    EXPECT_EQ(live(a, MemCategory::activations), 0u);
+    EXPECT_EQ(peak(a, MemCategory::other), 0u);
+  }
+  EXPECT_EQ(a.stats().live_total, 0u);
+  for (int c = 0; c < kNumMemCategories; c++) EXPECT_EQ(a.stats().live[size_t(c)], 0u) << mem_category_name(MemCategory(c));
+}
+
+TEST(Arena, HostBlocksAreAlignedAndZeroed) {
+  Arena a;
+  std::mt19937_64 rng(mt::testing::test_seed());
+  std::vector<Buffer> bufs;
+  for (int i = 0; i < 20; i++) {
+    const size_t n = 1 + rng() % 5000;
+    Buffer b = a.alloc(MemCategory::other, n);
+    ASSERT_TRUE(b);
+    EXPECT_EQ(b.bytes(), n);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % 64, 0u);
+    const auto* bytes = static_cast<const unsigned char*>(b.data());
+    for (size_t k = 0; k < n; k++) ASSERT_EQ(bytes[k], 0) << "byte " << k << " of a " << n << "-byte block";
+    EXPECT_EQ(static_cast<void*>(b.f32()), b.data());
+    EXPECT_EQ(static_cast<void*>(b.i32()), b.data());
+    bufs.push_back(std::move(b));
+  }
+  Buffer empty = a.alloc(MemCategory::comm, 0);
+  EXPECT_FALSE(empty);
+  EXPECT_EQ(live(a, MemCategory::comm), 0u);
+}
+
+TEST(Arena, MovingABufferTransfersOwnershipAndAssignmentReleasesTheOldBlock) {
+  Arena a;
+  Buffer b = a.alloc(MemCategory::comm, 256);
+  void* p = b.data();
+  Buffer c = std::move(b);
+  EXPECT_FALSE(b);
+  EXPECT_EQ(c.data(), p);
+  EXPECT_EQ(live(a, MemCategory::comm), 256u);
+  c = a.alloc(MemCategory::comm, 64);  // the 256-byte block goes back
+  EXPECT_EQ(live(a, MemCategory::comm), 64u);
+  c = Buffer();
+  EXPECT_EQ(live(a, MemCategory::comm), 0u);
+  EXPECT_EQ(peak(a, MemCategory::comm), 320u);  // both existed for a moment
+}
+
+TEST(Arena, CustomAllocatorIsUsedAndFailureNamesTheCategory) {
+  int allocs = 0, frees = 0;
+  {
+    Arena a([&](size_t n) { allocs++; return std::malloc(n); }, [&](void* p) { frees++; std::free(p); });
+    Buffer b1 = a.alloc(MemCategory::optimizer, 128), b2 = a.alloc(MemCategory::optimizer, 128);
+    EXPECT_EQ(allocs, 2);
+    b1.reset();
+    EXPECT_EQ(frees, 1);
+  }
+  EXPECT_EQ(frees, 2);
+
+  Arena full([](size_t) -> void* { return nullptr; }, [](void*) {});
+  try {
+    full.alloc(MemCategory::optimizer, 1 << 20);
+    FAIL() << "no error when the allocator returns nullptr";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(full.stats().live_total, 0u);
+}
+
+TEST(Arena, FormatBytesUsesBinaryUnits) {
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(1536), "1.5 KiB");
+  EXPECT_EQ(format_bytes(size_t(3) << 20), "3.0 MiB");
+  EXPECT_EQ(format_bytes(size_t(5) << 30), "5.00 GiB");
+}
+
+TEST(ParamStore, OffsetsAreAlignedTo16ElementsAndCountsExcludePadding) {
+  std::mt19937_64 rng(mt::testing::test_seed() + 1);
+  ParamStore ps;
+  int64_t unpadded = 0;
+  for (int i = 0; i < 30; i++) {
+    std::vector<int64_t> shape;
+    const int ndim = 1 + int(rng() % 3);
+    int64_t numel = 1;
+    for (int d = 0; d < ndim; d++) {
+      shape.push_back(1 + int64_t(rng() % 19));
+      numel *= shape.back();
+    }
+    EXPECT_EQ(ps.add("p" + std::to_string(i), shape, i % 2 == 0), i);
+    unpadded += numel;
+  }
+  const auto& es = ps.entries();
+  for (size_t i = 0; i < es.size(); i++) {
+    int64_t numel = 1;
+    for (int64_t d : es[i].shape) numel *= d;
+    EXPECT_EQ(es[i].numel, numel);
+    EXPECT_EQ(es[i].offset % 16, 0) << es[i].name;
+    EXPECT_EQ(es[i].global_shape, es[i].shape);
+    EXPECT_EQ(es[i].global_offset, std::vector<int64_t>(es[i].shape.size(), 0));
+    EXPECT_EQ(es[i].weight_decay, i % 2 == 0);
+    const int64_t end = es[i].offset + es[i].numel;
+    const int64_t next = i + 1 < es.size() ? es[i + 1].offset : ps.total_numel();
+    EXPECT_LE(end, next) << es[i].name << " overlaps the next entry";
+    EXPECT_LT(next - end, 16) << "more padding than alignment needs after " << es[i].name;
+  }
+  EXPECT_EQ(ps.total_numel() % 16, 0);
+  EXPECT_EQ(ps.param_count(), unpadded);
+  ASSERT_NE(ps.find("p7"), nullptr);
+  EXPECT_EQ(ps.find("p7")->offset, es[7].offset);
+  EXPECT_EQ(ps.find("missing"), nullptr);
+
+  Arena a;
+  ps.finalize(a, DType::f32);
+  const size_t bytes = size_t(ps.total_numel()) * sizeof(float);
+  EXPECT_EQ(live(a, MemCategory::params), 2 * bytes);  // master + compute
+  EXPECT_EQ(live(a, MemCategory::grads), bytes);
+  for (int i = 0; i < int(es.size()); i++) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(ps.master(i)) % 64, 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(ps.grad(i)) % 64, 0u);
+    EXPECT_EQ(ps.compute(i) - ps.compute(), es[size_t(i)].offset);
+  }
+}
+
+TEST(ParamStore, MisuseIsRejected) {
+  ParamStore ps;
+  ps.add("w", {3, 4}, true);
+  EXPECT_THROW(ps.add("w", {2}, true), Error);      // registered twice
+  EXPECT_THROW(ps.add("z", {3, 0}, true), Error);   // empty dimension
+  Arena a;
+  ps.finalize(a, DType::bf16);
+  EXPECT_THROW(ps.add("late", {2}, true), Error);   // after finalize
+  EXPECT_THROW(ps.finalize(a, DType::bf16), Error);  // twice
+}
+
+TEST(ParamStore, RefreshComputeRoundsMasterToTheComputeDtypeAndZeroGradsClears) {
+  std::mt19937_64 rng(mt::testing::test_seed() + 2);
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    ParamStore ps;
+    ps.add("a", {37, 5}, true);
+    ps.add("b", {11}, false);
+    Arena a;
+    ps.finalize(a, t);
+    EXPECT_EQ(ps.compute_dtype(), t);
+    auto vals = mt::testing::random_floats(size_t(ps.total_numel()), rng, -70000.f, 70000.f);
+    vals[3] = 1e-6f;  // an f16 subnormal
+    std::copy(vals.begin(), vals.end(), ps.master());
+    for (int64_t i = 0; i < ps.total_numel(); i++) ps.grads()[i] = 1.f;
+    ps.refresh_compute();
+    for (int64_t i = 0; i < ps.total_numel(); i++) {
+      const float m = vals[size_t(i)];
+      const float want = t == DType::bf16 ? round_bf16(m) : t == DType::f16 ? round_f16(m) : m;
+      ASSERT_EQ(ps.master()[i], m) << "master changed";
+      ASSERT_EQ(ps.compute()[i], want) << dtype_name(t) << " element " << i;
+    }
+    ps.zero_grads();
+    for (int64_t i = 0; i < ps.total_numel(); i++) ASSERT_EQ(ps.grads()[i], 0.f);
+  }
+}
+
+}  // namespace
+}  // namespace mt

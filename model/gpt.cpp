@@ -28,10 +28,12 @@ GPT::GPT(const GPTConfig& cfg, ParamStore& store) : cfg_(cfg), store_(store) {
   cfg_.validate();
   const int64_t C = cfg.n_embd, Vp = cfg.padded_vocab();
   // Matrices (2-D) get weight decay; biases and LayerNorm parameters do not (as in GPT-2/nanoGPT).
+  store.begin_unit("embeddings");
   wte_ = store.add("transformer.wte.weight", {Vp, C}, true);
   wpe_ = store.add("transformer.wpe.weight", {cfg.block_size, C}, true);
   for (int l = 0; l < cfg.n_layer; l++) {
     std::string p = "transformer.h." + std::to_string(l) + ".";
+    store.begin_unit("h." + std::to_string(l));
     LayerParams lp;
     lp.ln1_w = store.add(p + "ln_1.weight", {C}, false);
     lp.ln1_b = store.add(p + "ln_1.bias", {C}, false);
@@ -47,6 +49,7 @@ GPT::GPT(const GPTConfig& cfg, ParamStore& store) : cfg_(cfg), store_(store) {
     lp.fcproj_b = store.add(p + "mlp.c_proj.bias", {C}, false);
     layers_.push_back(lp);
   }
+  store.begin_unit("ln_f");
   lnf_w_ = store.add("transformer.ln_f.weight", {C}, false);
   lnf_b_ = store.add("transformer.ln_f.bias", {C}, false);
 }
@@ -87,7 +90,7 @@ void GPT::init_weights(uint64_t seed) {
   }
   fill(lnf_w_, 1.f);
   fill(lnf_b_, 0.f);
-  store_.refresh_compute();
+  if (store_.full_storage()) store_.refresh_compute();  // else the sharding engine derives compute
 }
 
 void GPT::store(float* x, int64_t n) {

@@ -64,9 +64,12 @@ class GPT {
 
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
-  // Called after backward has finished the gradients of layer l (L-1 down to 0), then with -1 once the
-  // embeddings' gradients are final: the hook data parallelism uses to start bucket reductions.
-  void set_grad_ready_hook(std::function<void(int)> hook) { grad_ready_ = std::move(hook); }
+  // Parameter units: 0 = embeddings (wte, wpe), 1 + l = layer l, L + 1 = final LayerNorm. The model
+  // brackets every use of a unit with hooks->acquire/release and reports hooks->grads_ready(u) once
+  // backward is done with it (order: L+1, L, ..., 1, 0). nullptr: no hooks (everything resident).
+  void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+  static int layer_unit(int l) { return 1 + l; }
+  int final_unit() const { return cfg_.n_layer + 1; }
 
   // Wall time spent in forward (including the fused classifier) and backward since the last reset.
   struct PhaseTimes {
@@ -100,7 +103,16 @@ class GPT {
   std::vector<LayerParams> layers_;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   Recompute recompute_ = Recompute::none;
-  std::function<void(int)> grad_ready_;
+  UnitHooks* hooks_ = nullptr;
+  void acquire(int u, bool grads) {
+    if (hooks_) hooks_->acquire(u, grads);
+  }
+  void release(int u) {
+    if (hooks_) hooks_->release(u);
+  }
+  void grads_ready(int u) {
+    if (hooks_) hooks_->grads_ready(u);
+  }
   Arena* arena_ = nullptr;
   ops::Ctx ctx_;
   PhaseTimes times_;

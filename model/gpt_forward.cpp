@@ -165,8 +165,9 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
   // Which activations each layer keeps until backward.
   const bool keep_layer = train && recompute_ != Recompute::full;
   const bool keep_att = train && recompute_ == Recompute::none;
+  const int emb = 0, fin = final_unit();
 
-  std::vector<Buffer> xs(size_t(L) + 1);  // residual stream: xs[l] is layer l's input
+  std::vector<Buffer> xs(static_cast<size_t>(L) + 1);  // residual stream: xs[l] is layer l's input
   std::vector<LayerActs> acts(static_cast<size_t>(L));
   LayerActs scratch;
   Workspace w;
@@ -175,14 +176,18 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
 
   // Forward. In eval mode only the current residual is kept (xs[l] freed as soon as it is consumed).
   xs[0] = ar.alloc(kAct, size_t(NC) * 4);
+  acquire(emb, false);
   ops::encoder_fwd(xs[0].f32(), mb.tokens, mb.positions, store_.compute(wte_), store_.compute(wpe_), B, T, C, ctx_);
+  release(emb);
   store(xs[0].f32(), NC);
   for (int l = 0; l < L; l++) {
     LayerActs& a = keep_layer ? acts[size_t(l)] : scratch;
     if (keep_layer) a.alloc(ar, N, C, att_elems, keep_att);
     xs[size_t(l) + 1] = ar.alloc(kAct, size_t(NC) * 4);
     if (!keep_att) std::swap(a.att, w.att);  // borrow the shared probabilities buffer
+    acquire(layer_unit(l), false);
     layer_forward(l, xs[size_t(l)].f32(), xs[size_t(l) + 1].f32(), a, B, T, mb.doc_ids);
+    release(layer_unit(l));
     if (!keep_att) std::swap(a.att, w.att);
     if (!train) xs[size_t(l)].reset();
   }
@@ -191,28 +196,39 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
   const float* xL = xs[size_t(L)].f32();
   Buffer lnf = ar.alloc(kAct, size_t(NC) * 4), lnf_mean = ar.alloc(kAct, size_t(N) * 4),
          lnf_rstd = ar.alloc(kAct, size_t(N) * 4);
+  acquire(fin, train);
   ops::layernorm_fwd(lnf.f32(), lnf_mean.f32(), lnf_rstd.f32(), xL, store_.compute(lnf_w_), store_.compute(lnf_b_), N,
                      C, ctx_);
   store(lnf.f32(), NC);
   if (mode == Mode::last_logits) {
+    release(fin);
     const int Vp = cfg_.padded_vocab();
     Buffer lg = ar.alloc(kAct, size_t(Vp) * 4);
+    acquire(emb, false);
     ops::matmul_fwd(lg.f32(), lnf.f32() + int64_t(T - 1) * C, store_.compute(wte_), nullptr, 1, C, Vp, ctx_);
+    release(emb);
     std::memcpy(last_logits, lg.f32(), size_t(cfg_.vocab_size) * 4);
     return 0.0;
   }
   Buffer dlnf;
   if (train) dlnf = ar.alloc(kAct, size_t(NC) * 4);
+  acquire(emb, train);  // the tied unembedding; its gradient buffer stays until the encoder's backward
   const double loss_sum = classifier(lnf.f32(), dlnf.f32(), mb.targets, dloss, N, train);
+  release(emb);
   const auto t_forward = clock::now();
   times_.forward += std::chrono::duration<double>(t_forward - t_start).count();
-  if (!train) return loss_sum;
+  if (!train) {
+    release(fin);
+    return loss_sum;
+  }
 
   // Backward: reverse loop over the layers.
   Buffer dx = ar.alloc(kAct, size_t(NC) * 4);
   ops::layernorm_bwd(dx.f32(), store_.grad(lnf_w_), store_.grad(lnf_b_), dlnf.f32(), xL, store_.compute(lnf_w_),
                      lnf_mean.f32(), lnf_rstd.f32(), N, C, ctx_);
   store(dx.f32(), NC);
+  release(fin);
+  grads_ready(fin);
   lnf.reset();
   dlnf.reset();
   w.att_scratch = ar.alloc(kAct, size_t(att_elems) * 4);
@@ -226,6 +242,7 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
   for (int l = L - 1; l >= 0; l--) {
     xs[size_t(l) + 1].reset();
     LayerActs& a = keep_layer ? acts[size_t(l)] : scratch;
+    acquire(layer_unit(l), true);
     if (keep_layer) {
       layer_backward(l, dx.f32(), xs[size_t(l)].f32(), a, w, B, T, mb.doc_ids);
     } else {  // full recompute: re-run this layer's forward from its saved input, then its backward
@@ -234,11 +251,14 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
       layer_backward(l, dx.f32(), xs[size_t(l)].f32(), a, w, B, T, mb.doc_ids);
       std::swap(a.att, w.att);
     }
+    release(layer_unit(l));
+    grads_ready(layer_unit(l));
     if (keep_layer) a = LayerActs();
-    if (grad_ready_) grad_ready_(l);
   }
+  acquire(emb, true);
   ops::encoder_bwd(store_.grad(wte_), store_.grad(wpe_), dx.f32(), mb.tokens, mb.positions, B, T, C, ctx_);
-  if (grad_ready_) grad_ready_(-1);
+  release(emb);
+  grads_ready(emb);
   times_.backward += std::chrono::duration<double>(clock::now() - t_forward).count();
   return loss_sum;
 }

@@ -6,9 +6,15 @@
 
 namespace mt {
 
+void ParamStore::begin_unit(const std::string& name) {
+  MT_CHECK(!finalized_, "ParamStore::begin_unit('%s') after finalize", name.c_str());
+  units_.push_back(ParamUnit{name, 0, 0});
+}
+
 int ParamStore::add(const std::string& name, std::vector<int64_t> shape, bool weight_decay) {
   MT_CHECK(!finalized_, "ParamStore::add('%s') after finalize", name.c_str());
   MT_CHECK(!index_.count(name), "parameter '%s' registered twice", name.c_str());
+  if (units_.empty()) begin_unit("all");
   ParamEntry e;
   e.name = name;
   e.numel = 1;
@@ -20,20 +26,45 @@ int ParamStore::add(const std::string& name, std::vector<int64_t> shape, bool we
   e.global_offset.assign(shape.size(), 0);
   e.shape = std::move(shape);
   e.weight_decay = weight_decay;
-  e.offset = total_;
-  total_ += (e.numel + 15) / 16 * 16;
+  e.unit = int(units_.size()) - 1;
   entries_.push_back(std::move(e));
   index_[entries_.back().name] = int(entries_.size()) - 1;
   return int(entries_.size()) - 1;
 }
 
-void ParamStore::finalize(Arena& arena, DType compute_dtype) {
+void ParamStore::finalize(Arena& arena, DType compute_dtype, int shard_multiple, bool materialize) {
   MT_CHECK(!finalized_, "ParamStore finalized twice");
+  MT_CHECK(shard_multiple >= 1, "shard_multiple must be >= 1");
   compute_dtype_ = compute_dtype;
-  size_t bytes = size_t(total_) * sizeof(float);
+  shard_multiple_ = shard_multiple;
+  // Offsets: entries 16-aligned inside their unit, units padded to a multiple of 16 x shards.
+  const int64_t unit_align = 16 * int64_t(shard_multiple);
+  int64_t pos = 0;
+  size_t k = 0;
+  for (int u = 0; u < int(units_.size()); u++) {
+    units_[size_t(u)].begin = pos;
+    for (; k < entries_.size() && entries_[k].unit == u; k++) {
+      entries_[k].offset = pos;
+      pos += (entries_[k].numel + 15) / 16 * 16;
+    }
+    pos = (pos + unit_align - 1) / unit_align * unit_align;
+    if (pos == units_[size_t(u)].begin) pos += unit_align;  // an empty unit still has one chunk per shard
+    units_[size_t(u)].end = pos;
+  }
+  total_ = pos;
+  const size_t bytes = size_t(total_) * sizeof(float);
   master_ = arena.alloc(MemCategory::params, bytes);
-  compute_ = arena.alloc(MemCategory::params, bytes);
-  grads_ = arena.alloc(MemCategory::grads, bytes);
+  materialized_ = materialize;
+  unit_compute_.assign(units_.size(), nullptr);
+  unit_grads_.assign(units_.size(), nullptr);
+  if (materialize) {
+    compute_ = arena.alloc(MemCategory::params, bytes);
+    grads_ = arena.alloc(MemCategory::grads, bytes);
+    for (size_t u = 0; u < units_.size(); u++) {
+      unit_compute_[u] = compute_.f32() + units_[u].begin;
+      unit_grads_[u] = grads_.f32() + units_[u].begin;
+    }
+  }
   finalized_ = true;
 }
 
@@ -48,6 +79,33 @@ const ParamEntry* ParamStore::find(const std::string& name) const {
   return it == index_.end() ? nullptr : &entries_[size_t(it->second)];
 }
 
+float* ParamStore::master(int i) const {
+  MT_CHECK(master_, "the full master weights were released (ZeRO keeps only a shard)");
+  return master() + entries_[size_t(i)].offset;
+}
+
+float* ParamStore::compute(int i) const {
+  const ParamEntry& e = entries_[size_t(i)];
+  float* base = unit_compute_[size_t(e.unit)];
+  MT_CHECK(base != nullptr, "parameters of unit '%s' are not materialised", units_[size_t(e.unit)].name.c_str());
+  return base + (e.offset - units_[size_t(e.unit)].begin);
+}
+
+float* ParamStore::grad(int i) const {
+  const ParamEntry& e = entries_[size_t(i)];
+  float* base = unit_grads_[size_t(e.unit)];
+  MT_CHECK(base != nullptr, "gradients of unit '%s' are not materialised", units_[size_t(e.unit)].name.c_str());
+  return base + (e.offset - units_[size_t(e.unit)].begin);
+}
+
+void ParamStore::set_unit_buffers(int u, float* compute, float* grads) {
+  MT_CHECK(!materialized_, "set_unit_buffers on a store with full storage");
+  unit_compute_[size_t(u)] = compute;
+  unit_grads_[size_t(u)] = grads;
+}
+
+void ParamStore::release_master() { master_.reset(); }
+
 void round_inplace(float* x, int64_t n, DType t) {
   if (t == DType::bf16) {
 #pragma omp parallel for schedule(static)
@@ -59,10 +117,14 @@ void round_inplace(float* x, int64_t n, DType t) {
 }
 
 void ParamStore::refresh_compute() {
+  MT_CHECK(materialized_ && master_, "refresh_compute needs full storage and the full master");
   std::memcpy(compute(), master(), size_t(total_) * sizeof(float));
   round_inplace(compute(), total_, compute_dtype_);
 }
 
-void ParamStore::zero_grads() { std::memset(grads(), 0, size_t(total_) * sizeof(float)); }
+void ParamStore::zero_grads() {
+  MT_CHECK(materialized_, "zero_grads needs full storage");
+  std::memset(grads(), 0, size_t(total_) * sizeof(float));
+}
 
 }  // namespace mt

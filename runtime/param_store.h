@@ -1,14 +1,24 @@
-// ParamStore: every model parameter lives in three flat buffers, so optimizers, ZeRO sharding and
+// ParamStore: every model parameter lives in flat buffers, so optimizers, ZeRO sharding and
 // checkpoints work on contiguous ranges and never need to know the model.
 //
-//   master   fp32 weights the optimizer updates            (category params)
+//   master   fp32 weights the optimizer updates                                     (params)
 //   compute  the copy forward/backward read: on the CPU backend fp32 storage holding values rounded
-//            to the run's precision (bf16/fp16), identical to master in fp32 runs   (category params)
-//   grads    fp32 gradients, accumulated (+=) over micro-batches                    (category grads)
+//            to the run's precision (bf16/fp16), identical to master in fp32 runs    (params)
+//   grads    fp32 gradients, accumulated (+=) over micro-batches                     (grads)
 //
-// A name -> (offset, shape, global slice) table describes the buffers. Each entry starts on a
-// 64-byte boundary. The global shape/slice is what a checkpoint stores, so a tensor sharded by a
-// parallel layout can be reassembled under another one.
+// Parameters are grouped into UNITS (the embeddings, each transformer layer, the final norm): the
+// granularity at which data parallelism reduces gradients and ZeRO-3 gathers and frees parameters.
+// A unit is a contiguous range of the flat index space, padded so that its length is a multiple of
+// 16 x shard_multiple: each of `shard_multiple` equal chunks then starts on a 64-byte boundary (the
+// chunk r of every unit is what data-parallel rank r owns under ZeRO, as in PyTorch FSDP's flat
+// parameters). Each entry starts on a 16-element boundary within its unit.
+//
+// Storage is full by default. A sharding engine (parallel/data_parallel.h) may instead keep compute
+// and grads per unit (set_unit_buffers: materialised only while a unit is in use) and drop the full
+// master once it holds its shard (release_master).
+//
+// The name -> (offset, shape, global slice) table is what a checkpoint stores, so a tensor sharded by
+// a parallel layout can be reassembled under another one.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -22,12 +32,19 @@ namespace mt {
 
 struct ParamEntry {
   std::string name;
-  std::vector<int64_t> shape;         // local shape
-  std::vector<int64_t> global_shape;  // shape of the whole tensor across ranks
-  std::vector<int64_t> global_offset; // where this local slice starts in the global tensor
-  int64_t offset = 0;                 // element offset into the flat buffers
+  std::vector<int64_t> shape;          // local shape
+  std::vector<int64_t> global_shape;   // shape of the whole tensor across ranks
+  std::vector<int64_t> global_offset;  // where this local slice starts in the global tensor
+  int64_t offset = 0;                  // element offset into the flat buffers
   int64_t numel = 0;
-  bool weight_decay = true;           // matrices decay; biases, norms and embeddings' positions too? see model
+  int unit = 0;
+  bool weight_decay = true;
+};
+
+struct ParamUnit {
+  std::string name;
+  int64_t begin = 0, end = 0;  // padded flat range [begin, end)
+  int64_t size() const { return end - begin; }
 };
 
 class ParamStore {
@@ -36,37 +53,71 @@ class ParamStore {
   ParamStore(const ParamStore&) = delete;
   ParamStore& operator=(const ParamStore&) = delete;
 
-  // Registers a parameter; returns its index. Only before finalize().
+  // Starts a new unit; parameters added after belong to it. A store without explicit units has one.
+  void begin_unit(const std::string& name);
+  // Registers a parameter in the current unit; returns its index. Only before finalize().
   int add(const std::string& name, std::vector<int64_t> shape, bool weight_decay);
-  // Allocates the three buffers (zeroed) from `arena`; `compute_dtype` is the run's precision.
-  void finalize(Arena& arena, DType compute_dtype);
+  // Lays out the units (each padded to a multiple of 16 x shard_multiple) and, when `materialize`,
+  // allocates master, compute and grads in full (zeroed) from `arena`. Without it only the full master
+  // is allocated (for initialisation) and compute/grads come from set_unit_buffers.
+  void finalize(Arena& arena, DType compute_dtype, int shard_multiple = 1, bool materialize = true);
 
   bool finalized() const { return finalized_; }
-  int64_t total_numel() const { return total_; }      // padded length of the flat buffers
-  int64_t param_count() const;                         // sum of numel (unpadded)
+  int64_t total_numel() const { return total_; }  // padded length of the flat buffers
+  int64_t param_count() const;                    // sum of numel (unpadded)
   DType compute_dtype() const { return compute_dtype_; }
+  int shard_multiple() const { return shard_multiple_; }
   const std::vector<ParamEntry>& entries() const { return entries_; }
   const ParamEntry& entry(int i) const { return entries_[size_t(i)]; }
   const ParamEntry* find(const std::string& name) const;  // nullptr if absent
+  const std::vector<ParamUnit>& units() const { return units_; }
+  int num_units() const { return int(units_.size()); }
+  bool full_storage() const { return materialized_; }
 
+  // Full buffers (nullptr when not held: compute/grads under per-unit storage, master once released).
   float* master() const { return master_.f32(); }
-  float* compute() const { return compute_.f32(); }
-  float* grads() const { return grads_.f32(); }
-  float* master(int i) const { return master() + entries_[size_t(i)].offset; }
-  float* compute(int i) const { return compute() + entries_[size_t(i)].offset; }
-  float* grad(int i) const { return grads() + entries_[size_t(i)].offset; }
+  float* compute() const { return materialized_ ? compute_.f32() : nullptr; }
+  float* grads() const { return materialized_ ? grads_.f32() : nullptr; }
+  float* master(int i) const;
+  // Pointers into the unit's current buffers; fail if the unit is not materialised.
+  float* compute(int i) const;
+  float* grad(int i) const;
+  float* unit_compute(int u) const { return unit_compute_[size_t(u)]; }
+  float* unit_grads(int u) const { return unit_grads_[size_t(u)]; }
+  // Per-unit storage: points unit u's compute and grads at caller-owned buffers of units()[u].size()
+  // elements (nullptr: not materialised).
+  void set_unit_buffers(int u, float* compute, float* grads);
+  void release_master();
 
-  // compute = round(master) in the compute dtype.
+  // compute = round(master) in the compute dtype (full storage only).
   void refresh_compute();
-  void zero_grads();
+  void zero_grads();  // full storage only; per-unit grads are zeroed by their owner
 
  private:
   std::vector<ParamEntry> entries_;
+  std::vector<ParamUnit> units_;
   std::unordered_map<std::string, int> index_;
+  std::vector<float*> unit_compute_, unit_grads_;
   int64_t total_ = 0;
-  bool finalized_ = false;
+  int shard_multiple_ = 1;
+  bool finalized_ = false, materialized_ = false;
   DType compute_dtype_ = DType::f32;
   Buffer master_, compute_, grads_;
+};
+
+// How a model tells the owner of the parameters when it uses each unit. Data parallelism implements
+// it (parallel/data_parallel.h) to reduce gradients as soon as a unit's are final and, under ZeRO-3,
+// to gather a unit's parameters just before use and free them after. Without hooks every unit is
+// always materialised and nothing is communicated.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  // Unit u's parameters (and, if with_grads, its gradient buffer) are about to be used.
+  virtual void acquire(int u, bool with_grads) = 0;
+  // Unit u's parameters are not needed until the next acquire.
+  virtual void release(int u) = 0;
+  // This micro-batch's gradient contributions to unit u are all accumulated.
+  virtual void grads_ready(int u) = 0;
 };
 
 // Rounds n floats in place to `t` (no-op for f32).

@@ -65,14 +65,14 @@ void import_hf(const GPT& model, ParamStore& store, const std::string& path) {
   if (store.full_storage()) store.refresh_compute();  // else the sharding engine derives compute
 }
 
-void export_hf(const GPT& model, const ParamStore& store, const std::string& path) {
+void export_hf(const GPT& model, const ParamStore& store, const float* master, const std::string& path) {
   SafetensorsWriter w;
   const GPTConfig& cfg = model.config();
   std::vector<float> tmp;
   for (int i = 0; i < int(store.entries().size()); i++) {
     const ParamEntry& e = store.entry(i);
     std::vector<int64_t> shape = e.shape;
-    const float* src = store.master(i);
+    const float* src = master + e.offset;
     if (hf_is_conv1d(e.name)) {
       tmp.resize(size_t(e.numel));
       transpose(tmp.data(), src, shape[0], shape[1]);

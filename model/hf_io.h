@@ -20,7 +20,9 @@ bool hf_is_conv1d(const std::string& name);
 // file and the tensor on a missing tensor or a shape that does not match the model's config.
 void import_hf(const GPT& model, ParamStore& store, const std::string& path);
 
-// Writes the master weights as an HF-named, HF-oriented fp32 safetensors file (atomically).
-void export_hf(const GPT& model, const ParamStore& store, const std::string& path);
+// Writes master weights (the store's full layout: `master` holds total_numel() values, e.g. the
+// store's own master or one gathered from ZeRO shards) as an HF-named, HF-oriented fp32 safetensors
+// file, atomically.
+void export_hf(const GPT& model, const ParamStore& store, const float* master, const std::string& path);
 
 }  // namespace mt::model

@@ -77,7 +77,7 @@ int run_main(World& world, const std::function<int(World&)>& body) {
   }
   const int rank = world.rank(), size = world.size();
   if (size == 1) {
-    std::fprintf(stderr, "error: %s\n", msg.c_str());
+    std::fprintf(stderr, "minitrain: error: %s\n", msg.c_str());
     std::fflush(stderr);
     return 1;
   }
@@ -87,9 +87,9 @@ int run_main(World& world, const std::function<int(World&)>& body) {
     std::this_thread::sleep_for(std::chrono::seconds(5));
   }
   if (collective && rank == 0)
-    std::fprintf(stderr, "error: %s\n", msg.c_str());
+    std::fprintf(stderr, "minitrain: error: %s\n", msg.c_str());
   else
-    std::fprintf(stderr, "[rank %d] error: %s\n", rank, msg.c_str());
+    std::fprintf(stderr, "minitrain: [rank %d] error: %s\n", rank, msg.c_str());
   world.abort(1);
 }
 

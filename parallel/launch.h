@@ -11,6 +11,9 @@
 // checkpoint writer, a data prefetcher) may drive a communicator of its own; code that does so must
 // check thread_multiple(). World fails if the library offers less than FUNNELED.
 //
+// Communicators derived from the world (a Mesh, any split) must be destroyed before the World, as
+// they are when they live inside the body passed to run_main.
+//
 // Without mpirun, an MPI build starts as a one-rank world (MPI singleton init); a build without MPI
 // (MT_MPI=OFF) always is one, on SelfComm.
 #pragma once

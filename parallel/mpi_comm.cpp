@@ -43,7 +43,10 @@ class MpiOp final : public PendingOp {
   enum class Stage { phase1, queued, phase2, done };
 
   explicit MpiOp(MpiComm* comm) : comm_(comm) {}
-  ~MpiOp() override { std::erase(comm_->queue_, this); }
+  ~MpiOp() override {
+    std::erase(comm_->queue_, this);
+    if (scratch) comm_->keep_scratch(std::move(scratch));
+  }
 
   bool test() override {
     if (stage == Stage::phase1) {
@@ -132,7 +135,34 @@ MpiComm::~MpiComm() {
   MPI_Comm_free(&comm_);
 }
 
-size_t MpiComm::scratch_live_bytes() const { return arena_->stats().live[size_t(MemCategory::comm)]; }
+Buffer MpiComm::take_scratch(size_t bytes) {
+  if (bytes == 0) return {};
+  auto best = spare_.end();
+  for (auto it = spare_.begin(); it != spare_.end(); ++it)
+    if (it->bytes() >= bytes && (best == spare_.end() || it->bytes() < best->bytes())) best = it;
+  if (best != spare_.end()) {
+    Buffer b = std::move(*best);
+    spare_.erase(best);
+    return b;
+  }
+  Buffer b = arena_->alloc(MemCategory::comm, bytes);
+  scratch_bytes_ += b.bytes();
+  return b;
+}
+
+void MpiComm::keep_scratch(Buffer b) {
+  spare_.push_back(std::move(b));
+  if (spare_.size() <= kSpareScratch) return;
+  auto smallest = std::min_element(spare_.begin(), spare_.end(),
+                                   [](const Buffer& x, const Buffer& y) { return x.bytes() < y.bytes(); });
+  scratch_bytes_ -= smallest->bytes();
+  spare_.erase(smallest);
+}
+
+void MpiComm::trim_scratch() {
+  for (const Buffer& b : spare_) scratch_bytes_ -= b.bytes();
+  spare_.clear();
+}
 
 int MpiComm::to_int(size_t n, const char* what) const {
   MT_CHECK(n <= size_t(INT_MAX), "%s on '%s': %zu elements exceed MPI's int count limit; split the buffer", what,
@@ -173,7 +203,7 @@ CommHandle MpiComm::do_all_reduce(void* buf, size_t count, DType t, ReduceOp rop
     recv_counts[size_t(j)] = int(own);
     recv_displs[size_t(j)] = int(size_t(j) * own);
   }
-  op->scratch = arena_->alloc(MemCategory::comm, size_t(n) * own * b);
+  op->scratch = take_scratch(size_t(n) * own * b);
   const MPI_Datatype mt = mpi_type(t);
   // Phase 1: every rank receives every rank's copy of its own chunk (a reduce-scatter's traffic).
   MT_MPI_CHECK(MPI_Ialltoallv(buf, send_counts.data(), send_displs.data(), mt, op->scratch.data(),
@@ -201,7 +231,7 @@ CommHandle MpiComm::do_reduce_scatter(const void* send, void* recv, size_t recv_
   to_int(recv_count * size_t(n), "reduce_scatter");
   auto op = std::make_unique<MpiOp>(this);
   MpiOp* raw = op.get();
-  op->scratch = arena_->alloc(MemCategory::comm, size_t(n) * recv_count * b);
+  op->scratch = take_scratch(size_t(n) * recv_count * b);
   const MPI_Datatype mt = mpi_type(t);
   int c = int(recv_count);
   MT_MPI_CHECK(MPI_Ialltoall(send, c, mt, op->scratch.data(), c, mt, comm_, &op->req[0]));

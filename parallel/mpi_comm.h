@@ -33,6 +33,7 @@
 #include <mpi.h>
 
 #include <deque>
+#include <vector>
 
 #include "parallel/comm.h"
 #include "runtime/arena.h"
@@ -60,8 +61,12 @@ class MpiComm final : public Comm {
   ~MpiComm() override;
 
   MPI_Comm handle() const { return comm_; }
-  // Scratch bytes live in this communicator's arena right now (tests check nothing leaks).
-  size_t scratch_live_bytes() const;
+  // Scratch blocks held by this communicator: those of ops in flight plus up to kSpareScratch
+  // completed ones kept for reuse (a training step issues the same sizes every step, and a fresh
+  // block costs page faults and zero-filling on every op).
+  size_t scratch_bytes() const { return scratch_bytes_; }
+  void trim_scratch();  // frees the kept blocks
+  static constexpr size_t kSpareScratch = 4;
 
  protected:
   CommHandle do_all_reduce(void* buf, size_t count, DType t, ReduceOp op) override;
@@ -81,12 +86,17 @@ class MpiComm final : public Comm {
   // until == nullptr, as many as have finished phase 1 without blocking.
   void start_queued(MpiOp* until);
   int to_int(size_t n, const char* what) const;
+  Buffer take_scratch(size_t bytes);  // the smallest kept block that fits, else a new one
+  void keep_scratch(Buffer b);
+
 
   MPI_Comm comm_ = MPI_COMM_NULL;   // every single-phase op and all_reduce's phase 1
   MPI_Comm comm2_ = MPI_COMM_NULL;  // all_reduce's phase 2 only
   std::unique_ptr<Arena> own_arena_;
   Arena* arena_;
   std::deque<MpiOp*> queue_;  // all_reduces whose phase 2 has not been started, in issue order
+  std::vector<Buffer> spare_;
+  size_t scratch_bytes_ = 0;
 };
 
 }  // namespace mt::parallel

@@ -4,7 +4,7 @@
 //   minitrain sample --model run/model.safetensors (--text "..." --tokenizer tok.json | --prompt 1,2,3)
 //                    [--tokens N --temperature T --top_k K --seed S]
 //   minitrain data   prepare|inspect ...
-// Errors print one line `minitrain: error: ...` and exit with status 2.
+// Errors print one line `minitrain: error: ...` and exit with status 1 (2 for a missing command).
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -12,6 +12,7 @@
 
 #include "data/prepare.h"
 #include "data/tokenizer.h"
+#include "parallel/launch.h"
 #include "runtime/check.h"
 #include "train/bench.h"
 #include "train/sample.h"
@@ -89,9 +90,13 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
   try {
     if (cmd == "train") {
-      mt::train::Trainer t(mt::train::parse_train_options(args));
-      t.run();
-      return 0;
+      // Under mpirun every rank runs this; an error on any rank ends the whole job (run_main).
+      mt::parallel::World world(&argc, &argv);
+      return mt::parallel::run_main(world, [&](mt::parallel::World& w) {
+        mt::train::Trainer t(mt::train::parse_train_options(args), &w.comm());
+        t.run();
+        return 0;
+      });
     }
     if (cmd == "bench") return mt::train::bench_main(args);
     if (cmd == "sample") return sample_main(args);
@@ -99,6 +104,6 @@ int main(int argc, char** argv) {
     mt::fail("unknown command '%s'\n%s", cmd.c_str(), kUsage);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "minitrain: error: %s\n", e.what());
-    return 2;
+    return 1;
   }
 }

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,11 @@ class JsonlWriter {
   JsonlWriter(const std::string& path, bool append);
   JsonlWriter(const JsonlWriter&) = delete;
   JsonlWriter& operator=(const JsonlWriter&) = delete;
+  JsonlWriter(JsonlWriter&& o) noexcept : f_(o.f_) { o.f_ = nullptr; }
+  JsonlWriter& operator=(JsonlWriter&& o) noexcept {
+    std::swap(f_, o.f_);
+    return *this;
+  }
   ~JsonlWriter();
   void write(const nlohmann::json& j);
 

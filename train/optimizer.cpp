@@ -19,31 +19,43 @@ float lr_at(const OptimOptions& o, int step, int total) {
   return min_lr + coeff * (o.lr - min_lr);
 }
 
-AdamW::AdamW(const OptimOptions& o, ParamStore& store, Arena& arena, int64_t begin, int64_t end)
-    : o_(o), store_(store), begin_(begin), end_(end < 0 ? store.total_numel() : end) {
+AdamW::AdamW(const OptimOptions& o, const ParamStore& store, std::vector<parallel::Segment> segments, Arena& arena)
+    : o_(o) {
   MT_CHECK(store.finalized(), "AdamW over a ParamStore that is not finalized");
-  MT_CHECK(0 <= begin_ && begin_ <= end_ && end_ <= store.total_numel(), "bad optimizer range [%lld, %lld)",
-           (long long)begin_, (long long)end_);
-  m_ = arena.alloc(MemCategory::optimizer, size_t(end_ - begin_) * sizeof(float));
-  v_ = arena.alloc(MemCategory::optimizer, size_t(end_ - begin_) * sizeof(float));
+  // Split each segment where the weight-decay flag changes. Padding after an entry takes the flag of
+  // the entry before it (its gradient and weight are zero, so it stays zero either way).
+  int64_t pos = 0;
+  for (const parallel::Segment& seg : segments) {
+    int64_t at = seg.begin;
+    while (at < seg.end) {
+      const ParamEntry* owner = nullptr;
+      for (const ParamEntry& e : store.entries())
+        if (e.offset <= at) owner = &e;  // entries are in offset order: the last one starting at or before `at`
+      const ParamEntry* next = nullptr;
+      for (const ParamEntry& e : store.entries())
+        if (e.offset > at) {
+          next = &e;
+          break;
+        }
+      const int64_t stop = std::min(seg.end, next ? next->offset : seg.end);
+      const float wd = owner && owner->weight_decay ? o.weight_decay : 0.f;
+      if (!runs_.empty() && runs_.back().end == pos && runs_.back().weight_decay == wd)
+        runs_.back().end = pos + (stop - at);
+      else
+        runs_.push_back(Run{pos, pos + (stop - at), wd});
+      pos += stop - at;
+      at = stop;
+    }
+  }
+  numel_ = pos;
+  m_ = arena.alloc(MemCategory::optimizer, size_t(numel_) * sizeof(float));
+  v_ = arena.alloc(MemCategory::optimizer, size_t(numel_) * sizeof(float));
 }
 
-void AdamW::step(float lr, int t, const ops::Ctx& ctx) {
-  // Walk the entries overlapping [begin, end); padding between entries is updated with the
-  // following entry's decay flag (its gradient and weight are zero, so it stays zero).
-  int64_t pos = begin_;
-  for (const ParamEntry& e : store_.entries()) {
-    const int64_t lo = std::max(pos, begin_);
-    const int64_t hi = std::min(e.offset + e.numel, end_);
-    if (hi <= lo) {
-      if (e.offset >= end_) break;
-      continue;
-    }
-    const float wd = e.weight_decay ? o_.weight_decay : 0.f;
-    ops::adamw(store_.master() + lo, m() + (lo - begin_), v() + (lo - begin_), store_.grads() + lo, hi - lo, lr,
-               o_.beta1, o_.beta2, o_.eps, wd, t, ctx);
-    pos = hi;
-  }
+void AdamW::step(float* master, const float* grads, float lr, int t, const ops::Ctx& ctx) {
+  for (const Run& r : runs_)
+    ops::adamw(master + r.begin, m() + r.begin, v() + r.begin, grads + r.begin, r.end - r.begin, lr, o_.beta1,
+               o_.beta2, o_.eps, r.weight_decay, t, ctx);
 }
 
 void LossScaler::update(bool overflow) {

@@ -1,10 +1,12 @@
-// AdamW over a ParamStore range, the learning-rate schedule, gradient clipping and fp16 loss scaling.
-// The optimizer works on a contiguous [begin, end) range of the flat buffers so that ZeRO can give
-// each data-parallel rank its own shard; weight decay follows each parameter entry's flag.
+// AdamW over a shard of a ParamStore, the learning-rate schedule and fp16 loss scaling.
+// The optimizer updates a list of flat ranges (segments) of the store whose values are stored
+// concatenated: the whole store for one rank, or a ZeRO shard (parallel/data_parallel.h). Weight
+// decay follows each parameter entry's flag.
 #pragma once
 #include <cstdint>
 
 #include "kernels/ops.h"
+#include "parallel/data_parallel.h"
 #include "runtime/arena.h"
 #include "runtime/param_store.h"
 #include "train/options.h"
@@ -17,20 +19,24 @@ float lr_at(const OptimOptions& o, int step, int total);
 
 class AdamW {
  public:
-  AdamW(const OptimOptions& o, ParamStore& store, Arena& arena, int64_t begin = 0, int64_t end = -1);
-  // One update with step count t >= 1 at learning rate lr on [begin, end) of the master weights,
-  // reading the gradients as they are (the caller has unscaled and clipped them).
-  void step(float lr, int t, const ops::Ctx& ctx);
+  AdamW(const OptimOptions& o, const ParamStore& store, std::vector<parallel::Segment> segments, Arena& arena);
+  // One update with step count t >= 1 at learning rate lr. `master` and `grads` hold the segments'
+  // values concatenated; the gradients are used as they are (the caller unscaled and clipped them).
+  void step(float* master, const float* grads, float lr, int t, const ops::Ctx& ctx);
   float* m() const { return m_.f32(); }
   float* v() const { return v_.f32(); }
-  int64_t begin() const { return begin_; }
-  int64_t end() const { return end_; }
+  int64_t numel() const { return numel_; }
 
  private:
   OptimOptions o_;
-  ParamStore& store_;
-  int64_t begin_, end_;
-  Buffer m_, v_;  // (end - begin) each, category optimizer
+  // Runs of equal weight decay within the concatenated shard: [begin, end) and the decay to apply.
+  struct Run {
+    int64_t begin, end;
+    float weight_decay;
+  };
+  std::vector<Run> runs_;
+  int64_t numel_ = 0;
+  Buffer m_, v_;  // numel_ each, category optimizer
 };
 
 // Dynamic loss scale for fp16; a no-op scale of 1 for other precisions.

@@ -76,6 +76,15 @@ const std::map<std::string, Setter>& setters() {
       {"optim.grad_clip", [](TrainOptions& o, auto& k, auto& v) { o.optim.grad_clip = float(to_double(k, v)); }},
       {"loss_scale.init", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.init_scale = float(to_double(k, v)); }},
       {"loss_scale.growth_interval", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.growth_interval = to_int(k, v); }},
+      {"parallel.dp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.dp = to_int(k, v); }},
+      {"parallel.tp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.tp = to_int(k, v); }},
+      {"parallel.pp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp = to_int(k, v); }},
+      {"parallel.cp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.cp = to_int(k, v); }},
+      {"parallel.zero", [](TrainOptions& o, auto& k, auto& v) { o.parallel.zero = to_int(k, v); }},
+      {"parallel.bucket_mb", [](TrainOptions& o, auto& k, auto& v) { o.parallel.bucket_mb = to_double(k, v); }},
+      {"parallel.sdc_every", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_every = to_int(k, v); }},
+      {"parallel.sdc_flip_step", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_flip_step = to_int(k, v); }},
+      {"parallel.sdc_flip_rank", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_flip_rank = to_int(k, v); }},
       {"batch_size", [](TrainOptions& o, auto& k, auto& v) { o.batch_size = to_int(k, v); }},
       {"seq_len", [](TrainOptions& o, auto& k, auto& v) { o.seq_len = to_int(k, v); }},
       {"grad_accum", [](TrainOptions& o, auto& k, auto& v) { o.grad_accum = to_int(k, v); }},
@@ -157,6 +166,7 @@ TrainOptions parse_train_options(const std::vector<std::string>& args) {
       }
       if (flag == "out") flag = "out_dir";
       if (flag == "data") flag = "data.path";
+      if (!setters().count(flag) && setters().count("parallel." + flag)) flag = "parallel." + flag;  // --dp, --zero ...
       if (!setters().count(flag)) fail("unknown flag '--%s'", flag.c_str());
       kv.emplace_back(flag, value);
     } else {
@@ -193,6 +203,13 @@ void TrainOptions::validate() const {
   if (eval_batches <= 0) fail("eval_batches must be positive (got %d)", eval_batches);
   if (threads < 0) fail("threads must not be negative");
   if (data.prefetch < 0) fail("data.prefetch must not be negative");
+  if (parallel.dp < 0) fail("--dp must not be negative (0 infers it from the world size)");
+  if (parallel.tp != 1 || parallel.pp != 1 || parallel.cp != 1)
+    fail("--tp %d --pp %d --cp %d: only data parallelism is implemented so far (tp = pp = cp = 1)", parallel.tp,
+         parallel.pp, parallel.cp);
+  if (parallel.zero < 0 || parallel.zero > 3) fail("--zero must be 0, 1, 2 or 3 (got %d)", parallel.zero);
+  if (!(parallel.bucket_mb > 0)) fail("--bucket_mb must be positive (got %g)", parallel.bucket_mb);
+  if (parallel.sdc_every < 0) fail("--sdc_every must not be negative");
   if (loss_scale.init_scale <= 0 || loss_scale.growth_interval <= 0)
     fail("loss_scale.init and loss_scale.growth_interval must be positive");
 }
@@ -205,6 +222,9 @@ nlohmann::json TrainOptions::to_json() const {
       {"optim", {{"lr", optim.lr}, {"min_lr_ratio", optim.min_lr_ratio}, {"warmup_steps", optim.warmup_steps},
                  {"schedule", schedule_name(optim.schedule)}, {"weight_decay", optim.weight_decay},
                  {"beta1", optim.beta1}, {"beta2", optim.beta2}, {"eps", optim.eps}, {"grad_clip", optim.grad_clip}}},
+      {"parallel", {{"dp", parallel.dp}, {"tp", parallel.tp}, {"pp", parallel.pp}, {"cp", parallel.cp},
+                    {"zero", parallel.zero}, {"bucket_mb", parallel.bucket_mb}, {"sdc_every", parallel.sdc_every},
+                    {"sdc_flip_step", parallel.sdc_flip_step}, {"sdc_flip_rank", parallel.sdc_flip_rank}}},
       {"loss_scale", {{"init", loss_scale.init_scale}, {"growth_interval", loss_scale.growth_interval}}},
       {"batch_size", batch_size}, {"seq_len", seq_len}, {"grad_accum", grad_accum}, {"steps", steps},
       {"seed", seed}, {"precision", precision == DType::f32 ? "fp32" : precision == DType::bf16 ? "bf16" : "fp16"},

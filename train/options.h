@@ -42,10 +42,22 @@ struct DataOptions {
   std::string mix;              // "a:0.7,b:0.3" weighted mixture of datasets
 };
 
+// The parallel layout (--dp --tp --pp --cp), ZeRO stage and data-parallel knobs.
+struct ParallelOptions {
+  int dp = 0;  // 0: inferred from the world size
+  int tp = 1, pp = 1, cp = 1;
+  int zero = 0;               // ZeRO stage 0..3
+  double bucket_mb = 4;       // gradient bytes per all-reduce bucket (stages 0-1), in MiB
+  int sdc_every = 0;          // steps between cross-replica parameter hash checks (0: never)
+  int sdc_flip_step = -1;     // fault injection: before this step's check, flip one bit ...
+  int sdc_flip_rank = 0;      // ... in the parameters of this world rank
+};
+
 struct TrainOptions {
   std::string model_preset = "tiny";
   model::GPTConfig model = model::GPTConfig::preset("tiny");
   DataOptions data;
+  ParallelOptions parallel;
   OptimOptions optim;
   LossScaleOptions loss_scale;
   int batch_size = 4;   // B: rows per micro-batch (per data-parallel rank)

@@ -1,10 +1,14 @@
-// The training loop: data -> forward/backward over micro-batches -> unscale/clip -> AdamW -> metrics,
-// with evaluation, training-state save/resume and HF export.
+// The training loop: data -> forward/backward over micro-batches (gradients reduced across
+// data-parallel ranks while backward runs) -> unscale/clip -> AdamW on this rank's shard -> publish
+// parameters -> metrics, with evaluation, training-state save/resume and HF export.
 #pragma once
 #include <memory>
 #include <string>
 
 #include "model/gpt.h"
+#include "parallel/comm.h"
+#include "parallel/data_parallel.h"
+#include "parallel/mesh.h"
 #include "runtime/arena.h"
 #include "runtime/param_store.h"
 #include "train/batches.h"
@@ -19,19 +23,40 @@ struct StepResult {
   double grad_norm = 0;   // before clipping (unscaled)
   float lr = 0;
   bool skipped = false;   // fp16 overflow: no update
-  int tokens = 0;         // tokens processed (all micro-batches)
+  long tokens = 0;        // tokens processed by all ranks
   double t_data = 0, t_forward = 0, t_backward = 0, t_optimizer = 0, t_total = 0;
+  double t_grad_wait = 0;     // blocked on gradient reductions after backward (exposed communication)
+  double local_grad_sq = 0;   // mean over dp ranks of |per-rank mean gradient|^2 (gradient noise scale)
+  long tokens_per_rank = 0;
+};
+
+// Gradient noise scale B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018, appendix A): unbiased
+// estimates of |G|^2 and tr(Sigma) from the gradient norms at two batch sizes, here one rank's
+// micro-batches (B_small) and the whole data-parallel batch (B_big), each smoothed by an EMA.
+class NoiseScale {
+ public:
+  // Returns false while there is no estimate (a single rank, or the first steps).
+  void update(double g2_small, double g2_big, double b_small, double b_big);
+  bool valid() const { return count_ > 0 && g2_ > 0; }
+  double b_simple() const { return s_ / g2_; }
+  double g2() const { return g2_; }
+  double trace_sigma() const { return s_; }
+
+ private:
+  double g2_ = 0, s_ = 0;
+  int count_ = 0;
 };
 
 class Trainer {
  public:
-  // Builds everything and checks every input; writes nothing.
-  explicit Trainer(const TrainOptions& o);
+  // Builds everything and checks every input; writes nothing. `world` is the communicator of all
+  // ranks (nullptr: a one-rank world); the mesh and the data-parallel group are carved from it.
+  explicit Trainer(const TrainOptions& o, parallel::Comm* world = nullptr);
   ~Trainer();
 
   // The whole run: creates out_dir (refusing to overwrite another run unless resuming), writes the
   // resolved config, trains to o.steps with logs/eval/saves, then saves the final state and
-  // exports <out_dir>/model.safetensors.
+  // exports <out_dir>/model.safetensors. Rank 0 writes; every rank computes.
   void run();
 
   StepResult step();      // one optimizer step
@@ -39,22 +64,35 @@ class Trainer {
   int step_count() const { return step_; }
 
   // Full training state (weights, AdamW moments, step, update count, loss scale, data position),
-  // written atomically; load restores it so that training continues bitwise identically.
-  void save_state(const std::string& path) const;
+  // written atomically by rank 0; load restores it on every rank, for any dp size and ZeRO stage,
+  // so that training continues bitwise identically under the same layout.
+  void save_state(const std::string& path);
   void load_state(const std::string& path);
+  // Master weights in the store's full layout (total_numel), gathered from the shards.
+  std::vector<float> full_master();
 
   model::GPT& model() { return *gpt_; }
   ParamStore& params() { return store_; }
   Arena& arena() { return arena_; }
   const TrainOptions& options() const { return o_; }
+  parallel::Mesh& mesh() { return *mesh_; }
+  parallel::DataParallel& data_parallel() { return *dp_; }
+  const NoiseScale& noise_scale() const { return gns_; }
 
  private:
+  void check_replicas();  // silent-data-corruption check across dp replicas
+
   TrainOptions o_;
+  std::unique_ptr<parallel::Comm> own_world_;
+  parallel::Comm& world_;
+  std::unique_ptr<parallel::Mesh> mesh_;
   Arena arena_;
   ParamStore store_;
   std::unique_ptr<model::GPT> gpt_;
+  std::unique_ptr<parallel::DataParallel> dp_;
   std::unique_ptr<AdamW> adam_;
   LossScaler scaler_;
+  NoiseScale gns_;
   std::unique_ptr<BatchSource> train_data_, val_data_;
   std::vector<HostBatch> micro_;
   ops::Ctx ctx_;

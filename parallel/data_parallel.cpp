@@ -1,0 +1,244 @@
+#include "parallel/data_parallel.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "runtime/check.h"
+
+namespace mt::parallel {
+
+namespace {
+using clock_type = std::chrono::steady_clock;
+double since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
+}  // namespace
+
+double all_reduce_sum_double(Comm& comm, double x) {
+  // Gather every rank's double bit-for-bit (as four u16) and add them in rank order: exact,
+  // deterministic and the same on every rank, which an fp32 all-reduce would not be.
+  std::vector<double> all(size_t(comm.size()));
+  comm.all_gather(&x, all.data(), 4, DType::u16);
+  double s = 0;
+  for (double v : all) s += v;
+  return s;
+}
+
+DataParallel::DataParallel(ParamStore& store, Comm& dp, Arena& arena, const DataParallelOptions& o,
+                           const ops::Ctx& ctx)
+    : store_(store), dp_(dp), arena_(arena), o_(o), ctx_(ctx), rank_(dp.rank()), size_(dp.size()) {
+  if (o.zero < 0 || o.zero > 3) fail("--zero must be 0, 1, 2 or 3 (got %d)", o.zero);
+  if (o.bucket_bytes == 0) fail("the gradient bucket size must be positive");
+  MT_CHECK(store.finalized() && store.master(), "DataParallel needs a finalized store holding the full master");
+  MT_CHECK(store.shard_multiple() % size_ == 0, "store padded for %d shards, dp has %d ranks", store.shard_multiple(),
+           size_);
+  MT_CHECK(store.full_storage() == (o.zero < 3), "ZeRO-3 needs per-unit storage, stages 0-2 full storage");
+  const int U = store.num_units();
+  shard_offsets_.resize(size_t(U));
+  if (o.zero == 0) {
+    segments_ = {Segment{0, store.total_numel()}};
+    for (int u = 0; u < U; u++) shard_offsets_[size_t(u)] = store.units()[size_t(u)].begin;
+    shard_numel_ = store.total_numel();
+    master_shard_ = store.master();
+    grad_shard_ = store.grads();
+  } else {
+    for (int u = 0; u < U; u++) {
+      const int64_t cs = chunk_size(u);
+      const int64_t b = store.units()[size_t(u)].begin + rank_ * cs;
+      segments_.push_back(Segment{b, b + cs});
+      shard_offsets_[size_t(u)] = shard_numel_;
+      shard_numel_ += cs;
+    }
+    master_buf_ = arena.alloc(MemCategory::params, size_t(shard_numel_) * 4);
+    grad_shard_buf_ = arena.alloc(MemCategory::grads, size_t(shard_numel_) * 4);
+    master_shard_ = master_buf_.f32();
+    grad_shard_ = grad_shard_buf_.f32();
+    take_shard(store.master(), master_shard_);
+    if (o.zero == 3) {
+      compute_shard_buf_ = arena.alloc(MemCategory::params, size_t(shard_numel_) * 4);
+      unit_params_.resize(size_t(U));
+      unit_grads_.resize(size_t(U));
+      gathers_.resize(size_t(U));
+    }
+    store.release_master();
+  }
+  publish_params();
+}
+
+DataParallel::~DataParallel() = default;
+
+int64_t DataParallel::chunk_size(int u) const { return store_.units()[size_t(u)].size() / size_; }
+int64_t DataParallel::shard_offset(int u) const { return shard_offsets_[size_t(u)]; }
+
+void DataParallel::begin_step() {
+  MT_CHECK(pending_.empty(), "begin_step with reductions still in flight");
+  if (store_.full_storage()) store_.zero_grads();
+  if (o_.zero >= 1) std::memset(grad_shard_, 0, size_t(shard_numel_) * 4);
+  stats_ = DataParallelStats();
+  last_micro_ = true;
+  bucket_begin_ = bucket_end_ = -1;
+}
+
+void DataParallel::poll() {
+  const auto t0 = clock_type::now();
+  while (!pending_.empty() && pending_.front().handle.test()) {
+    complete(pending_.front());
+    pending_.pop_front();
+  }
+  stats_.grad_poll_s += since(t0);
+}
+
+void DataParallel::complete(Pending& p) {
+  if (p.unit >= 0) {  // stage 3: accumulate this micro-batch's reduced chunk into the shard
+    float* dst = grad_shard_ + shard_offset(p.unit);
+    ops::add(dst, dst, p.chunk.f32(), chunk_size(p.unit), ctx_);
+  }
+  p.grads.reset();
+  p.chunk.reset();
+}
+
+void DataParallel::flush_bucket() {
+  if (bucket_begin_ < 0) return;
+  Pending p;
+  p.handle = dp_.all_reduce_async(store_.grads() + bucket_begin_, size_t(bucket_end_ - bucket_begin_), DType::f32,
+                                  ReduceOp::sum);
+  pending_.push_back(std::move(p));
+  stats_.reductions++;
+  bucket_begin_ = bucket_end_ = -1;
+}
+
+void DataParallel::grads_ready(int u) {
+  poll();
+  const ParamUnit& unit = store_.units()[size_t(u)];
+  if (o_.zero == 3) {
+    Pending p;
+    p.unit = u;
+    p.grads = std::move(unit_grads_[size_t(u)]);
+    p.chunk = arena_.alloc(MemCategory::comm, size_t(chunk_size(u)) * 4);
+    store_.set_unit_buffers(u, store_.unit_compute(u), nullptr);
+    p.handle = dp_.reduce_scatter_async(p.grads.f32(), p.chunk.f32(), size_t(chunk_size(u)), DType::f32, ReduceOp::sum);
+    pending_.push_back(std::move(p));
+    stats_.reductions++;
+    return;
+  }
+  if (!last_micro_) return;  // earlier micro-batches only accumulate locally
+  // This rank's own gradient, before it is summed with the others' (for the gradient noise scale).
+  stats_.local_grad_sq += ops::sum_squares(store_.unit_grads(u), unit.size(), ctx_);
+  if (o_.zero == 2) {
+    Pending p;
+    p.handle = dp_.reduce_scatter_async(store_.unit_grads(u), grad_shard_ + shard_offset(u), size_t(chunk_size(u)),
+                                        DType::f32, ReduceOp::sum);
+    pending_.push_back(std::move(p));
+    stats_.reductions++;
+    return;
+  }
+  // Stages 0-1: units become final from the top of the flat buffer down; extend the bucket downwards.
+  if (bucket_begin_ < 0) {
+    bucket_begin_ = unit.begin;
+    bucket_end_ = unit.end;
+  } else {
+    MT_CHECK(unit.end == bucket_begin_, "units became ready out of order (unit %d)", u);
+    bucket_begin_ = unit.begin;
+  }
+  if (size_t(bucket_end_ - bucket_begin_) * 4 >= o_.bucket_bytes || unit.begin == 0) flush_bucket();
+}
+
+void DataParallel::finish_grads() {
+  flush_bucket();
+  const auto t0 = clock_type::now();
+  for (Pending& p : pending_) {
+    p.handle.wait();
+    complete(p);
+  }
+  pending_.clear();
+  stats_.grad_wait_s += since(t0);
+  if (o_.zero == 1)
+    for (size_t u = 0; u < segments_.size(); u++)
+      std::memcpy(grad_shard_ + shard_offsets_[u], store_.grads() + segments_[u].begin, size_t(segments_[u].size()) * 4);
+}
+
+double DataParallel::grad_sum_squares() {
+  if (o_.zero == 0) return ops::sum_squares(store_.grads(), store_.total_numel(), ctx_);
+  return all_reduce_sum_double(dp_, ops::sum_squares(grad_shard_, shard_numel_, ctx_));
+}
+
+bool DataParallel::grads_finite() {
+  int32_t bad = ops::all_finite(grad_shard_, shard_numel_, ctx_) ? 0 : 1;
+  if (o_.zero >= 1) dp_.all_reduce(&bad, 1, DType::i32, ReduceOp::max);
+  return bad == 0;
+}
+
+void DataParallel::scale_grads(float s) { ops::scale(grad_shard_, s, shard_numel_, ctx_); }
+
+void DataParallel::publish_params() {
+  const DType t = store_.compute_dtype();
+  if (o_.zero == 0) {
+    store_.refresh_compute();
+    return;
+  }
+  if (o_.zero == 3) {
+    std::memcpy(compute_shard_buf_.f32(), master_shard_, size_t(shard_numel_) * 4);
+    ops::round_to(compute_shard_buf_.f32(), shard_numel_, t, ctx_);
+    return;
+  }
+  std::vector<CommHandle> hs;
+  for (int u = 0; u < store_.num_units(); u++) {
+    const int64_t cs = chunk_size(u);
+    float* mine = store_.unit_compute(u) + rank_ * cs;
+    std::memcpy(mine, master_shard_ + shard_offset(u), size_t(cs) * 4);
+    ops::round_to(mine, cs, t, ctx_);
+    hs.push_back(dp_.all_gather_async(mine, store_.unit_compute(u), size_t(cs), DType::f32));  // in place
+  }
+  for (CommHandle& h : hs) h.wait();
+}
+
+void DataParallel::start_gather(int u) {
+  unit_params_[size_t(u)] = arena_.alloc(MemCategory::params, size_t(store_.units()[size_t(u)].size()) * 4);
+  gathers_[size_t(u)] = dp_.all_gather_async(compute_shard_buf_.f32() + shard_offset(u), unit_params_[size_t(u)].f32(),
+                                             size_t(chunk_size(u)), DType::f32);
+}
+
+void DataParallel::acquire(int u, bool with_grads) {
+  poll();
+  if (o_.zero != 3) return;
+  const size_t k = size_t(u);
+  if (!unit_params_[k]) start_gather(u);
+  const auto t0 = clock_type::now();
+  gathers_[k].wait();
+  stats_.gather_wait_s += since(t0);
+  if (with_grads && !unit_grads_[k])
+    unit_grads_[k] = arena_.alloc(MemCategory::grads, size_t(store_.units()[k].size()) * 4);  // zero-filled
+  store_.set_unit_buffers(u, unit_params_[k].f32(), unit_grads_[k] ? unit_grads_[k].f32() : nullptr);
+  // Prefetch the unit that comes next when units are walked in order (forward up, backward down).
+  const int step = u - last_acquired_;
+  const int next = u + step;
+  if ((step == 1 || step == -1) && next >= 0 && next < store_.num_units() && !unit_params_[size_t(next)])
+    start_gather(next);
+  last_acquired_ = u;
+}
+
+void DataParallel::release(int u) {
+  if (o_.zero != 3) return;
+  const size_t k = size_t(u);
+  gathers_[k].wait();
+  unit_params_[k].reset();
+  store_.set_unit_buffers(u, nullptr, unit_grads_[k] ? unit_grads_[k].f32() : nullptr);
+}
+
+void DataParallel::gather_full(const float* shard, float* full) {
+  if (o_.zero == 0) {
+    if (full != shard) std::memcpy(full, shard, size_t(shard_numel_) * 4);
+    return;
+  }
+  for (int u = 0; u < store_.num_units(); u++)
+    dp_.all_gather(shard + shard_offset(u), full + store_.units()[size_t(u)].begin, size_t(chunk_size(u)), DType::f32);
+}
+
+void DataParallel::take_shard(const float* full, float* shard) const {
+  if (o_.zero == 0) {
+    if (full != shard) std::memcpy(shard, full, size_t(shard_numel_) * 4);
+    return;
+  }
+  for (size_t u = 0; u < segments_.size(); u++)
+    std::memcpy(shard + shard_offsets_[u], full + segments_[u].begin, size_t(segments_[u].size()) * 4);
+}
+
+}  // namespace mt::parallel

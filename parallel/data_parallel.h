@@ -1,0 +1,137 @@
+// Data parallelism over a ParamStore: gradient reduction overlapped with backward, and ZeRO stages
+// 1-3 (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+// Models"). The model drives it through UnitHooks (runtime/param_store.h); the optimizer runs on the
+// shard it exposes.
+//
+//   stage  master + AdamW state   gradients                         compute parameters
+//   0      full on every rank     all-reduced (bucketed)            full
+//   1      shard                  all-reduced (bucketed)            full, all-gathered after the step
+//   2      shard                  reduce-scattered per unit         full, all-gathered after the step
+//   3      shard                  reduce-scattered per unit, every  shard; each unit all-gathered just
+//                                 micro-batch, into the shard       before use (forward, and again in
+//                                                                   backward) and freed after, the
+//                                                                   next unit prefetched
+//
+// Sharding (as PyTorch FSDP's flat parameters): every unit of the store is padded to a multiple of
+// dp, and rank r owns chunk r of every unit. Its shard is the concatenation of those chunks
+// (`segments()`), so master_shard(), grad_shard() and the optimizer's moments share one layout.
+//
+// Reductions are SUMs: the trainer scales the loss by 1 / (valid tokens of the global batch), so the
+// summed gradient is the gradient of the global mean loss. Stages 0-2 reduce only during the last
+// micro-batch of a step (the earlier ones accumulate locally); a reduction starts as soon as its unit
+// is final (stages 0-1 group consecutive units into buckets of about bucket_bytes) and overlaps the
+// rest of backward; outstanding requests are polled at every unit boundary so MPI makes progress.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "parallel/comm.h"
+#include "runtime/arena.h"
+#include "runtime/param_store.h"
+
+namespace mt::parallel {
+
+struct Segment {
+  int64_t begin = 0, end = 0;  // flat range of the store
+  int64_t size() const { return end - begin; }
+};
+
+struct DataParallelOptions {
+  int zero = 0;                        // ZeRO stage 0..3
+  size_t bucket_bytes = size_t(4) << 20;  // stages 0-1: gradient bytes per all-reduce
+};
+
+// Communication timing of the last step: issue = time inside the calls that start reductions (and
+// gathers), wait = time blocked waiting for them to complete (exposed, not overlapped).
+struct DataParallelStats {
+  double grad_wait_s = 0;    // blocked in finish_grads() after backward
+  double grad_poll_s = 0;    // progress polling during backward
+  double gather_wait_s = 0;  // ZeRO-3 parameter gathers
+  int reductions = 0;
+  double local_grad_sq = 0;  // |g|^2 of this rank's own gradient before reduction (stages 0-2)
+};
+
+class DataParallel final : public UnitHooks {
+ public:
+  // `store` is finalized with shard_multiple = dp.size() (materialize = zero < 3) and its full master
+  // holds the initial weights, identical on every rank. From stage 1 on the full master is released.
+  DataParallel(ParamStore& store, Comm& dp, Arena& arena, const DataParallelOptions& o, const ops::Ctx& ctx);
+  ~DataParallel() override;
+
+  int zero() const { return o_.zero; }
+  const std::vector<Segment>& segments() const { return segments_; }
+  int64_t shard_numel() const { return shard_numel_; }
+  float* master_shard() const { return master_shard_; }
+  float* grad_shard() const { return grad_shard_; }
+
+  // Zeroes the gradients (full buffer or shard) and the step's statistics.
+  void begin_step();
+  // Declares whether the micro-batch about to run is the step's last (stages 0-2 reduce only then).
+  void set_last_micro(bool last) { last_micro_ = last; }
+
+  void acquire(int u, bool with_grads) override;
+  void release(int u) override;
+  void grads_ready(int u) override;
+
+  // Waits for every outstanding reduction; afterwards grad_shard() holds this rank's part of the
+  // summed gradient.
+  void finish_grads();
+  // Sum of squares of the whole reduced gradient (identical on every rank).
+  double grad_sum_squares();
+  // True when no gradient anywhere is inf/NaN (agreed across ranks).
+  bool grads_finite();
+  void scale_grads(float s);
+  // After the optimizer updated master_shard(): derives the compute parameters (rounded to the
+  // compute precision) and all-gathers them where every rank needs them whole.
+  void publish_params();
+
+  // Full <-> shard conversions in the shard layout (for master weights and optimizer moments):
+  // gather_full assembles the whole vector (total_numel) on every rank; take_shard copies this rank's
+  // part out of a whole vector.
+  void gather_full(const float* shard, float* full);
+  void take_shard(const float* full, float* shard) const;
+
+  const DataParallelStats& stats() const { return stats_; }
+
+ private:
+  struct Pending {
+    CommHandle handle;
+    int unit = -1;            // stage 3: unit whose reduced chunk lands in `chunk`
+    Buffer grads, chunk;      // stage 3: the unit's gradient buffer and the reduced chunk
+  };
+  int64_t chunk_size(int u) const;    // elements of unit u owned by each rank
+  int64_t shard_offset(int u) const;  // where unit u's chunk sits in the shard
+  void flush_bucket();
+  void poll();
+  void start_gather(int u);
+  void complete(Pending& p);
+
+  ParamStore& store_;
+  Comm& dp_;
+  Arena& arena_;
+  DataParallelOptions o_;
+  ops::Ctx ctx_;
+  int rank_, size_;
+  std::vector<Segment> segments_;
+  std::vector<int64_t> shard_offsets_;
+  int64_t shard_numel_ = 0;
+  Buffer master_buf_, compute_shard_buf_, grad_shard_buf_;
+  float* master_shard_ = nullptr;
+  float* grad_shard_ = nullptr;
+  bool last_micro_ = true;
+  // Stages 0-1: the bucket being filled is [bucket_begin_, bucket_end_) of the flat gradients.
+  int64_t bucket_begin_ = -1, bucket_end_ = -1;
+  std::deque<Pending> pending_;
+  // Stage 3: per-unit gathered parameters and gradient buffers, and gathers in flight.
+  std::vector<Buffer> unit_params_, unit_grads_;
+  std::vector<CommHandle> gathers_;
+  int last_acquired_ = -1;
+  DataParallelStats stats_;
+};
+
+// Sum of one double per rank, added in rank order (exact and identical on every rank).
+double all_reduce_sum_double(Comm& comm, double x);
+
+}  // namespace mt::parallel

@@ -1,0 +1,109 @@
+// Trainer::run: the whole job around step() — output directory, config, JSONL metrics, progress line,
+// evaluation, periodic saves, final state and HF export. Rank 0 writes; every rank computes.
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "model/hf_io.h"
+#include "runtime/check.h"
+#include "train/trainer.h"
+
+namespace mt::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json comm_json(const parallel::Comm& c) {
+  nlohmann::json j = nlohmann::json::object();
+  for (int op = 0; op < parallel::kNumCommOps; op++) {
+    const parallel::CommOpCount& k = c.counters()[parallel::CommOp(op)];
+    if (k.calls) j[parallel::comm_op_name(parallel::CommOp(op))] = {{"calls", k.calls}, {"sent_bytes", k.sent_bytes}};
+  }
+  return j;
+}
+
+}  // namespace
+
+void Trainer::run() {
+  const fs::path out(o_.out_dir);
+  const fs::path metrics_path = out / "metrics.jsonl";
+  const bool resuming = !o_.resume.empty();
+  const bool writer = world_.rank() == 0;
+  if (!resuming && fs::exists(metrics_path))
+    fail("out_dir '%s' already holds a run (metrics.jsonl); choose another --out or resume=<state file>",
+         o_.out_dir.c_str());
+  JsonlWriter log;
+  if (writer) {
+    fs::create_directories(out);
+    std::ofstream cfg(out / "config.json");
+    cfg << o_.to_json().dump(2) << "\n";
+    log = JsonlWriter(metrics_path.string(), resuming);
+  }
+  const int threads = o_.threads > 0 ? o_.threads : omp_get_max_threads();
+  const Peak peak = o_.peak_flops > 0 ? Peak{o_.peak_flops, "user-given peak"} : calibrate_cpu_peak(threads);
+  const double flops_tok = o_.model.flops_per_token(o_.seq_len);
+  const double hw_flops_tok = hardware_flops_per_token(o_.model, o_.seq_len, o_.recompute);
+  const double world_peak = peak.flops * world_.size();
+  parallel::Comm& dp = mesh_->dp_comm();
+  if (writer) {
+    std::fprintf(stderr,
+                 "minitrain: %s (%.2fM params), B=%d T=%d accum=%d, %s, recompute=%s, %s zero=%d, %d steps -> %s\n"
+                 "minitrain: peak for MFU: %.1f GFLOP/s per rank (%s)\n",
+                 o_.model_preset.c_str(), double(o_.model.num_params()) / 1e6, o_.batch_size, o_.seq_len,
+                 o_.grad_accum, dtype_name(o_.precision), model::recompute_name(o_.recompute),
+                 mesh_->layout_str().c_str(), o_.parallel.zero, o_.steps, o_.out_dir.c_str(), peak.flops / 1e9,
+                 peak.label.c_str());
+    log.write({{"event", "start"}, {"config", o_.to_json()}, {"params", o_.model.num_params()},
+               {"world_size", world_.size()}, {"flops_per_token", flops_tok}, {"peak_flops_per_rank", peak.flops},
+               {"peak_label", peak.label}, {"resumed_at", step_}});
+  }
+
+  const auto t_run = std::chrono::steady_clock::now();
+  auto since_run = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count(); };
+  const int first = step_;
+  while (step_ < o_.steps) {
+    arena_.reset_peaks();
+    const StepResult r = step();
+    const double tok_s = r.tokens / r.t_total;
+    const double mfu = tok_s * flops_tok / world_peak, hfu = tok_s * hw_flops_tok / world_peak;
+    nlohmann::json j = {{"step", step_}, {"loss", r.loss}, {"lr", r.lr}, {"tokens_per_s", tok_s},
+                        {"mfu", mfu}, {"hfu", hfu}, {"skipped", r.skipped},
+                        {"time", {{"data", r.t_data}, {"forward", r.t_forward}, {"backward", r.t_backward},
+                                  {"grad_wait", r.t_grad_wait}, {"optimizer", r.t_optimizer}, {"total", r.t_total}}},
+                        {"memory", memory_json(arena_.stats())}};
+    j["grad_norm"] = std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json();
+    if (scaler_.enabled()) j["loss_scale"] = scaler_.scale();
+    if (dp.size() > 1) j["comm_dp"] = comm_json(dp);
+    if (gns_.valid()) j["gns"] = {{"b_simple", gns_.b_simple()}, {"g2", gns_.g2()}, {"trace_sigma", gns_.trace_sigma()}};
+    if (o_.eval_every > 0 && (step_ % o_.eval_every == 0 || step_ == o_.steps)) j["val_loss"] = evaluate();
+    if (writer) log.write(j);
+    if (writer && (step_ % o_.log_every == 0 || step_ == o_.steps)) {
+      const double elapsed = since_run();
+      const double eta = elapsed / (step_ - first) * (o_.steps - step_);
+      std::fprintf(stderr, "step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | ETA %s%s%s\n",
+                   step_, o_.steps, r.loss, r.lr, r.grad_norm, tok_s, 100 * mfu, format_duration(eta).c_str(),
+                   r.skipped ? " | skipped (fp16 overflow)" : "",
+                   j.contains("val_loss") ? strfmt(" | val %.4f", j["val_loss"].get<double>()).c_str() : "");
+    }
+    if (o_.save_every > 0 && step_ % o_.save_every == 0 && step_ != o_.steps)
+      save_state((out / "state.safetensors").string());
+  }
+  save_state((out / "state.safetensors").string());
+  const std::vector<float> master = full_master();
+  if (writer) model::export_hf(*gpt_, store_, master.data(), (out / "model.safetensors").string());
+  const MemStats& m = arena_.stats();
+  std::fprintf(stderr, "[%s] peak memory: params %s, grads %s, optimizer %s, activations %s, comm %s\n",
+               mesh_->str().c_str(), format_bytes(m.peak[0]).c_str(), format_bytes(m.peak[1]).c_str(),
+               format_bytes(m.peak[2]).c_str(), format_bytes(m.peak[3]).c_str(), format_bytes(m.peak[4]).c_str());
+  if (writer) {
+    log.write({{"event", "end"}, {"step", step_}, {"seconds", since_run()}});
+    std::fprintf(stderr, "minitrain: done. logs %s, state %s, weights %s\n", metrics_path.c_str(),
+                 (out / "state.safetensors").c_str(), (out / "model.safetensors").c_str());
+  }
+}
+
+}  // namespace mt::train

@@ -9,6 +9,7 @@ namespace mt::parallel {
 
 namespace {
 using clock_type = std::chrono::steady_clock;
+constexpr size_t kMaxReductionsInFlight = 2;  // ZeRO-3 unit gradient buffers awaiting their reduce-scatter
 double since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
 }  // namespace
 
@@ -117,6 +118,15 @@ void DataParallel::grads_ready(int u) {
     p.handle = dp_.reduce_scatter_async(p.grads.f32(), p.chunk.f32(), size_t(chunk_size(u)), DType::f32, ReduceOp::sum);
     pending_.push_back(std::move(p));
     stats_.reductions++;
+    // Each reduction in flight holds a whole unit's gradient buffer: bound how many, so ZeRO-3's
+    // memory stays O(a few units) however slow the network is (FSDP rate-limits the same way).
+    const auto t0 = clock_type::now();
+    while (pending_.size() > kMaxReductionsInFlight) {
+      pending_.front().handle.wait();
+      complete(pending_.front());
+      pending_.pop_front();
+    }
+    stats_.grad_wait_s += since(t0);
     return;
   }
   if (!last_micro_) return;  // earlier micro-batches only accumulate locally
@@ -175,6 +185,15 @@ void DataParallel::publish_params() {
     return;
   }
   if (o_.zero == 3) {
+    // Gathered copies (a prefetched unit not yet used) hold the old values: drop them first.
+    for (size_t u = 0; u < unit_params_.size(); u++) {
+      gathers_[u].wait();
+      if (unit_params_[u]) {
+        unit_params_[u].reset();
+        store_.set_unit_buffers(int(u), nullptr, unit_grads_[u] ? unit_grads_[u].f32() : nullptr);
+      }
+    }
+    last_acquired_ = -1;
     std::memcpy(compute_shard_buf_.f32(), master_shard_, size_t(shard_numel_) * 4);
     ops::round_to(compute_shard_buf_.f32(), shard_numel_, t, ctx_);
     return;

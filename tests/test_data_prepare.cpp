@@ -142,6 +142,21 @@ TEST_F(PrepareTest, ShardsHoldEveryDocumentOnceWithAnExactValidationShare) {
   EXPECT_EQ(l.vocab_size(), uint32_t(r.vocab_size));
 }
 
+TEST_F(PrepareTest, OutputIsIndependentOfTheThreadCount) {
+  PrepareOptions o = options();
+  o.threads = 1;
+  prepare_dataset(o, kQuiet);
+  o.threads = 3;
+  o.out_dir = dir + "/out3";
+  prepare_dataset(o, kQuiet);
+  for (const char* f : {"/train_000000.bin", "/train_000001.bin", "/val_000000.bin", "/tokenizer.json"}) {
+    std::ifstream a(out + f, std::ios::binary), b(o.out_dir + f, std::ios::binary);
+    std::string sa{std::istreambuf_iterator<char>(a), {}}, sb{std::istreambuf_iterator<char>(b), {}};
+    EXPECT_FALSE(sa.empty()) << f;
+    EXPECT_EQ(sa, sb) << f;
+  }
+}
+
 TEST_F(PrepareTest, RerunReusesOutputsAndAChangedInputRebuilds) {
   PrepareReport first = prepare_dataset(options(), kQuiet);
   auto stamp = fs::last_write_time(out + "/train_000000.bin");

@@ -1,7 +1,7 @@
-// The GEMM under every CPU matmul: the BLAS path (gemm) and the built-in fallback (gemm_builtin)
-// against a plain triple loop in long double, for all four transpose combinations, alpha/beta,
+// The GEMM under every CPU matmul: gemm() (whichever path it takes on this machine, see
+// gemm_backend()) and gemm_builtin() against a plain triple loop in long double, for all four transpose combinations, alpha/beta,
 // leading dimensions wider than the matrices, and sizes that cross the built-in kernel's register
-// and cache blocks (MR 4, NR 8, MC 64, NC 256, KC 256) with ragged edges.
+// and cache blocks (MR up to 12, NR up to 32, MC 192, KC 256) with ragged edges.
 //
 // Tolerance, with entries uniform in (-1, 1) and u the unit roundoff of the type:
 // |error| <= 2 u (K |alpha| + |beta|). Rounding errors of a length-K sum grow like a random walk, about
@@ -11,10 +11,13 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_kernels.h"
 #include "tests/test_util.h"
 
 namespace mt::cpu {
@@ -72,9 +75,10 @@ struct Problem {
   }
 };
 
-const Case kCases[] = {{1, 1, 1, false, false},   {3, 5, 7, false, true},     {3, 5, 7, true, false},
-                       {13, 11, 17, true, true},   {67, 9, 5, false, true},    {5, 263, 3, true, false},
-                       {70, 300, 301, false, true}, {130, 257, 300, true, true}, {129, 31, 520, false, false}};
+const Case kCases[] = {{1, 1, 1, false, false},    {3, 5, 7, false, true},      {3, 5, 7, true, false},
+                       {13, 11, 17, true, true},    {67, 9, 5, false, true},     {5, 263, 3, true, false},
+                       {70, 300, 301, false, true}, {130, 257, 300, true, true}, {129, 31, 520, false, false},
+                       {401, 45, 33, true, false},  {3, 4133, 19, false, true}};
 
 template <class T>
 void check_all_cases(std::mt19937_64& rng) {
@@ -85,13 +89,23 @@ void check_all_cases(std::mt19937_64& rng) {
       gemm<T>(p.ta, p.tb, p.M, p.N, p.K, alpha, p.A.data(), p.lda, p.B.data(), p.ldb, beta, blas.data(), p.ldc);
       gemm_builtin<T>(p.ta, p.tb, p.M, p.N, p.K, alpha, p.A.data(), p.lda, p.B.data(), p.ldb, beta, builtin.data(),
                       p.ldc);
-      p.check(blas, have_blas() ? "gemm (BLAS)" : "gemm (built-in)");
+      p.check(blas, gemm_backend(std::is_same_v<T, double>));
       p.check(builtin, "gemm_builtin");
+      if constexpr (std::is_same_v<T, float>) {
+        // Every micro-kernel this CPU can run, not only the one gemm_builtin picked.
+        for (const auto& uk : runnable_float_micro_kernels()) {
+          std::vector<T> c = p.C0;
+          gemm_packed<T>(uk, p.ta, p.tb, p.M, p.N, p.K, alpha, p.A.data(), p.lda, p.B.data(), p.ldb, beta, c.data(),
+                         p.ldc);
+          p.check(c, uk.name);
+        }
+      }
     }
   }
 }
 
 TEST(Gemm, FloatBlasAndBuiltinMatchExactProducts) {
+  std::printf("gemm backend: float %s, double %s\n", gemm_backend(false), gemm_backend(true));
   std::mt19937_64 rng(mt::testing::test_seed());
   check_all_cases<float>(rng);
 }
@@ -114,7 +128,7 @@ TEST(Gemm, BetaZeroOverwritesWithoutReadingC) {
     }
 }
 
-TEST(Gemm, BuiltinIsBitwiseIndependentOfThreadCountAndBlasIsRepeatable) {
+TEST(Gemm, BuiltinIsBitwiseIndependentOfThreadCountAndGemmIsRepeatable) {
   std::mt19937_64 rng(mt::testing::test_seed() + 3);
   Problem<float> p({200, 300, 280, true, false}, rng, 1.f, 1.f);
   const int saved = omp_get_max_threads();

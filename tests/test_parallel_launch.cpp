@@ -50,7 +50,7 @@ TEST(Launch, OneRankWorldRunsTheBodyAndTurnsErrorsIntoExitCodes) {
   int rc = run_main(world, [](World&) -> int { fail("--lr must be positive (got %g)", -1.0); });
   std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(rc, 1);
-  EXPECT_EQ(err, "error: --lr must be positive (got -1)\n");
+  EXPECT_EQ(err, "minitrain: error: --lr must be positive (got -1)\n");
 
   check_same_across_ranks(world.comm(), R"({"a": 1})", "the resolved config");
 

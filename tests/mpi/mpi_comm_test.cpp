@@ -386,16 +386,32 @@ TEST(MpiComm, OpenMpiNativeAllreduceGivesTheSameBitsOnEveryRank) {
   }
 }
 
-TEST(MpiComm, ScratchMemoryIsHeldOnlyWhileAnOpIsInFlight) {
+TEST(MpiComm, ScratchBlocksAreReusedAcrossStepsAndBounded) {
   std::unique_ptr<Comm> sub = mpi_world().comm().split(0, mpi_world().rank(), "scratch");
   auto* mpi = dynamic_cast<MpiComm*>(sub.get());
   ASSERT_NE(mpi, nullptr);
-  std::vector<float> x(4096, 1.f);
-  CommHandle h = sub->all_reduce_async(x.data(), x.size(), DType::f32, ReduceOp::sum);
-  EXPECT_EQ(mpi->scratch_live_bytes() > 0, sub->size() > 1);
-  h.wait();
-  EXPECT_EQ(mpi->scratch_live_bytes(), 0u);
-  EXPECT_EQ(x[4095], float(sub->size()));
+  const bool multi = sub->size() > 1;
+  std::vector<float> x(4096, 1.f), y(4096, 1.f);
+  sub->all_reduce(x.data(), x.size(), DType::f32, ReduceOp::sum);
+  const size_t one = mpi->scratch_bytes();
+  EXPECT_EQ(one > 0, multi);
+  for (int step = 0; step < 3; step++) sub->all_reduce(x.data(), x.size(), DType::f32, ReduceOp::sum);
+  EXPECT_EQ(mpi->scratch_bytes(), one) << "the same size again reuses the kept block";
+  CommHandle a = sub->all_reduce_async(x.data(), x.size(), DType::f32, ReduceOp::sum);
+  CommHandle b = sub->all_reduce_async(y.data(), y.size(), DType::f32, ReduceOp::sum);
+  EXPECT_EQ(mpi->scratch_bytes(), 2 * one) << "two ops in flight need two blocks";
+  a.wait();
+  b.wait();
+  for (int k = 0; k < 8; k++) {  // more concurrent ops than blocks kept
+    std::vector<CommHandle> h;
+    for (int i = 0; i < 6; i++) h.push_back(sub->all_reduce_async(x.data(), 64, DType::f32, ReduceOp::max));
+  }
+  EXPECT_LE(mpi->scratch_bytes(), MpiComm::kSpareScratch * one);
+  mpi->trim_scratch();
+  EXPECT_EQ(mpi->scratch_bytes(), 0u);
+  float n = float(sub->size());
+  EXPECT_EQ(x[4095], n * n * n * n * n);
+  EXPECT_EQ(y[0], n);
 }
 
 // MT_MPI_CHECK turns an MPI error code into an exception naming MPI's reason, the statement and

@@ -28,8 +28,8 @@ struct AttnResult {
 };
 
 // Attention forward + backward on one batch of B sequences.
-AttnResult run_attention(const std::vector<float>& qkv, const std::vector<float>& dout, const int32_t* doc, int B, int T,
-                  int C, int NH) {
+AttnResult run_attention(const std::vector<float>& qkv, const std::vector<float>& dout, const int32_t* doc, int B,
+                         int T, int C, int NH) {
   AttnResult r;
   r.out.assign(sz(B) * T * C, 0.f);
   r.att.assign(sz(B) * NH * T * T, 0.f);
@@ -65,7 +65,8 @@ void expect_documents_independent(const std::vector<int32_t>& doc, int B, int T,
     for (const auto& [id, idx] : tokens_of) {
       SCOPED_TRACE(::testing::Message() << "batch row " << b << ", doc " << id << " (" << idx.size() << " tokens)");
       const int L = int(idx.size());
-      const AttnResult alone = run_attention(gather(qkv, b, T, 3 * C, idx), gather(dout, b, T, C, idx), nullptr, 1, L, C, NH);
+      const AttnResult alone =
+          run_attention(gather(qkv, b, T, 3 * C, idx), gather(dout, b, T, C, idx), nullptr, 1, L, C, NH);
       EXPECT_LT(rel(gather(packed.out, b, T, C, idx), alone.out), kTol);
       EXPECT_LT(rel(gather(packed.dqkv, b, T, 3 * C, idx), alone.dqkv), kTol);
       for (int h = 0; h < NH; h++)

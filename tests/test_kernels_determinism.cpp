@@ -31,7 +31,8 @@ void expect_thread_count_independent(const std::function<Outputs()>& op) {
     omp_set_num_threads(threads);
     const Outputs got = op();
     ASSERT_EQ(got.size(), ref.size());
-    for (size_t k = 0; k < ref.size(); k++) EXPECT_EQ(got[k], ref[k]) << "output " << k << ", " << threads << " threads";
+    for (size_t k = 0; k < ref.size(); k++)
+      EXPECT_EQ(got[k], ref[k]) << "output " << k << ", " << threads << " threads";
   }
   omp_set_num_threads(saved);
 }
@@ -48,7 +49,8 @@ TEST_F(Determinism, LayerNormIsIndependentOfThreadCount) {
   expect_thread_count_independent([&] {
     std::vector<float> y(x.size()), mean(sz(N)), rstd(sz(N)), dx(x.size()), dw(sz(C), 0.5f), db(sz(C), 0.25f);
     layernorm_fwd<float>(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
-    layernorm_bwd<float>(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+    layernorm_bwd<float>(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
+                         C);
     return Outputs{y, mean, rstd, dx, dw, db};
   });
 }

@@ -154,16 +154,19 @@ TEST_F(KernelGradcheck, LayerNormBackwardMatchesFiniteDifferences) {
       EXPECT_NEAR(out[sz(i * C + c)], (inp[sz(i * C + c)] - m) / std::sqrt(v + 1e-5) * w[sz(c)] + b[sz(c)], 1e-12);
   }
   Vec dinp(inp.size(), kNaN), dw0 = rand(w.size()), db0 = rand(b.size()), dw = dw0, db = db0;
-  layernorm_bwd<double>(dinp.data(), dw.data(), db.data(), R.data(), inp.data(), w.data(), mean.data(), rstd.data(), N, C);
+  layernorm_bwd<double>(dinp.data(), dw.data(), db.data(), R.data(), inp.data(), w.data(), mean.data(), rstd.data(), N,
+                        C);
   EXPECT_LT(err(dinp, numeric_grad(loss, inp)), kFdTol);
   EXPECT_LT(err(minus(dw, dw0), numeric_grad(loss, w)), kFdTol);
   EXPECT_LT(err(minus(db, db0), numeric_grad(loss, b)), kFdTol);
 
   loss();
   auto inpf = to_f(inp), wf = to_f(w), bf = to_f(b), Rf = to_f(R);
-  std::vector<float> outf(out.size()), meanf(sz(N)), rstdf(sz(N)), dinpf(inp.size()), dwf(w.size(), 0.f), dbf(b.size(), 0.f);
+  std::vector<float> outf(out.size()), meanf(sz(N)), rstdf(sz(N)), dinpf(inp.size()), dwf(w.size(), 0.f),
+      dbf(b.size(), 0.f);
   layernorm_fwd<float>(outf.data(), meanf.data(), rstdf.data(), inpf.data(), wf.data(), bf.data(), N, C);
-  layernorm_bwd<float>(dinpf.data(), dwf.data(), dbf.data(), Rf.data(), inpf.data(), wf.data(), meanf.data(), rstdf.data(), N, C);
+  layernorm_bwd<float>(dinpf.data(), dwf.data(), dbf.data(), Rf.data(), inpf.data(), wf.data(), meanf.data(),
+                       rstdf.data(), N, C);
   EXPECT_LT(err_f(outf, out), kFloatTol);
   EXPECT_LT(err_f(dinpf, dinp), kFloatTol);
   EXPECT_LT(err_f(dwf, minus(dw, dw0)), kFloatTol);
@@ -188,7 +191,8 @@ TEST_F(KernelGradcheck, MatmulBackwardMatchesFiniteDifferencesWithAndWithoutBias
         EXPECT_NEAR(out[sz(i * OC + o)], s, 1e-13);
       }
     Vec dinp(inp.size(), kNaN), dw0 = rand(w.size()), db0 = rand(b.size()), dw = dw0, db = db0;
-    matmul_bwd<double>(dinp.data(), dw.data(), with_bias ? db.data() : nullptr, R.data(), inp.data(), w.data(), N, IC, OC);
+    matmul_bwd<double>(dinp.data(), dw.data(), with_bias ? db.data() : nullptr, R.data(), inp.data(), w.data(), N, IC,
+                       OC);
     EXPECT_LT(err(dinp, numeric_grad(loss, inp)), kFdTol);
     EXPECT_LT(err(minus(dw, dw0), numeric_grad(loss, w)), kFdTol);
     if (with_bias) {
@@ -302,7 +306,7 @@ TEST_F(KernelGradcheck, SoftmaxXentLossesAndGradientsIgnoreRowsAndPadding) {
   const double dloss = 0.37;
   Vec logits = rand(sz(N) * Vp, -3, 3);
   auto targets = rand_ints(sz(N), 0, V - 1);
-  targets[2] = -1;  // ignored row
+  targets[2] = -1;     // ignored row
   targets[4] = V - 1;  // the last real column
   for (int i = 0; i < N; i++)
     for (int j = V; j < Vp; j++) logits[sz(i * Vp + j)] = kNaN;  // padding must never be read

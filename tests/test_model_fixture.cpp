@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -113,6 +115,36 @@ TEST(ModelFixture, ForwardLossEqualsTrainingLoss) {
   MicroBatch mb{int(f.get("inputs").shape[0]), int(f.get("inputs").shape[1]), inputs.data(), targets.data(),
                 nullptr, nullptr};
   EXPECT_EQ(gpt.forward_loss(mb), gpt.forward_backward(mb, 0.f));
+}
+
+}  // namespace
+}  // namespace mt::model
+
+namespace mt::model {
+namespace {
+
+// Export writes what import reads: the HF file written from a model loads back bit for bit, and its
+// tensors have HF's names, (in, out) orientation and unpadded vocabulary.
+TEST(HfInterop, ExportThenImportIsBitwiseAndUsesHfLayout) {
+  GPTConfig cfg = GPTConfig::preset("tiny");
+  cfg.vocab_size = 97;
+  cfg.n_layer = 2;
+  Arena arena;
+  ParamStore a, b;
+  GPT ga(cfg, a), gb(cfg, b);
+  a.finalize(arena, DType::f32);
+  b.finalize(arena, DType::f32);
+  ga.init_weights(testing::test_seed());
+  const std::string dir = testing::make_temp_dir("mt_hf");
+  export_hf(ga, a, a.master(), dir + "/model.safetensors");
+  import_hf(gb, b, dir + "/model.safetensors");
+  EXPECT_EQ(0, std::memcmp(a.master(), b.master(), size_t(a.total_numel()) * 4));
+  const SafetensorsFile f = SafetensorsFile::read(dir + "/model.safetensors");
+  EXPECT_EQ(f.get("transformer.wte.weight").shape, (std::vector<int64_t>{97, cfg.n_embd}));
+  EXPECT_EQ(f.get("transformer.h.1.attn.c_attn.weight").shape, (std::vector<int64_t>{cfg.n_embd, 3 * cfg.n_embd}));
+  EXPECT_EQ(f.get("transformer.h.0.mlp.c_proj.weight").shape, (std::vector<int64_t>{4 * cfg.n_embd, cfg.n_embd}));
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -3,9 +3,10 @@
 // Arena promises: live bytes per category follow Buffer lifetimes exactly (RAII, moves transfer
 // ownership), peaks are the maxima of live bytes since the last reset_peaks(), host blocks are
 // 64-byte aligned and zero-filled, a failed allocation throws naming the category.
-// ParamStore promises: every entry starts at a multiple of 16 elements (64 bytes), entries do not
-// overlap, counts exclude the padding, the three buffers are charged to params/grads, and
-// refresh_compute() makes compute the master weights rounded to the compute dtype.
+// ParamStore promises: every entry starts at a multiple of 16 elements (64 bytes) inside its unit,
+// entries do not overlap, units tile the flat range and are padded to whole 64-byte shard chunks,
+// counts exclude the padding, the buffers are charged to params/grads, and refresh_compute() makes
+// compute the master weights rounded to the compute dtype.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -57,7 +58,8 @@ TEST(Arena, LiveAndPeakBytesFollowBufferLifetimesPerCategory) {
     EXPECT_EQ(peak(a, MemCategory::other), 0u);
   }
   EXPECT_EQ(a.stats().live_total, 0u);
-  for (int c = 0; c < kNumMemCategories; c++) EXPECT_EQ(a.stats().live[size_t(c)], 0u) << mem_category_name(MemCategory(c));
+  for (int c = 0; c < kNumMemCategories; c++)
+    EXPECT_EQ(a.stats().live[size_t(c)], 0u) << mem_category_name(MemCategory(c));
 }
 
 TEST(Arena, HostBlocksAreAlignedAndZeroed) {
@@ -99,7 +101,15 @@ TEST(Arena, MovingABufferTransfersOwnershipAndAssignmentReleasesTheOldBlock) {
 TEST(Arena, CustomAllocatorIsUsedAndFailureNamesTheCategory) {
   int allocs = 0, frees = 0;
   {
-    Arena a([&](size_t n) { allocs++; return std::malloc(n); }, [&](void* p) { frees++; std::free(p); });
+    Arena a(
+        [&](size_t n) {
+          allocs++;
+          return std::malloc(n);
+        },
+        [&](void* p) {
+          frees++;
+          std::free(p);
+        });
     Buffer b1 = a.alloc(MemCategory::optimizer, 128), b2 = a.alloc(MemCategory::optimizer, 128);
     EXPECT_EQ(allocs, 2);
     b1.reset();
@@ -124,61 +134,85 @@ TEST(Arena, FormatBytesUsesBinaryUnits) {
   EXPECT_EQ(format_bytes(size_t(5) << 30), "5.00 GiB");
 }
 
-TEST(ParamStore, OffsetsAreAlignedTo16ElementsAndCountsExcludePadding) {
+TEST(ParamStore, OffsetsAreAlignedAndUnitsPaddedToWholeShards) {
   std::mt19937_64 rng(mt::testing::test_seed() + 1);
-  ParamStore ps;
-  int64_t unpadded = 0;
-  for (int i = 0; i < 30; i++) {
-    std::vector<int64_t> shape;
-    const int ndim = 1 + int(rng() % 3);
-    int64_t numel = 1;
-    for (int d = 0; d < ndim; d++) {
-      shape.push_back(1 + int64_t(rng() % 19));
-      numel *= shape.back();
+  for (int shards : {1, 3, 4}) {
+    SCOPED_TRACE(::testing::Message() << shards << " shards");
+    ParamStore ps;
+    int64_t unpadded = 0;
+    for (int i = 0; i < 30; i++) {
+      if (i % 7 == 0) ps.begin_unit(strfmt("unit%d", i / 7));
+      std::vector<int64_t> shape;
+      const int ndim = 1 + int(rng() % 3);
+      for (int d = 0; d < ndim; d++) shape.push_back(1 + int64_t(rng() % 19));
+      EXPECT_EQ(ps.add(strfmt("p%d", i), shape, i % 2 == 0), i);
     }
-    EXPECT_EQ(ps.add("p" + std::to_string(i), shape, i % 2 == 0), i);
-    unpadded += numel;
-  }
-  const auto& es = ps.entries();
-  for (size_t i = 0; i < es.size(); i++) {
-    int64_t numel = 1;
-    for (int64_t d : es[i].shape) numel *= d;
-    EXPECT_EQ(es[i].numel, numel);
-    EXPECT_EQ(es[i].offset % 16, 0) << es[i].name;
-    EXPECT_EQ(es[i].global_shape, es[i].shape);
-    EXPECT_EQ(es[i].global_offset, std::vector<int64_t>(es[i].shape.size(), 0));
-    EXPECT_EQ(es[i].weight_decay, i % 2 == 0);
-    const int64_t end = es[i].offset + es[i].numel;
-    const int64_t next = i + 1 < es.size() ? es[i + 1].offset : ps.total_numel();
-    EXPECT_LE(end, next) << es[i].name << " overlaps the next entry";
-    EXPECT_LT(next - end, 16) << "more padding than alignment needs after " << es[i].name;
-  }
-  EXPECT_EQ(ps.total_numel() % 16, 0);
-  EXPECT_EQ(ps.param_count(), unpadded);
-  ASSERT_NE(ps.find("p7"), nullptr);
-  EXPECT_EQ(ps.find("p7")->offset, es[7].offset);
-  EXPECT_EQ(ps.find("missing"), nullptr);
+    Arena a;
+    ps.finalize(a, DType::f32, shards);
+    const auto& es = ps.entries();
+    const auto& us = ps.units();
+    ASSERT_EQ(us.size(), 5u);
+    for (size_t i = 0; i < es.size(); i++) {
+      int64_t numel = 1;
+      for (int64_t d : es[i].shape) numel *= d;
+      unpadded += numel;
+      EXPECT_EQ(es[i].numel, numel);
+      EXPECT_EQ(es[i].unit, int(i / 7));
+      EXPECT_EQ(es[i].offset % 16, 0) << es[i].name;
+      EXPECT_EQ(es[i].global_shape, es[i].shape);
+      EXPECT_EQ(es[i].global_offset, std::vector<int64_t>(es[i].shape.size(), 0));
+      EXPECT_EQ(es[i].weight_decay, i % 2 == 0);
+      const ParamUnit& u = us[size_t(es[i].unit)];
+      EXPECT_GE(es[i].offset, u.begin);
+      EXPECT_LE(es[i].offset + es[i].numel, u.end) << es[i].name << " leaves its unit";
+      const bool last_in_unit = i + 1 == es.size() || es[i + 1].unit != es[i].unit;
+      const int64_t next = last_in_unit ? u.end : es[i + 1].offset;
+      EXPECT_LE(es[i].offset + es[i].numel, next) << es[i].name << " overlaps the next entry";
+      if (!last_in_unit) {
+        EXPECT_LT(next - (es[i].offset + es[i].numel), 16) << "padding after " << es[i].name;
+      }
+    }
+    for (size_t u = 0; u < us.size(); u++) {
+      EXPECT_EQ(us[u].begin, u == 0 ? 0 : us[u - 1].end) << "units must tile the flat range";
+      EXPECT_EQ(us[u].size() % (16 * shards), 0) << us[u].name;  // every shard chunk 64-byte aligned
+    }
+    EXPECT_EQ(ps.total_numel(), us.back().end);
+    EXPECT_EQ(ps.param_count(), unpadded);
+    ASSERT_NE(ps.find("p7"), nullptr);
+    EXPECT_EQ(ps.find("p7")->offset, es[7].offset);
+    EXPECT_EQ(ps.find("missing"), nullptr);
 
-  Arena a;
-  ps.finalize(a, DType::f32);
-  const size_t bytes = size_t(ps.total_numel()) * sizeof(float);
-  EXPECT_EQ(live(a, MemCategory::params), 2 * bytes);  // master + compute
-  EXPECT_EQ(live(a, MemCategory::grads), bytes);
-  for (int i = 0; i < int(es.size()); i++) {
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(ps.master(i)) % 64, 0u);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(ps.grad(i)) % 64, 0u);
-    EXPECT_EQ(ps.compute(i) - ps.compute(), es[size_t(i)].offset);
+    const size_t bytes = size_t(ps.total_numel()) * sizeof(float);
+    EXPECT_EQ(live(a, MemCategory::params), 2 * bytes);  // master + compute
+    EXPECT_EQ(live(a, MemCategory::grads), bytes);
+    for (int i = 0; i < int(es.size()); i++) {
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(ps.master(i)) % 64, 0u);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(ps.grad(i)) % 64, 0u);
+      EXPECT_EQ(ps.compute(i) - ps.compute(), es[size_t(i)].offset);
+    }
   }
+}
+
+TEST(ParamStore, WithoutMaterializeOnlyTheMasterIsAllocated) {
+  ParamStore ps;
+  ps.add("w", {5, 7}, true);
+  Arena a;
+  ps.finalize(a, DType::bf16, 2, /*materialize=*/false);
+  EXPECT_EQ(live(a, MemCategory::params), size_t(ps.total_numel()) * sizeof(float));
+  EXPECT_EQ(live(a, MemCategory::grads), 0u);
+  EXPECT_EQ(ps.compute(), nullptr);
+  EXPECT_EQ(ps.grads(), nullptr);
+  EXPECT_THROW(ps.compute(0), Error);  // the unit is not materialised
 }
 
 TEST(ParamStore, MisuseIsRejected) {
   ParamStore ps;
   ps.add("w", {3, 4}, true);
-  EXPECT_THROW(ps.add("w", {2}, true), Error);      // registered twice
-  EXPECT_THROW(ps.add("z", {3, 0}, true), Error);   // empty dimension
+  EXPECT_THROW(ps.add("w", {2}, true), Error);     // registered twice
+  EXPECT_THROW(ps.add("z", {3, 0}, true), Error);  // empty dimension
   Arena a;
   ps.finalize(a, DType::bf16);
-  EXPECT_THROW(ps.add("late", {2}, true), Error);   // after finalize
+  EXPECT_THROW(ps.add("late", {2}, true), Error);    // after finalize
   EXPECT_THROW(ps.finalize(a, DType::bf16), Error);  // twice
 }
 

@@ -138,15 +138,15 @@ INSTANTIATE_TEST_SUITE_P(Formats, DTypeRounding, ::testing::Values(kBf16, kF16),
 
 TEST(DTypeEdgeCases, F16OverflowSubnormalsAndTies) {
   const float inf = std::numeric_limits<float>::infinity();
-  EXPECT_EQ(round_f16(65504.f), 65504.f);                    // largest finite
+  EXPECT_EQ(round_f16(65504.f), 65504.f);                       // largest finite
   EXPECT_EQ(round_f16(std::nextafter(65520.f, 0.f)), 65504.f);  // just below the midpoint to 2^16
-  EXPECT_EQ(round_f16(65520.f), inf);                          // the midpoint ties to the even "2^16" = inf
+  EXPECT_EQ(round_f16(65520.f), inf);                           // the midpoint ties to the even "2^16" = inf
   EXPECT_EQ(round_f16(-1e6f), -inf);
   EXPECT_EQ(round_f16(std::ldexp(1.f, -24)), std::ldexp(1.f, -24));  // smallest subnormal
   EXPECT_EQ(round_f16(std::ldexp(1.f, -25)), 0.f);                   // half of it: tie to even zero
   EXPECT_EQ(round_f16(std::ldexp(3.f, -25)), std::ldexp(2.f, -24));  // 1.5 units: tie to even 2
   EXPECT_EQ(round_f16(std::ldexp(1.f, -14) - std::ldexp(1.f, -25)), std::ldexp(1.f, -14));  // into the normals
-  EXPECT_TRUE(std::signbit(round_f16(-1e-30f)));  // underflow keeps the sign
+  EXPECT_TRUE(std::signbit(round_f16(-1e-30f)));                                            // underflow keeps the sign
   EXPECT_EQ(round_f16(1.f + std::ldexp(1.f, -11)), 1.f);
   EXPECT_EQ(round_f16(1.f + std::ldexp(3.f, -11)), 1.f + std::ldexp(1.f, -9));
   EXPECT_TRUE(std::isnan(round_f16(f32_from_bits(0x7f800001u))));  // signalling NaN must not become inf
@@ -161,7 +161,7 @@ TEST(DTypeEdgeCases, Bf16OverflowSubnormalsAndTies) {
   EXPECT_EQ(round_bf16(1.f + std::ldexp(1.f, -8)), 1.f);
   EXPECT_EQ(round_bf16(1.f + std::ldexp(3.f, -8)), 1.f + std::ldexp(1.f, -6));
   EXPECT_EQ(round_bf16(std::numeric_limits<float>::denorm_min()), 0.f);  // fp32 subnormals round within bf16's grid
-  EXPECT_EQ(round_bf16(std::ldexp(1.f, -133)), std::ldexp(1.f, -133));  // smallest bf16 subnormal
+  EXPECT_EQ(round_bf16(std::ldexp(1.f, -133)), std::ldexp(1.f, -133));   // smallest bf16 subnormal
   EXPECT_TRUE(std::signbit(round_bf16(-0.f)));
   EXPECT_TRUE(std::isnan(round_bf16(f32_from_bits(0x7f800001u))));  // payload only in the dropped bits
   EXPECT_TRUE(std::isnan(round_bf16(f32_from_bits(0xff800001u))));

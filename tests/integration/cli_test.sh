@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# End-to-end checks of the minitrain command as a user runs it:
+#  - two identical runs write identical loss lines to metrics.jsonl;
+#  - a run exports weights that `sample` reads, and `--resume` continues a stopped run exactly;
+#  - each bad input fails with exit status 1, one `minitrain: error:` line naming the cause, and
+#    leaves no output directory behind.
+# Usage: cli_test.sh <minitrain binary> <python3 with numpy>
+set -u
+mt=$1
+py=${2:-/usr/bin/python3}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fails=0
+pass() { echo "ok   $1"; }
+fail() { echo "FAIL $1"; fails=$((fails + 1)); }
+
+# A small corpus, prepared with the data CLI.
+for i in $(seq 1 200); do printf 'document %d says %d and %d.\n%%\n' "$i" $((i * 7 % 13)) $((i * 3 % 11)); done > "$work/corpus.txt"
+"$mt" data prepare --input "$work/corpus.txt" --out "$work/data" --splitter fortune --vocab 300 >/dev/null 2>&1 \
+  || { echo "FAIL data prepare"; exit 1; }
+common=(model=tiny model.vocab_size=300 model.n_layer=2 model.n_embd=32 model.n_head=4 model.block_size=32
+        seq_len=32 batch_size=4 log_every=100 data.path="$work/data" threads=1)
+
+losses() { "$py" -c 'import json,sys
+for l in open(sys.argv[1]):
+    j=json.loads(l)
+    if "loss" in j: print(j["step"], repr(j["loss"]))' "$1"; }
+
+"$mt" train "${common[@]}" steps=6 out_dir="$work/a" 2>/dev/null || fail "train a"
+"$mt" train "${common[@]}" steps=6 out_dir="$work/b" 2>/dev/null || fail "train b"
+if [[ -s "$work/a/metrics.jsonl" ]] && diff <(losses "$work/a/metrics.jsonl") <(losses "$work/b/metrics.jsonl") >/dev/null; then
+  pass "identical runs give identical JSONL losses"
+else
+  fail "identical runs give identical JSONL losses"
+fi
+
+# Stop after 3 steps, resume to 6: the same losses as the uninterrupted run.
+"$mt" train "${common[@]}" steps=6 out_dir="$work/c" 2>/dev/null >/dev/null || fail "train c"
+"$mt" train "${common[@]}" steps=3 out_dir="$work/d" 2>/dev/null || fail "train d"
+"$mt" train "${common[@]}" steps=6 out_dir="$work/d" resume="$work/d/state.safetensors" 2>/dev/null || fail "resume d"
+if diff <(losses "$work/c/metrics.jsonl") <(losses "$work/d/metrics.jsonl") >/dev/null; then
+  pass "stop and resume gives the uninterrupted losses"
+else
+  fail "stop and resume gives the uninterrupted losses"
+fi
+
+out=$("$mt" sample --model "$work/a/model.safetensors" --tokenizer "$work/data/tokenizer.json" --text "document" \
+      --tokens 8 --seed 3 2>&1) && [[ "$out" == document* ]] && pass "sample decodes text" || fail "sample: $out"
+
+# Bad inputs: exit 1, exactly one line on stderr mentioning the culprit, nothing created.
+bad() {
+  local what=$1 needle=$2
+  shift 2
+  local err rc
+  err=$("$mt" "$@" 2>&1 >/dev/null)
+  rc=$?
+  if [[ $rc -eq 1 && $(printf '%s\n' "$err" | wc -l) -eq 1 && "$err" == "minitrain: error:"*"$needle"* && ! -e "$work/never" ]]; then
+    pass "bad input: $what"
+  else
+    fail "bad input: $what (rc=$rc, stderr: $err)"
+  fi
+}
+printf '{"steps": 3,,}' > "$work/bad.json"
+printf 'MTTOKENS-truncated' > "$work/short.bin"
+bad "unknown key" "no_such_key" train "${common[@]}" no_such_key=1 out_dir="$work/never"
+bad "unknown flag" "--bogus" train "${common[@]}" --bogus 1 out_dir="$work/never"
+bad "malformed JSON" "bad.json" train --config "$work/bad.json" out_dir="$work/never"
+bad "missing data file" "missing.bin" train "${common[@]}" data.path="$work/missing.bin" out_dir="$work/never"
+bad "truncated data file" "short.bin" train "${common[@]}" data.path="$work/short.bin" out_dir="$work/never"
+bad "data vocabulary larger than the model's" "vocab" train "${common[@]}" model.vocab_size=100 out_dir="$work/never"
+bad "non-positive size" "batch_size" train "${common[@]}" batch_size=0 out_dir="$work/never"
+bad "n_embd % n_head" "n_head" train "${common[@]}" model.n_head=5 out_dir="$work/never"
+bad "sequence longer than the context" "block_size" train "${common[@]}" seq_len=64 out_dir="$work/never"
+bad "state of another model shape" "another model shape" train "${common[@]}" model.n_layer=3 \
+    resume="$work/a/state.safetensors" out_dir="$work/never"
+bad "weights of another model shape" "shape" train "${common[@]}" model.n_embd=64 \
+    init_from="$work/a/model.safetensors" out_dir="$work/never"
+bad "existing run directory" "already holds a run" train "${common[@]}" steps=1 out_dir="$work/a"
+
+echo "cli_test: $fails failure(s)"
+[[ $fails -eq 0 ]]

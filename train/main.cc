@@ -98,7 +98,10 @@ int main(int argc, char** argv) {
         return 0;
       });
     }
-    if (cmd == "bench") return mt::train::bench_main(args);
+    if (cmd == "bench") {
+      mt::parallel::World world(&argc, &argv);
+      return mt::parallel::run_main(world, [&](mt::parallel::World& w) { return mt::train::bench_main(args, &w.comm()); });
+    }
     if (cmd == "sample") return sample_main(args);
     if (cmd == "data") return mt::data::data_cli(argc - 2, argv + 2);
     mt::fail("unknown command '%s'\n%s", cmd.c_str(), kUsage);

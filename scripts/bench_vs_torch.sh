@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# minitrain vs PyTorch eager on the same training config, measured in one run on this machine, both
+# in fp32 with the same thread count. Prints both tables and a summary line with the ratio.
+# Usage: scripts/bench_vs_torch.sh [preset] [B] [T] [steps] [warmup]   (default: gpt2 4 256 3 1)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+preset=${1:-gpt2} B=${2:-4} T=${3:-256} steps=${4:-3} warmup=${5:-1}
+threads=$(nproc)
+"$root/scripts/deps.sh" --with-torch
+"$root/scripts/build.sh"
+mt="${MT_BUILD_DIR:-$root/build}/minitrain"
+echo "== minitrain ($preset, B=$B, T=$T, fp32, $threads threads) =="
+mt_out=$("$mt" bench model="$preset" batch_size="$B" seq_len="$T" steps="$steps" warmup="$warmup" threads="$threads" 2>/dev/null)
+echo "$mt_out"
+echo "== PyTorch eager =="
+pt_out=$(/usr/bin/python3 "$root/scripts/bench_torch.py" --preset "$preset" --batch "$B" --seq "$T" --steps "$steps" \
+         --warmup "$warmup" --threads "$threads")
+echo "$pt_out"
+mt_tps=$(echo "$mt_out" | awk -F'|' '/tokens\/s \(median\)/ {gsub(/ /, "", $3); print $3}')
+pt_tps=$(echo "$pt_out" | awk -v p="$preset" '$1 == p {print $7; exit}')
+echo "summary: $(date -u +%F) $preset B=$B T=$T fp32 threads=$threads: minitrain $mt_tps tok/s, PyTorch eager $pt_tps tok/s," \
+     "ratio $(awk -v a="$mt_tps" -v b="$pt_tps" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "?" }')"

@@ -221,3 +221,22 @@ TEST_F(TrainLoop, BadInputsFailWithAClearMessageAndWriteNothing) {
 
 }  // namespace
 }  // namespace mt::train
+
+namespace mt::train {
+namespace {
+
+// With the expected squared norms at two batch sizes, E|g_B|^2 = |G|^2 + tr(Sigma)/B, the
+// estimator recovers |G|^2, tr(Sigma) and B_simple = tr(Sigma)/|G|^2 exactly (McCandlish et al. 2018).
+TEST(NoiseScale, RecoversTraceAndSignalFromTwoBatchSizes) {
+  const double G2 = 4, S = 100;
+  NoiseScale n;
+  EXPECT_FALSE(n.valid());
+  for (int i = 0; i < 5; i++) n.update(G2 + S / 10, G2 + S / 40, 10, 40);
+  ASSERT_TRUE(n.valid());
+  EXPECT_NEAR(n.g2(), G2, 1e-9);
+  EXPECT_NEAR(n.trace_sigma(), S, 1e-9);
+  EXPECT_NEAR(n.b_simple(), 25, 1e-9);
+}
+
+}  // namespace
+}  // namespace mt::train

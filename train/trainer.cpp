@@ -94,9 +94,13 @@ StepResult Trainer::step() {
   dp.reset_counters();
   gpt_->reset_times();
   double loss_sum = 0;
+  // With one rank, the noise scale compares the first micro-batch's gradient with the whole batch's.
+  const bool gns_from_micro = dp.size() == 1 && micro_.size() > 1 && store_.full_storage();
+  double g2_first = 0;
   for (size_t k = 0; k < micro_.size(); k++) {
     dp_->set_last_micro(k + 1 == micro_.size());
     loss_sum += gpt_->forward_backward(view(micro_[k]), dloss);
+    if (k == 0 && gns_from_micro) g2_first = ops::sum_squares(store_.grads(), store_.total_numel(), ctx_);
   }
   dp_->finish_grads();
   r.loss = parallel::all_reduce_sum_double(dp, loss_sum) / valid;
@@ -110,7 +114,12 @@ StepResult Trainer::step() {
   if (finite) {
     const double inv_scale = 1.0 / scaler_.scale();
     r.grad_norm = std::sqrt(dp_->grad_sum_squares()) * inv_scale;
-    if (dp.size() > 1 && o_.parallel.zero < 3 && valid_local > 0) {
+    if (gns_from_micro) {
+      const int valid0 = valid_targets(micro_[0]);
+      const double to_mean = double(valid) / double(valid0) * inv_scale;
+      r.local_grad_sq = g2_first * to_mean * to_mean;
+      gns_.update(r.local_grad_sq, r.grad_norm * r.grad_norm, double(valid0), double(valid));
+    } else if (dp.size() > 1 && o_.parallel.zero < 3 && valid_local > 0) {
       // This rank's own gradient, rescaled to the mean over its tokens, averaged over ranks.
       const double to_mean = double(valid) / double(valid_local) * inv_scale;
       r.local_grad_sq = parallel::all_reduce_sum_double(dp, dp_->stats().local_grad_sq * to_mean * to_mean) / dp.size();

@@ -31,8 +31,10 @@ struct StepResult {
 };
 
 // Gradient noise scale B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018, appendix A): unbiased
-// estimates of |G|^2 and tr(Sigma) from the gradient norms at two batch sizes, here one rank's
-// micro-batches (B_small) and the whole data-parallel batch (B_big), each smoothed by an EMA.
+// estimates of |G|^2 and tr(Sigma) from the gradient norms at two batch sizes, each smoothed by an
+// EMA. B_small is one rank's share of the batch (the norms data parallelism already has before and
+// after its reduction) or, on a single rank with gradient accumulation, the first micro-batch;
+// B_big is the whole batch. Not available for ZeRO-3 (no rank ever holds its whole local gradient).
 class NoiseScale {
  public:
   // Returns false while there is no estimate (a single rank, or the first steps).

@@ -125,12 +125,14 @@ int cli_prepare(int argc, char** argv) {
   if (!a.positional.empty()) fail("unexpected argument '%s' (inputs go after --input)", a.positional[0].c_str());
   Logger log;
   PrepareReport r = prepare_dataset(o, log);
+  std::string speed = r.reused ? "reused, nothing tokenized" : strfmt("tokenized at %.1f MB/s", r.tokenize_mb_per_s());
   std::printf("%s: %llu documents (%llu train, %llu val), %llu tokens (%llu train, %llu val), vocab %d, "
-              "%zu + %zu shards, %.2f MB tokenized at %.1f MB/s%s\n",
+              "%zu + %zu shards, %.2f MB of text, %s\n",
               o.out_dir.c_str(), (unsigned long long)(r.train_docs + r.val_docs), (unsigned long long)r.train_docs,
               (unsigned long long)r.val_docs, (unsigned long long)(r.train_tokens + r.val_tokens),
               (unsigned long long)r.train_tokens, (unsigned long long)r.val_tokens, r.vocab_size, r.train_shards,
-              r.val_shards, r.bytes / 1e6, r.tokenize_mb_per_s(), r.reused ? " (reused)" : "");
+              r.val_shards, r.bytes / 1e6, speed.c_str());
+  std::fflush(stdout);
   return 0;
 }
 

@@ -8,10 +8,9 @@
 // Each call of next() returns this dp rank's B rows of the next global micro-batch (D*B rows, see
 // data/sampler.h). With gradient accumulation a rank simply calls next() grad_accum times per
 // optimizer step. Which rows a rank reads is a pure function of (seed, global position, dp rank,
-// dp size); the state is the global position (per dataset, for mixtures), so a run resumed under a
-// different dp size continues the same global sequence with no duplicate and no gap, provided the
-// global rows per micro-step D*B are unchanged or the resume happens at a micro-batch boundary
-// (always true: positions advance by whole micro-batches).
+// dp size); the state is the position in the global stream (per dataset, for mixtures), which does
+// not depend on D or B, so a run resumed under another dp size (or rows per rank) continues the same
+// global sequence with no duplicate and no gap.
 //
 // Prefetch: with prefetch > 0 a background thread produces batches ahead into a queue of that depth;
 // the sequence is identical to prefetch = 0. wait_seconds() is the time next() spent blocked

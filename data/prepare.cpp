@@ -199,7 +199,13 @@ PrepareReport prepare_dataset(const PrepareOptions& opt, const Logger& log) {
   bool need_sample = !given && !reuse_tok;
   std::vector<std::string> sample, docs;
   uint64_t sample_bytes = 0, total_docs = 0, total_bytes = 0;
+  auto last_log = std::chrono::steady_clock::now();
   for (const InputFile& f : files) {
+    if (seconds_since(last_log) > 2.0) {
+      last_log = std::chrono::steady_clock::now();
+      MT_LOG_INFO(log, "data prepare: scanning inputs: %.1f MB, %llu documents so far", total_bytes / 1e6,
+                  (unsigned long long)total_docs);
+    }
     docs.clear();
     split_documents(read_file(f.path), opt.splitter, f.path, docs);
     total_docs += docs.size();
@@ -247,7 +253,7 @@ PrepareReport prepare_dataset(const PrepareOptions& opt, const Logger& log) {
   std::vector<std::vector<int32_t>> encoded;
   uint64_t doc_index = 0, done_bytes = 0, batch_bytes = 0;
   double encode_s = 0;
-  auto last_log = std::chrono::steady_clock::now();
+  last_log = std::chrono::steady_clock::now();
   docs.clear();
   auto encode_batch = [&]() {
     encoded.assign(docs.size(), {});

@@ -130,6 +130,7 @@ void flatten(const nlohmann::json& j, const std::string& prefix, std::vector<std
 
 void apply_option(TrainOptions& o, const std::string& key, const std::string& value) {
   auto it = setters().find(key);
+  if (it == setters().end()) it = setters().find("parallel." + key);  // dp=2, zero=3 ... as short forms
   if (it == setters().end()) fail("unknown option '%s'", key.c_str());
   it->second(o, key, value);
 }

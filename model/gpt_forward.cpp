@@ -215,6 +215,10 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
   acquire(emb, train);  // the tied unembedding; its gradient buffer stays until the encoder's backward
   const double loss_sum = classifier(lnf.f32(), dlnf.f32(), mb.targets, dloss, N, train);
   release(emb);
+  // Data parallelism may take the embeddings' remaining (sparse) gradient as rows, so that the large
+  // dense part can be reduced from here on, overlapping the whole backward.
+  const bool emb_rows = train && hooks_ && hooks_->wants_row_grads(emb);
+  if (emb_rows) grads_ready(emb);
   const auto t_forward = clock::now();
   times_.forward += std::chrono::duration<double>(t_forward - t_start).count();
   if (!train) {
@@ -255,10 +259,21 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
     grads_ready(layer_unit(l));
     if (keep_layer) a = LayerActs();
   }
-  acquire(emb, true);
-  ops::encoder_bwd(store_.grad(wte_), store_.grad(wpe_), dx.f32(), mb.tokens, mb.positions, B, T, C, ctx_);
-  release(emb);
-  grads_ready(emb);
+  if (emb_rows) {
+    // d wte[tokens[i]] += dx[i] and d wpe[positions[i]] += dx[i]: the encoder's backward, as rows.
+    std::vector<int32_t> pos(mb.positions ? mb.positions : nullptr, mb.positions ? mb.positions + N : nullptr);
+    if (!mb.positions) {
+      pos.resize(size_t(N));
+      for (int i = 0; i < N; i++) pos[size_t(i)] = i % T;
+    }
+    hooks_->add_row_grads(emb, {UnitHooks::RowGrads{wte_, mb.tokens, dx.f32(), N, C},
+                                UnitHooks::RowGrads{wpe_, pos.data(), dx.f32(), N, C}});
+  } else {
+    acquire(emb, true);
+    ops::encoder_bwd(store_.grad(wte_), store_.grad(wpe_), dx.f32(), mb.tokens, mb.positions, B, T, C, ctx_);
+    release(emb);
+    grads_ready(emb);
+  }
   times_.backward += std::chrono::duration<double>(clock::now() - t_forward).count();
   return loss_sum;
 }

@@ -1,5 +1,6 @@
 #include "parallel/data_parallel.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -76,6 +77,49 @@ void DataParallel::begin_step() {
   stats_ = DataParallelStats();
   last_micro_ = true;
   bucket_begin_ = bucket_end_ = -1;
+  handed_.assign(size_t(store_.num_units()), 0);
+  staged_rows_.clear();
+}
+
+bool DataParallel::wants_row_grads(int u) { return u == 0 && last_micro_ && o_.zero <= 2 && size_ > 1; }
+
+void DataParallel::add_row_grads(int u, const std::vector<RowGrads>& rows) {
+  for (const RowGrads& g : rows) {
+    StagedRows s;
+    s.unit = u;
+    s.entry = g.entry;
+    s.n = g.n;
+    s.width = g.width;
+    s.rows.assign(g.rows, g.rows + g.n);
+    s.values.assign(g.values, g.values + g.n * g.width);
+    staged_rows_.push_back(std::move(s));
+  }
+  poll();
+}
+
+void DataParallel::apply_row_grads() {
+  for (StagedRows& s : staged_rows_) {
+    std::vector<int32_t> rows(size_t(s.n) * size_t(size_));
+    std::vector<float> values(size_t(s.n * s.width) * size_t(size_));
+    dp_.all_gather(s.rows.data(), rows.data(), size_t(s.n), DType::i32);
+    dp_.all_gather(s.values.data(), values.data(), size_t(s.n * s.width), DType::f32);
+    const ParamEntry& e = store_.entry(s.entry);
+    // Where this rank keeps the entry's reduced gradient: everything (stages 0-1) or its chunk.
+    int64_t lo = 0, hi = store_.total_numel();
+    float* base = store_.grads();
+    if (o_.zero == 2) {
+      lo = segments_[size_t(s.unit)].begin;
+      hi = segments_[size_t(s.unit)].end;
+      base = grad_shard_ + shard_offset(s.unit) - lo;
+    }
+    for (int64_t i = 0; i < s.n * size_; i++) {  // rank order, then row order: deterministic
+      const int64_t f0 = e.offset + int64_t(rows[size_t(i)]) * s.width;
+      const int64_t a = std::max(f0, lo), b = std::min(f0 + s.width, hi);
+      const float* v = values.data() + i * s.width - f0;
+      for (int64_t f = a; f < b; f++) base[f] += v[f];
+    }
+  }
+  staged_rows_.clear();
 }
 
 void DataParallel::poll() {
@@ -130,8 +174,13 @@ void DataParallel::grads_ready(int u) {
     return;
   }
   if (!last_micro_) return;  // earlier micro-batches only accumulate locally
-  // This rank's own gradient, before it is summed with the others' (for the gradient noise scale).
-  stats_.local_grad_sq += ops::sum_squares(store_.unit_grads(u), unit.size(), ctx_);
+  handed_[size_t(u)] = 1;
+  // This rank's own gradient, before it is summed with the others' (for the gradient noise scale);
+  // a unit whose gradient is completed by rows later is left out, consistently on both sides.
+  if (wants_row_grads(u))
+    stats_.local_grad_sq_first_unit = u + 1;
+  else
+    stats_.local_grad_sq += ops::sum_squares(store_.unit_grads(u), unit.size(), ctx_);
   if (o_.zero == 2) {
     Pending p;
     p.handle = dp_.reduce_scatter_async(store_.unit_grads(u), grad_shard_ + shard_offset(u), size_t(chunk_size(u)),
@@ -140,15 +189,17 @@ void DataParallel::grads_ready(int u) {
     stats_.reductions++;
     return;
   }
-  // Stages 0-1: units become final from the top of the flat buffer down; extend the bucket downwards.
+  // Stages 0-1: units become final from the top of the flat buffer down (the embeddings may come
+  // first, on their own); a bucket is a contiguous range grown downwards.
+  if (bucket_begin_ >= 0 && unit.end != bucket_begin_) flush_bucket();
   if (bucket_begin_ < 0) {
     bucket_begin_ = unit.begin;
     bucket_end_ = unit.end;
   } else {
-    MT_CHECK(unit.end == bucket_begin_, "units became ready out of order (unit %d)", u);
     bucket_begin_ = unit.begin;
   }
-  if (size_t(bucket_end_ - bucket_begin_) * 4 >= o_.bucket_bytes || unit.begin == 0) flush_bucket();
+  const bool below_done = u == 0 || handed_[size_t(u - 1)];
+  if (size_t(bucket_end_ - bucket_begin_) * 4 >= o_.bucket_bytes || below_done) flush_bucket();
 }
 
 void DataParallel::finish_grads() {
@@ -159,15 +210,21 @@ void DataParallel::finish_grads() {
     complete(p);
   }
   pending_.clear();
+  apply_row_grads();
   stats_.grad_wait_s += since(t0);
   if (o_.zero == 1)
     for (size_t u = 0; u < segments_.size(); u++)
       std::memcpy(grad_shard_ + shard_offsets_[u], store_.grads() + segments_[u].begin, size_t(segments_[u].size()) * 4);
 }
 
-double DataParallel::grad_sum_squares() {
-  if (o_.zero == 0) return ops::sum_squares(store_.grads(), store_.total_numel(), ctx_);
-  return all_reduce_sum_double(dp_, ops::sum_squares(grad_shard_, shard_numel_, ctx_));
+double DataParallel::grad_sum_squares(int first_unit) {
+  if (first_unit >= store_.num_units()) return 0;
+  if (o_.zero == 0) {
+    const int64_t b = store_.units()[size_t(first_unit)].begin;
+    return ops::sum_squares(store_.grads() + b, store_.total_numel() - b, ctx_);
+  }
+  const int64_t b = shard_offset(first_unit);
+  return all_reduce_sum_double(dp_, ops::sum_squares(grad_shard_ + b, shard_numel_ - b, ctx_));
 }
 
 bool DataParallel::grads_finite() {

@@ -51,6 +51,7 @@ struct DataParallelStats {
   double gather_wait_s = 0;  // ZeRO-3 parameter gathers
   int reductions = 0;
   double local_grad_sq = 0;  // |g|^2 of this rank's own gradient before reduction (stages 0-2)
+  int local_grad_sq_first_unit = 0;  // local_grad_sq covers units from here on (1 when unit 0 went as rows)
 };
 
 class DataParallel final : public UnitHooks {
@@ -74,12 +75,18 @@ class DataParallel final : public UnitHooks {
   void acquire(int u, bool with_grads) override;
   void release(int u) override;
   void grads_ready(int u) override;
+  // Stages 0-2 with several ranks, during the reducing micro-batch: take the embeddings' sparse
+  // gradient as rows, so their dense part is reduced from the start of backward. The rows of all
+  // ranks are all-gathered after backward (N x C values per rank instead of V x C) and added to the
+  // reduced gradient in rank order.
+  bool wants_row_grads(int u) override;
+  void add_row_grads(int u, const std::vector<RowGrads>& rows) override;
 
   // Waits for every outstanding reduction; afterwards grad_shard() holds this rank's part of the
   // summed gradient.
   void finish_grads();
-  // Sum of squares of the whole reduced gradient (identical on every rank).
-  double grad_sum_squares();
+  // Sum of squares of the reduced gradient of units [first_unit, end) (identical on every rank).
+  double grad_sum_squares(int first_unit = 0);
   // True when no gradient anywhere is inf/NaN (agreed across ranks).
   bool grads_finite();
   void scale_grads(float s);
@@ -104,6 +111,7 @@ class DataParallel final : public UnitHooks {
   int64_t chunk_size(int u) const;    // elements of unit u owned by each rank
   int64_t shard_offset(int u) const;  // where unit u's chunk sits in the shard
   void flush_bucket();
+  void apply_row_grads();
   void poll();
   void start_gather(int u);
   void complete(Pending& p);
@@ -124,6 +132,14 @@ class DataParallel final : public UnitHooks {
   // Stages 0-1: the bucket being filled is [bucket_begin_, bucket_end_) of the flat gradients.
   int64_t bucket_begin_ = -1, bucket_end_ = -1;
   std::deque<Pending> pending_;
+  std::vector<char> handed_;  // per unit: its reduction has been started this step
+  struct StagedRows {
+    int unit = -1, entry = -1;
+    int64_t n = 0, width = 0;
+    std::vector<int32_t> rows;
+    std::vector<float> values;
+  };
+  std::vector<StagedRows> staged_rows_;
   // Stage 3: per-unit gathered parameters and gradient buffers, and gathers in flight.
   std::vector<Buffer> unit_params_, unit_grads_;
   std::vector<CommHandle> gathers_;

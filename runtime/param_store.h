@@ -25,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+
 #include "runtime/arena.h"
 #include "runtime/dtype.h"
 
@@ -118,6 +119,27 @@ class UnitHooks {
   virtual void release(int u) = 0;
   // This micro-batch's gradient contributions to unit u are all accumulated.
   virtual void grads_ready(int u) = 0;
+
+  // Row contributions to a parameter's gradient: grad[rows[i], :] += values[i, :] for i < n (the
+  // backward of an embedding lookup).
+  struct RowGrads {
+    int entry = -1;
+    const int32_t* rows = nullptr;
+    const float* values = nullptr;  // (n, width)
+    int64_t n = 0, width = 0;
+  };
+  // When true, the model reports unit u ready as soon as its dense contributions are in (for a tied
+  // embedding: right after the classifier, at the start of backward) and hands the rest, the
+  // embedding's sparse backward, through add_row_grads. This lets the large embedding gradient be
+  // reduced while backward runs instead of after it.
+  virtual bool wants_row_grads(int u) {
+    (void)u;
+    return false;
+  }
+  virtual void add_row_grads(int u, const std::vector<RowGrads>& rows) {
+    (void)u;
+    (void)rows;
+  }
 };
 
 // Rounds n floats in place to `t` (no-op for f32).

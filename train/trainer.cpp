@@ -123,7 +123,11 @@ StepResult Trainer::step() {
       // This rank's own gradient, rescaled to the mean over its tokens, averaged over ranks.
       const double to_mean = double(valid) / double(valid_local) * inv_scale;
       r.local_grad_sq = parallel::all_reduce_sum_double(dp, dp_->stats().local_grad_sq * to_mean * to_mean) / dp.size();
-      gns_.update(r.local_grad_sq, r.grad_norm * r.grad_norm, double(valid) / dp.size(), double(valid));
+      // Both norms over the same parameters (the embeddings are left out when they went as rows).
+      const int first = dp_->stats().local_grad_sq_first_unit;
+      const double g2_big = first == 0 ? r.grad_norm * r.grad_norm
+                                       : dp_->grad_sum_squares(first) * inv_scale * inv_scale;
+      gns_.update(r.local_grad_sq, g2_big, double(valid) / dp.size(), double(valid));
     }
     double coef = inv_scale;
     if (o_.optim.grad_clip > 0 && r.grad_norm > o_.optim.grad_clip) coef *= o_.optim.grad_clip / r.grad_norm;

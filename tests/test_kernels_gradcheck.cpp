@@ -354,6 +354,10 @@ TEST_F(KernelGradcheck, SoftmaxXentLossesAndGradientsIgnoreRowsAndPadding) {
   softmax_xent<float>(lossesf.data(), dlogitsf.data(), logitsf.data(), targets.data(), float(dloss), N, V, Vp);
   EXPECT_LT(err_f(lossesf, losses2), kFloatTol);
   EXPECT_LT(err_f(dlogitsf, dlogits), kFloatTol);
+  std::vector<float> inplacef = logitsf, lossesf2(sz(N));
+  softmax_xent<float>(lossesf2.data(), inplacef.data(), inplacef.data(), targets.data(), float(dloss), N, V, Vp);
+  EXPECT_EQ(lossesf2, lossesf);
+  EXPECT_EQ(inplacef, dlogitsf);
 }
 
 TEST_F(KernelGradcheck, SoftmaxXentIsStableForLargeLogits) {

@@ -7,10 +7,11 @@
 // makes dS 0 there too.
 //
 // Work split: OpenMP over the B*NH independent (b, h) pairs; each pair runs on one thread and calls
-// gemm() from inside the parallel region, which is then a single-threaded BLAS call (see gemm.cpp for
-// why the BLAS library is kept single-threaded). The per-pair products read Q, K, V and write dQKV in
-// place through the row stride 3C, so nothing is copied. A pair's result does not depend on which
-// thread runs it, so the output is the same for any thread count.
+// gemm() from inside the parallel region, where it runs on the calling thread (no nested pools; see
+// gemm.cpp). With GPT-2's 48 pairs per batch that keeps every core busy without a fork and join per
+// small product, which threading each per-head GEMM would cost. The per-pair products read
+// Q, K, V and write dQKV in place through the row stride 3C, so nothing is copied. A pair's result
+// does not depend on which thread runs it, so the output is the same for any thread count.
 //
 // Causality halves the work: rows are processed in blocks of kRowBlock, and a block of query rows
 // only multiplies the key columns up to its last row (the entries beyond are zero in P and dS).
@@ -37,11 +38,10 @@ void softmax_row(T* row, int i, int T_, const int32_t* doc) {
     for (int j = 0; j < n; j++) row[j] = doc[j] == di ? row[j] : T(-INFINITY);
   }
   const T m = max_lanes(row, n);  // finite: j = i is always allowed
+  exp_shifted(row, row, m, n);
   if (doc) {
     const int32_t di = doc[i];
-    for (int j = 0; j < n; j++) row[j] = doc[j] == di ? exp_fast(row[j] - m) : T(0);
-  } else {
-    for (int j = 0; j < n; j++) row[j] = exp_fast(row[j] - m);
+    for (int j = 0; j < n; j++) row[j] = doc[j] == di ? row[j] : T(0);
   }
   const T inv = T(1) / sum_lanes(row, n);
   for (int j = 0; j < n; j++) row[j] *= inv;
@@ -110,8 +110,7 @@ void attention_bwd(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* at
     for (int i0 = 0; i0 < T_; i0 += kRowBlock) {
       const int i1 = std::min(T_, i0 + kRowBlock);
       // dQ rows i0..i1 need dS columns 0..i1.
-      gemm<T>(false, false, i1 - i0, hs, i1, scale, dS + int64_t(i0) * T_, T_, k, ld, T(0), dq + int64_t(i0) * ld,
-              ld);
+      gemm<T>(false, false, i1 - i0, hs, i1, scale, dS + int64_t(i0) * T_, T_, k, ld, T(0), dq + int64_t(i0) * ld, ld);
       // dK and dV rows j0..j1 (= i0..i1) need query rows j0..T: the transposed column strip of dS / P.
       const int64_t strip = int64_t(i0) * T_ + i0;
       gemm<T>(true, false, i1 - i0, hs, T_ - i0, scale, dS + strip, T_, q + int64_t(i0) * ld, ld, T(0),
@@ -126,7 +125,7 @@ template void attention_fwd<float>(float*, float*, const float*, const int32_t*,
 template void attention_fwd<double>(double*, double*, const double*, const int32_t*, int, int, int, int);
 template void attention_bwd<float>(float*, float*, const float*, const float*, const float*, const int32_t*, int, int,
                                    int, int);
-template void attention_bwd<double>(double*, double*, const double*, const double*, const double*, const int32_t*,
-                                    int, int, int, int);
+template void attention_bwd<double>(double*, double*, const double*, const double*, const double*, const int32_t*, int,
+                                    int, int, int);
 
 }  // namespace mt::cpu

@@ -17,8 +17,7 @@ constexpr int kChannelBlock = 64;
 }  // namespace
 
 template <class T>
-void encoder_fwd(T* out, const int32_t* tokens, const int32_t* pos, const T* wte, const T* wpe, int B, int T_,
-                 int C) {
+void encoder_fwd(T* out, const int32_t* tokens, const int32_t* pos, const T* wte, const T* wpe, int B, int T_, int C) {
   const int64_t N = int64_t(B) * T_;
 #pragma omp parallel for schedule(static) if (parallel_worth(N * C))
   for (int64_t n = 0; n < N; n++) {
@@ -51,8 +50,7 @@ void encoder_bwd(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, const i
 }
 
 template void encoder_fwd<float>(float*, const int32_t*, const int32_t*, const float*, const float*, int, int, int);
-template void encoder_fwd<double>(double*, const int32_t*, const int32_t*, const double*, const double*, int, int,
-                                  int);
+template void encoder_fwd<double>(double*, const int32_t*, const int32_t*, const double*, const double*, int, int, int);
 template void encoder_bwd<float>(float*, float*, const float*, const int32_t*, const int32_t*, int, int, int);
 template void encoder_bwd<double>(double*, double*, const double*, const int32_t*, const int32_t*, int, int, int);
 

@@ -1,19 +1,25 @@
-// GEMM for the CPU backend: OpenBLAS when available, else a built-in packed, cache-blocked kernel.
+// GEMM for the CPU backend: a built-in packed, cache-blocked driver with SIMD micro-kernels
+// (gemm_kernels.h), and OpenBLAS as the fallback where no SIMD micro-kernel applies (use_blas below).
 //
-// Threading. OpenBLAS (pthreads build) keeps its own thread pool next to OpenMP's. On a machine with
-// few cores the two pools fight: each spins while the other works, and OpenBLAS called from inside an
-// OpenMP region either serialises on its pool or oversubscribes the cores. We therefore run OpenBLAS
-// single-threaded (set once, the first time a GEMM is called) and do all the parallelism with OpenMP:
-// a large GEMM is cut into one panel of C per thread (rows if M >= N, else columns), each panel a
-// single-threaded BLAS call; a GEMM issued from inside a parallel region (per attention head) is just
-// a single-threaded call. One pool, no nesting, and the split is fixed by the thread count, so results
-// are deterministic for a fixed number of threads.
+// Threading is OpenMP only. The built-in driver splits the row blocks of C among the threads, which
+// share the packed panels of B. OpenBLAS (pthreads build) keeps its own thread pool next to OpenMP's;
+// on a machine with few cores the two pools fight (each spins while the other works, and OpenBLAS
+// called inside an OpenMP region serialises on its pool or oversubscribes the cores). So when BLAS is
+// used it runs single-threaded (set once, at the first BLAS GEMM) and OpenMP cuts a large GEMM into
+// one panel of C per thread; a GEMM issued inside a parallel region (per attention head) runs on the
+// calling thread either way. One pool, no nesting, results deterministic for a fixed thread count.
 #include "kernels/cpu/gemm.h"
 
 #include <omp.h>
 
 #include <algorithm>
-#include <vector>
+#include <cstdlib>
+#include <memory>
+#include <string_view>
+#include <type_traits>
+
+#include "kernels/cpu/gemm_kernels.h"
+#include "runtime/check.h"
 
 #ifdef MT_HAVE_BLAS
 #include <cblas.h>
@@ -23,77 +29,89 @@ namespace mt::cpu {
 
 namespace {
 
-// Register and cache blocking of the built-in kernel. An MR x NR block of C stays in registers while
-// k runs over a KC-long slice; a packed MC x KC block of op(A) and KC x NC block of op(B) stay in L2.
-template <class T>
-struct Blocking;
-template <>
-struct Blocking<float> {
-  static constexpr int MR = 4, NR = 8, MC = 64, NC = 256, KC = 256;
-};
-template <>
-struct Blocking<double> {
-  static constexpr int MR = 4, NR = 4, MC = 64, NC = 128, KC = 256;
-};
+// Cache blocking of the built-in GEMM (Goto & van de Geijn 2008, the BLIS loop order): for each
+// NC-wide column block of C and each KC-deep slice of k, op(B)[k slice, column block] is packed once
+// into NR-wide panels shared by all threads; each thread then takes MC-row blocks of C, packs its
+// op(A)[rows, k slice] into MR-row panels and sweeps the micro-kernel over them. A kc x NR panel of B
+// (32 KiB for AVX-512 floats) stays in L1 while the MC x KC block of A streams from L2.
+constexpr int KC = 256;
+constexpr int NC = 4096;
+constexpr int kRowsPerBlock = 192;  // MC is the multiple of MR nearest below this
+constexpr int kDirectPanels = 4;    // up to this many NR-wide column panels, A is not packed
 
-// Packs op(A)[i0:i0+mc, k0:k0+kc] as consecutive MR-row panels, k-major inside a panel, zero-padded
-// to a multiple of MR rows so the micro-kernel never needs an edge case.
 template <class T>
-void pack_a(T* dst, bool trans, const T* A, int lda, int i0, int mc, int k0, int kc) {
-  constexpr int MR = Blocking<T>::MR;
+const MicroKernel<T>& micro_kernel();
+template <>
+const MicroKernel<float>& micro_kernel<float>() {
+  return float_micro_kernel();
+}
+template <>
+const MicroKernel<double>& micro_kernel<double>() {
+  return double_micro_kernel();
+}
+
+template <class T>
+struct AlignedFree {
+  void operator()(T* p) const { std::free(p); }
+};
+template <class T>
+std::unique_ptr<T[], AlignedFree<T>> aligned_buffer(size_t n) {
+  const size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+  T* p = static_cast<T*>(std::aligned_alloc(64, bytes));
+  MT_CHECK(p != nullptr, "out of memory for a %zu-byte GEMM packing buffer", bytes);
+  return std::unique_ptr<T[], AlignedFree<T>>(p);
+}
+
+// op(A)[i0:i0+mc, k0:k0+kc] as MR-row panels (column k of a panel = MR consecutive values),
+// zero-padded to whole panels. Loops run along A's contiguous dimension.
+template <class T>
+void pack_a(T* dst, bool trans, const T* A, int lda, int i0, int mc, int k0, int kc, int MR) {
   for (int ir = 0; ir < mc; ir += MR) {
     T* p = dst + size_t(ir) * size_t(kc);
-    int mr = std::min(MR, mc - ir);
-    for (int k = 0; k < kc; k++) {
-      for (int r = 0; r < MR; r++) {
-        T v = T(0);
-        if (r < mr) {
-          int i = i0 + ir + r, kk = k0 + k;
-          v = trans ? A[size_t(kk) * size_t(lda) + size_t(i)] : A[size_t(i) * size_t(lda) + size_t(kk)];
-        }
-        p[k * MR + r] = v;
+    const int mr = std::min(MR, mc - ir);
+    if (trans) {
+      for (int k = 0; k < kc; k++) {
+        const T* src = A + size_t(k0 + k) * size_t(lda) + size_t(i0 + ir);
+        for (int r = 0; r < mr; r++) p[k * MR + r] = src[r];
+        for (int r = mr; r < MR; r++) p[k * MR + r] = T(0);
       }
+    } else {
+      // Blocks of 8 k, as in pack_b: contiguous reads, a small L1-resident block of writes.
+      int k = 0;
+      for (; k + 8 <= kc; k += 8)
+        for (int r = 0; r < MR; r++) {
+          const T* src = A + size_t(i0 + ir + std::min(r, mr - 1)) * size_t(lda) + size_t(k0 + k);
+          const bool real = r < mr;
+          for (int kk = 0; kk < 8; kk++) p[(k + kk) * MR + r] = real ? src[kk] : T(0);
+        }
+      for (; k < kc; k++)
+        for (int r = 0; r < MR; r++)
+          p[k * MR + r] = r < mr ? A[size_t(i0 + ir + r) * size_t(lda) + size_t(k0 + k)] : T(0);
     }
   }
 }
 
-// Packs op(B)[k0:k0+kc, j0:j0+nc] as consecutive NR-column panels, k-major, zero-padded.
+// One NR-wide panel of op(B)[k0:k0+kc, j0:j0+nr] (row k of the panel = NR consecutive values),
+// zero-padded to NR columns.
 template <class T>
-void pack_b(T* dst, bool trans, const T* B, int ldb, int k0, int kc, int j0, int nc) {
-  constexpr int NR = Blocking<T>::NR;
-  for (int jr = 0; jr < nc; jr += NR) {
-    T* p = dst + size_t(jr) * size_t(kc);
-    int nr = std::min(NR, nc - jr);
-    for (int k = 0; k < kc; k++) {
-      int kk = k0 + k;
-      for (int c = 0; c < NR; c++) {
-        T v = T(0);
-        if (c < nr) {
-          int j = j0 + jr + c;
-          v = trans ? B[size_t(j) * size_t(ldb) + size_t(kk)] : B[size_t(kk) * size_t(ldb) + size_t(j)];
-        }
-        p[k * NR + c] = v;
+void pack_b(T* dst, bool trans, const T* B, int ldb, int k0, int kc, int j0, int nr, int NR) {
+  if (trans) {
+    // Blocks of 8 k: each source row contributes 8 contiguous values, each destination row of the
+    // block stays in L1 while the NR source rows are visited.
+    int k = 0;
+    for (; k + 8 <= kc; k += 8)
+      for (int j = 0; j < NR; j++) {
+        const T* src = B + size_t(j0 + std::min(j, nr - 1)) * size_t(ldb) + size_t(k0 + k);
+        const bool real = j < nr;
+        for (int kk = 0; kk < 8; kk++) dst[(k + kk) * NR + j] = real ? src[kk] : T(0);
       }
-    }
-  }
-}
-
-// C[0:mr, 0:nr] = (first ? beta C : C) + alpha * (ap @ bp), the sum over k in a fixed order.
-template <class T>
-void micro_kernel(const T* ap, const T* bp, int kc, T* C, int ldc, int mr, int nr, T alpha, T beta, bool first) {
-  constexpr int MR = Blocking<T>::MR, NR = Blocking<T>::NR;
-  T acc[MR][NR] = {};
-  for (int k = 0; k < kc; k++) {
-    const T* a = ap + k * MR;
-    const T* b = bp + k * NR;
-    for (int r = 0; r < MR; r++)
-      for (int c = 0; c < NR; c++) acc[r][c] += a[r] * b[c];
-  }
-  for (int r = 0; r < mr; r++) {
-    T* crow = C + size_t(r) * size_t(ldc);
-    for (int c = 0; c < nr; c++) {
-      T base = first ? (beta == T(0) ? T(0) : beta * crow[c]) : crow[c];
-      crow[c] = base + alpha * acc[r][c];
+    for (; k < kc; k++)
+      for (int j = 0; j < NR; j++) dst[k * NR + j] = j < nr ? B[size_t(j0 + j) * size_t(ldb) + size_t(k0 + k)] : T(0);
+  } else {
+    for (int k = 0; k < kc; k++) {
+      const T* src = B + size_t(k0 + k) * size_t(ldb) + size_t(j0);
+      for (int j = 0; j < nr; j++) dst[k * NR + j] = src[j];
+      for (int j = nr; j < NR; j++) dst[k * NR + j] = T(0);
     }
   }
 }
@@ -109,13 +127,13 @@ void blas_single_threaded() {
 
 void blas_call(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
                float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
-              B, ldb, beta, C, ldc);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
+              ldb, beta, C, ldc);
 }
-void blas_call(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda, const double* B,
-               int ldb, double beta, double* C, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda,
-              B, ldb, beta, C, ldc);
+void blas_call(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda, const double* B, int ldb,
+               double beta, double* C, int ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
+              ldb, beta, C, ldc);
 }
 #endif
 
@@ -124,7 +142,12 @@ void blas_call(bool ta, bool tb, int M, int N, int K, double alpha, const double
 template <class T>
 void gemm_builtin(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb,
                   T beta, T* C, int ldc) {
-  using Bl = Blocking<T>;
+  gemm_packed(micro_kernel<T>(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+template <class T>
+void gemm_packed(const MicroKernel<T>& uk, bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A,
+                 int lda, const T* B, int ldb, T beta, T* C, int ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {  // op(A) @ op(B) is empty: C = beta C
     for (int i = 0; i < M; i++)
@@ -134,39 +157,100 @@ void gemm_builtin(bool trans_a, bool trans_b, int M, int N, int K, T alpha, cons
       }
     return;
   }
-  const int tiles_m = (M + Bl::MC - 1) / Bl::MC, tiles_n = (N + Bl::NC - 1) / Bl::NC;
-  // Each output tile is owned by one thread and sums k in the same order whoever runs it, so the
-  // result does not depend on the number of threads.
-#pragma omp parallel if (!omp_in_parallel() && tiles_m * tiles_n > 1 && 2.0 * M * N * K >= 4e6)
+  const int MR = uk.mr, NR = uk.nr;
+  const int MC = std::max(1, kRowsPerBlock / MR) * MR;
+  // Column blocks of equal width (a multiple of NR) no wider than NC: A is packed once per block.
+  const int col_blocks = (N + NC - 1) / NC;
+  const int nc_max = ((N + col_blocks - 1) / col_blocks + NR - 1) / NR * NR, kc_max = std::min(KC, K);
+  auto bpack = aligned_buffer<T>(size_t(nc_max) * size_t(kc_max));
+  // With only a few column panels each element of A is used by few micro-kernel calls, and packing
+  // A would cost as much as the product (e.g. attention's P @ V with 64 columns): the micro-kernel
+  // then reads op(A) in place.
+  const bool direct_a = (N + NR - 1) / NR <= kDirectPanels;
+  // Every element of C sums its k slices in order inside one micro-kernel call per slice, whichever
+  // thread runs it, so the result is independent of the number of threads.
+  const bool parallel = !omp_in_parallel() && 2.0 * M * N * K >= 4e6;
+#pragma omp parallel if (parallel)
   {
-    std::vector<T> ap(size_t(Bl::MC) * Bl::KC), bp(size_t(Bl::NC) * Bl::KC);
-#pragma omp for collapse(2) schedule(static)
-    for (int tm = 0; tm < tiles_m; tm++) {
-      for (int tn = 0; tn < tiles_n; tn++) {
-        int i0 = tm * Bl::MC, j0 = tn * Bl::NC;
-        int mc = std::min(Bl::MC, M - i0), nc = std::min(Bl::NC, N - j0);
-        for (int k0 = 0; k0 < K; k0 += Bl::KC) {
-          int kc = std::min(Bl::KC, K - k0);
-          pack_a(ap.data(), trans_a, A, lda, i0, mc, k0, kc);
-          pack_b(bp.data(), trans_b, B, ldb, k0, kc, j0, nc);
-          for (int jr = 0; jr < nc; jr += Bl::NR) {
-            for (int ir = 0; ir < mc; ir += Bl::MR) {
-              T* c = C + size_t(i0 + ir) * size_t(ldc) + size_t(j0 + jr);
-              micro_kernel(ap.data() + size_t(ir) * size_t(kc), bp.data() + size_t(jr) * size_t(kc), kc, c, ldc,
-                           std::min(Bl::MR, mc - ir), std::min(Bl::NR, nc - jr), alpha, beta, k0 == 0);
+    auto apack = aligned_buffer<T>(size_t(std::min(MC, (M + MR - 1) / MR * MR)) * size_t(kc_max));
+    auto edge = aligned_buffer<T>(size_t(MR) * size_t(NR));
+    for (int jc = 0; jc < N; jc += nc_max) {
+      const int nc = std::min(nc_max, N - jc), panels = (nc + NR - 1) / NR;
+      for (int pc = 0; pc < K; pc += KC) {
+        const int kc = std::min(KC, K - pc);
+        const bool first = pc == 0;
+#pragma omp for schedule(static)
+        for (int jp = 0; jp < panels; jp++)
+          pack_b(bpack.get() + size_t(jp) * NR * kc, trans_b, B, ldb, pc, kc, jc + jp * NR, std::min(NR, nc - jp * NR),
+                 NR);
+        // Each thread takes an equal share of the MR-row panels of C (as blocks of up to MC rows):
+        // a split by whole MC blocks would leave one thread idle for up to a block.
+        const int panels_m = (M + MR - 1) / MR, tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        const int row_end = std::min(M, int(int64_t(panels_m) * (tid + 1) / nth) * MR);
+        for (int ic = int(int64_t(panels_m) * tid / nth) * MR; ic < row_end; ic += MC) {
+          const int mc = std::min(MC, row_end - ic), full = mc / MR * MR;
+          if (!direct_a)
+            pack_a(apack.get(), trans_a, A, lda, ic, mc, pc, kc, MR);
+          else if (full < mc)  // only the ragged last panel needs zero padding
+            pack_a(apack.get() + size_t(full) * kc, trans_a, A, lda, ic + full, mc - full, pc, kc, MR);
+          for (int jp = 0; jp < panels; jp++) {
+            const int nr = std::min(NR, nc - jp * NR);
+            const T* bp = bpack.get() + size_t(jp) * NR * kc;
+            for (int ir = 0; ir < mc; ir += MR) {
+              const int mr = std::min(MR, mc - ir);
+              const T* ap = apack.get() + size_t(ir) * kc;
+              int64_t rs = 1, ks = MR;
+              if (direct_a && ir < full) {
+                const int64_t i = ic + ir;
+                ap = trans_a ? A + int64_t(pc) * lda + i : A + i * lda + pc;
+                rs = trans_a ? 1 : lda;
+                ks = trans_a ? lda : 1;
+              }
+              T* c = C + size_t(ic + ir) * size_t(ldc) + size_t(jc + jp * NR);
+              if (mr == MR && nr == NR) {
+                uk.run(kc, ap, rs, ks, bp, c, ldc, alpha, beta, first);
+                continue;
+              }
+              // Ragged edge: full block into scratch, then the same update on the valid part.
+              uk.run(kc, ap, rs, ks, bp, edge.get(), NR, T(1), T(0), true);
+              for (int r = 0; r < mr; r++) {
+                T* cr = c + size_t(r) * size_t(ldc);
+                for (int j = 0; j < nr; j++) {
+                  const T base = first ? (beta == T(0) ? T(0) : beta * cr[j]) : cr[j];
+                  cr[j] = base + alpha * edge[size_t(r) * NR + size_t(j)];
+                }
+              }
             }
           }
         }
+#pragma omp barrier  // everyone is done with this B block before it is repacked
       }
     }
   }
 }
 
+namespace {
+
+// gemm()'s choice of path, fixed per process and type. The built-in kernel is used whenever it has a
+// SIMD micro-kernel for this CPU. Measured on the 2-core development machine (Xeon with AVX-512),
+// one thread, N=1024 IC=768 OC=2304: built-in ~135 GF/s; Debian's OpenBLAS 0.3.21 ~30 GF/s, because
+// it does not recognise that CPU model and falls back to its SSE3 kernels (forced to its SkylakeX
+// kernels it reaches ~150 GF/s). The built-in path is also independent of the thread count. BLAS
+// remains the path on CPUs without a SIMD micro-kernel, and for double (used by the tests).
 template <class T>
-void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb, T beta,
-          T* C, int ldc) {
+bool use_blas() {
 #ifdef MT_HAVE_BLAS
-  if (M <= 0 || N <= 0) return;
+  if constexpr (std::is_same_v<T, float>) return std::string_view(float_micro_kernel().name) == "portable";
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifdef MT_HAVE_BLAS
+template <class T>
+void gemm_blas(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb,
+               T beta, T* C, int ldc) {
   blas_single_threaded();
   const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
   // Below ~4 MFLOP a second thread costs more to wake than it saves.
@@ -190,9 +274,23 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, 
       blas_call(trans_a, trans_b, M, n, K, alpha, A, lda, b, ldb, beta, C + s, ldc);
     }
   }
-#else
-  gemm_builtin(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
 #endif
+
+}  // namespace
+
+template <class T>
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb, T beta,
+          T* C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+#ifdef MT_HAVE_BLAS
+  static const bool blas = use_blas<T>();
+  if (blas) {
+    gemm_blas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+#endif
+  gemm_builtin(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 bool have_blas() {
@@ -203,12 +301,21 @@ bool have_blas() {
 #endif
 }
 
+const char* gemm_backend(bool for_double) {
+  if (for_double ? use_blas<double>() : use_blas<float>()) return "OpenBLAS";
+  return for_double ? double_micro_kernel().name : float_micro_kernel().name;
+}
+
 template void gemm<float>(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int);
 template void gemm<double>(bool, bool, int, int, int, double, const double*, int, const double*, int, double, double*,
                            int);
-template void gemm_builtin<float>(bool, bool, int, int, int, float, const float*, int, const float*, int, float,
-                                  float*, int);
+template void gemm_builtin<float>(bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*,
+                                  int);
 template void gemm_builtin<double>(bool, bool, int, int, int, double, const double*, int, const double*, int, double,
                                    double*, int);
+template void gemm_packed<float>(const MicroKernel<float>&, bool, bool, int, int, int, float, const float*, int,
+                                 const float*, int, float, float*, int);
+template void gemm_packed<double>(const MicroKernel<double>&, bool, bool, int, int, int, double, const double*, int,
+                                  const double*, int, double, double*, int);
 
 }  // namespace mt::cpu

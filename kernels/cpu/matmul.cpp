@@ -48,7 +48,6 @@ void matmul_bwd(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, cons
 template void matmul_fwd<float>(float*, const float*, const float*, const float*, int, int, int);
 template void matmul_fwd<double>(double*, const double*, const double*, const double*, int, int, int);
 template void matmul_bwd<float>(float*, float*, float*, const float*, const float*, const float*, int, int, int);
-template void matmul_bwd<double>(double*, double*, double*, const double*, const double*, const double*, int, int,
-                                 int);
+template void matmul_bwd<double>(double*, double*, double*, const double*, const double*, const double*, int, int, int);
 
 }  // namespace mt::cpu

@@ -5,9 +5,11 @@
 //
 // Per row: the max, then exp(x_j - m) written straight into dlogits (so each exp is computed once),
 // then the sum and the scaling. x_t is read before the row is overwritten, which is what allows
-// dlogits to alias logits.
+// dlogits to alias logits. The loss-only path sums the same stored exps in the same order, so both
+// paths give identical losses.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/vec_math.h"
@@ -20,37 +22,32 @@ void softmax_xent(T* losses, T* dlogits, const T* logits, const int32_t* targets
   MT_CHECK(V > 0 && V <= Vp, "softmax_xent: need 0 < V <= Vp, got V = %d, Vp = %d", V, Vp);
   for (int i = 0; i < N; i++)
     MT_CHECK(targets[i] < V, "softmax_xent: target %d of row %d is outside the vocabulary (V = %d)", targets[i], i, V);
-#pragma omp parallel for schedule(static) if (parallel_worth(int64_t(N) * V))
-  for (int i = 0; i < N; i++) {
-    const T* x = logits + int64_t(i) * Vp;
-    const int t = targets[i];
-    if (t < 0) {
-      losses[i] = T(0);
-      if (dlogits) std::fill(dlogits + int64_t(i) * Vp, dlogits + int64_t(i + 1) * Vp, T(0));
-      continue;
+#pragma omp parallel if (parallel_worth(int64_t(N) * V))
+  {
+    std::vector<T> scratch(dlogits ? 0 : size_t(V));
+#pragma omp for schedule(static)
+    for (int i = 0; i < N; i++) {
+      const T* x = logits + int64_t(i) * Vp;
+      const int t = targets[i];
+      if (t < 0) {
+        losses[i] = T(0);
+        if (dlogits) std::fill(dlogits + int64_t(i) * Vp, dlogits + int64_t(i + 1) * Vp, T(0));
+        continue;
+      }
+      const T m = max_lanes(x, V);
+      const T xt = x[t];
+      // The exps go to the gradient row, or (loss only) to this thread's scratch row.
+      T* g = dlogits ? dlogits + int64_t(i) * Vp : scratch.data();
+      exp_shifted(g, x, m, V);
+      const T z = sum_lanes(g, V);
+      losses[i] = std::log(z) - (xt - m);
+      if (dlogits) {
+        const T s = dloss / z;
+        for (int j = 0; j < V; j++) g[j] *= s;
+        g[t] -= dloss;
+        std::fill(g + V, g + Vp, T(0));
+      }
     }
-    const T m = max_lanes(x, V);
-    const T xt = x[t];
-    T z;
-    if (dlogits) {
-      T* g = dlogits + int64_t(i) * Vp;
-      for (int j = 0; j < V; j++) g[j] = exp_fast(x[j] - m);
-      z = sum_lanes(g, V);
-      const T s = dloss / z;
-      for (int j = 0; j < V; j++) g[j] *= s;
-      g[t] -= dloss;
-      std::fill(g + V, g + Vp, T(0));
-    } else {
-      // Loss only (evaluation): accumulate the exps in lanes without storing them.
-      T acc[kLanes] = {};
-      int j = 0;
-      for (; j + kLanes <= V; j += kLanes)
-        for (int l = 0; l < kLanes; l++) acc[l] += exp_fast(x[j + l] - m);
-      for (int l = 0; j < V; j++, l++) acc[l] += exp_fast(x[j] - m);
-      z = T(0);
-      for (int l = 0; l < kLanes; l++) z += acc[l];
-    }
-    losses[i] = std::log(z) - (xt - m);
   }
 }
 

@@ -1,12 +1,15 @@
-// Small inline helpers shared by the CPU kernels (internal to kernels/cpu).
+// Small helpers shared by the CPU kernels (internal to kernels/cpu).
 //
 // The build does not allow the compiler to reassociate floating-point sums (no -ffast-math), so a
 // plain `s += x[i]` loop runs one element at a time. The reductions below keep kLanes independent
 // partial sums that the compiler maps onto SIMD registers, then combine them in a fixed order: fast,
 // and still bitwise deterministic.
 //
-// exp_fast is a branch-free exp that vectorises (glibc's expf is called one element at a time); the
-// double version is std::exp, since double is what the finite-difference tests use.
+// exp_shifted computes exp over an array with explicit SIMD (glibc's expf runs one element at a
+// time). It is explicit rather than left to the auto-vectoriser on purpose: with a clamp written as
+// a comparison, GCC if-converts by evaluating every branch for every lane, and the dead branch fed
+// with the clamp constant produces subnormal numbers, whose x86 microcode assists made GELU 5x
+// slower. min/max instructions clamp without a branch.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -62,12 +65,14 @@ inline T max_lanes(const T* x, int n) {
 // exp(x) for float: x = n ln2 + r with |r| <= ln2/2 (Cody & Waite's two-constant reduction, exact
 // for |n| <= 128), exp(r) by its degree-7 Taylor polynomial (truncation error < 6e-9 relative), and
 // 2^n built in the exponent bits. Inputs are clamped to [-87, 88], so the result is never inf or
-// subnormal: exp of anything below -87 reads as ~1.6e-38, which every caller treats as zero.
+// subnormal: exp of anything below -87 reads as ~1.6e-38, which every caller treats as zero. NaN
+// stays NaN. exp_shifted's SIMD body performs exactly these operations, so both agree bitwise.
 inline float exp_fast(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  // round(x / ln2) by the 1.5 * 2^23 trick: exact round-to-nearest, vectorises without SSE4.1 rint.
+  x = std::max(x, -87.0f);  // (x < -87) ? -87 : x, which keeps NaN, like max_ps(-87, x)
+  x = std::min(x, 88.0f);
+  // round(x / ln2) by the 1.5 * 2^23 trick: exact round-to-nearest without SSE4.1 rint.
   const float shifter = 12582912.0f;
-  float n = (x * 1.44269504088896341f + shifter) - shifter;
+  const float n = (x * 1.44269504088896341f + shifter) - shifter;
   float r = x - n * 0.693359375f;  // ln2 split: 0.693359375 has 9 significant bits
   r = r - n * -2.12194440e-4f;
   float p = 1.0f / 5040.0f;
@@ -78,11 +83,15 @@ inline float exp_fast(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  int32_t bits = (int32_t(n) + 127) << 23;
+  const int32_t bits = (int32_t(n) + 127) << 23;
   float two_n;
   std::memcpy(&two_n, &bits, sizeof two_n);
   return p * two_n;
 }
 inline double exp_fast(double x) { return std::exp(x); }
+
+// out[i] = exp(in[i] - shift) for i < n; out may alias in.
+void exp_shifted(float* out, const float* in, float shift, int n);
+void exp_shifted(double* out, const double* in, double shift, int n);
 
 }  // namespace mt::cpu

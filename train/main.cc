@@ -93,7 +93,13 @@ int main(int argc, char** argv) {
       // Under mpirun every rank runs this; an error on any rank ends the whole job (run_main).
       mt::parallel::World world(&argc, &argv);
       return mt::parallel::run_main(world, [&](mt::parallel::World& w) {
-        mt::train::Trainer t(mt::train::parse_train_options(args), &w.comm());
+        mt::train::TrainOptions o;
+        try {
+          o = mt::train::parse_train_options(args);
+        } catch (const mt::Error& e) {  // every rank parsed the same arguments: say it once
+          throw mt::parallel::CollectiveError(e.what());
+        }
+        mt::train::Trainer t(o, &w.comm());
         t.run();
         return 0;
       });

@@ -86,6 +86,7 @@ const std::map<std::string, Setter>& setters() {
       {"parallel.sdc_flip_step", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_flip_step = to_int(k, v); }},
       {"parallel.sdc_flip_rank", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_flip_rank = to_int(k, v); }},
       {"batch_size", [](TrainOptions& o, auto& k, auto& v) { o.batch_size = to_int(k, v); }},
+      {"global_batch", [](TrainOptions& o, auto& k, auto& v) { o.global_batch = to_int(k, v); }},
       {"seq_len", [](TrainOptions& o, auto& k, auto& v) { o.seq_len = to_int(k, v); }},
       {"grad_accum", [](TrainOptions& o, auto& k, auto& v) { o.grad_accum = to_int(k, v); }},
       {"steps", [](TrainOptions& o, auto& k, auto& v) { o.steps = to_int(k, v); }},
@@ -189,6 +190,7 @@ TrainOptions parse_train_options(const std::vector<std::string>& args) {
 void TrainOptions::validate() const {
   model.validate();
   if (batch_size <= 0) fail("batch_size must be positive (got %d)", batch_size);
+  if (global_batch < 0) fail("global_batch must not be negative (got %d)", global_batch);
   if (seq_len <= 0) fail("seq_len must be positive (got %d)", seq_len);
   if (seq_len > model.block_size)
     fail("seq_len %d is longer than the model's context (model.block_size = %d)", seq_len, model.block_size);
@@ -227,7 +229,7 @@ nlohmann::json TrainOptions::to_json() const {
                     {"zero", parallel.zero}, {"bucket_mb", parallel.bucket_mb}, {"sdc_every", parallel.sdc_every},
                     {"sdc_flip_step", parallel.sdc_flip_step}, {"sdc_flip_rank", parallel.sdc_flip_rank}}},
       {"loss_scale", {{"init", loss_scale.init_scale}, {"growth_interval", loss_scale.growth_interval}}},
-      {"batch_size", batch_size}, {"seq_len", seq_len}, {"grad_accum", grad_accum}, {"steps", steps},
+      {"batch_size", batch_size}, {"global_batch", global_batch}, {"seq_len", seq_len}, {"grad_accum", grad_accum}, {"steps", steps},
       {"seed", seed}, {"precision", precision == DType::f32 ? "fp32" : precision == DType::bf16 ? "bf16" : "fp16"},
       {"recompute", model::recompute_name(recompute)}, {"device", device_name(device)}, {"out_dir", out_dir},
       {"init_from", init_from}, {"resume", resume}, {"save_every", save_every}, {"eval_every", eval_every},

@@ -61,6 +61,7 @@ struct TrainOptions {
   OptimOptions optim;
   LossScaleOptions loss_scale;
   int batch_size = 4;   // B: rows per micro-batch (per data-parallel rank)
+  int global_batch = 0; // if > 0: rows per optimizer step over all ranks; sets B = global / (dp x accum)
   int seq_len = 64;     // T
   int grad_accum = 1;   // micro-batches per optimizer step
   int steps = 50;

@@ -42,6 +42,14 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world)
   parallel::MeshLayout layout{o_.parallel.dp, o_.parallel.pp, o_.parallel.cp, o_.parallel.tp};
   mesh_ = std::make_unique<parallel::Mesh>(parallel::resolve_layout(layout, world_.size()), world_);
   parallel::Comm& dp = mesh_->dp_comm();
+  if (o_.global_batch > 0) {
+    const int per_step = dp.size() * o_.grad_accum;
+    if (o_.global_batch % per_step != 0)
+      throw parallel::CollectiveError(
+          strfmt("global_batch %d is not divisible by dp %d x grad_accum %d (dp larger than the batch allows?)",
+                 o_.global_batch, dp.size(), o_.grad_accum));
+    o_.batch_size = o_.global_batch / per_step;
+  }
   ctx_.device = o_.device;
   train_data_ = open_batches(o_, "train", dp.rank(), dp.size());
   if (train_data_->vocab_size() > o_.model.vocab_size)

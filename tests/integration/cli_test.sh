@@ -77,5 +77,28 @@ bad "weights of another model shape" "shape" train "${common[@]}" model.n_embd=6
     init_from="$work/a/model.safetensors" out_dir="$work/never"
 bad "existing run directory" "already holds a run" train "${common[@]}" steps=1 out_dir="$work/a"
 
+# Bad layouts under mpirun: one error line (from rank 0), non-zero exit, no hang.
+if command -v mpirun >/dev/null; then
+  mpi=(mpirun --oversubscribe --mca btl self,vader --mca pml ob1)
+  bad_mpi() {
+    local what=$1 needle=$2
+    shift 2
+    local err rc
+    err=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 60 "${mpi[@]}" "$@" 2>&1 >/dev/null)
+    rc=$?
+    local lines
+    lines=$(printf '%s\n' "$err" | grep -c 'minitrain: error:')
+    if [[ $rc -ne 0 && $rc -ne 124 && $lines -eq 1 && "$err" == *"$needle"* && ! -e "$work/never" ]]; then
+      pass "bad layout: $what"
+    else
+      fail "bad layout: $what (rc=$rc, stderr: $err)"
+    fi
+  }
+  bad_mpi "product is not the world size" "world has 3 ranks" -np 3 "$mt" train "${common[@]}" --dp 2 out_dir="$work/never"
+  bad_mpi "unsupported dimension" "--tp" -np 2 "$mt" train "${common[@]}" --tp 2 out_dir="$work/never"
+  bad_mpi "dp larger than the batch allows" "global_batch" -np 3 "$mt" train "${common[@]}" global_batch=2 out_dir="$work/never"
+  bad_mpi "bucket size" "bucket_mb" -np 2 "$mt" train "${common[@]}" bucket_mb=0 out_dir="$work/never"
+fi
+
 echo "cli_test: $fails failure(s)"
 [[ $fails -eq 0 ]]

@@ -68,6 +68,9 @@ class GPT {
   // brackets every use of a unit with hooks->acquire/release and reports hooks->grads_ready(u) once
   // backward is done with it (order: L+1, L, ..., 1, 0). nullptr: no hooks (everything resident).
   void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+  // Called with "forward" when a training forward starts and "backward" when its backward starts
+  // (fault injection for recovery tests).
+  void set_phase_hook(std::function<void(const char*)> hook) { phase_hook_ = std::move(hook); }
   static int layer_unit(int l) { return 1 + l; }
   int final_unit() const { return cfg_.n_layer + 1; }
 
@@ -104,6 +107,7 @@ class GPT {
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   Recompute recompute_ = Recompute::none;
   UnitHooks* hooks_ = nullptr;
+  std::function<void(const char*)> phase_hook_;
   void acquire(int u, bool grads) {
     if (hooks_) hooks_->acquire(u, grads);
   }

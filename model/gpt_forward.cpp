@@ -166,6 +166,7 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
   const bool keep_layer = train && recompute_ != Recompute::full;
   const bool keep_att = train && recompute_ == Recompute::none;
   const int emb = 0, fin = final_unit();
+  if (train && phase_hook_) phase_hook_("forward");
 
   std::vector<Buffer> xs(static_cast<size_t>(L) + 1);  // residual stream: xs[l] is layer l's input
   std::vector<LayerActs> acts(static_cast<size_t>(L));
@@ -227,6 +228,7 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
   }
 
   // Backward: reverse loop over the layers.
+  if (phase_hook_) phase_hook_("backward");
   Buffer dx = ar.alloc(kAct, size_t(NC) * 4);
   ops::layernorm_bwd(dx.f32(), store_.grad(lnf_w_), store_.grad(lnf_b_), dlnf.f32(), xL, store_.compute(lnf_w_),
                      lnf_mean.f32(), lnf_rstd.f32(), N, C, ctx_);

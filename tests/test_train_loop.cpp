@@ -90,7 +90,7 @@ TEST_F(TrainLoop, SaveLoadContinueEqualsUninterruptedBitwise) {
     std::vector<double> want;
     for (int i = 0; i < o.steps; i++) want.push_back(full.step().loss);
 
-    const std::string state = dir_ + "/state.safetensors";
+    const std::string state = dir_ + "/ckpt";
     {
       Trainer first(o);
       for (int i = 0; i < 5; i++) EXPECT_EQ(first.step().loss, want[size_t(i)]);
@@ -169,7 +169,7 @@ TEST_F(TrainLoop, RunWritesMetricsStateAndWeights) {
     }
   }
   EXPECT_EQ(steps, 3);
-  EXPECT_TRUE(fs::exists(dir_ + "/run/state.safetensors"));
+  EXPECT_TRUE(fs::exists(dir_ + "/run/checkpoints/latest"));
   EXPECT_TRUE(fs::exists(dir_ + "/run/model.safetensors"));
   EXPECT_TRUE(fs::exists(dir_ + "/run/config.json"));
   // A second fresh run into the same directory refuses instead of overwriting the logs.
@@ -207,9 +207,9 @@ TEST_F(TrainLoop, BadInputsFailWithAClearMessageAndWriteNothing) {
   }
   {  // a state file of another model shape
     TrainOptions o = tiny_options(data_, out);
-    Trainer(o).save_state(dir_ + "/s.safetensors");
+    Trainer(o).save_state(dir_ + "/s");
     o.model.n_layer = 3;
-    o.resume = dir_ + "/s.safetensors";
+    o.resume = dir_ + "/s";
     expect_error([&] { Trainer t(o); }, "another model shape");
   }
   {  // a truncated data file

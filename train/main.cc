@@ -12,10 +12,12 @@
 
 #include "data/prepare.h"
 #include "data/tokenizer.h"
+#include "checkpoint/checkpoint.h"
 #include "parallel/launch.h"
 #include "runtime/check.h"
 #include "train/bench.h"
 #include "train/sample.h"
+#include "train/selftest.h"
 #include "train/trainer.h"
 
 namespace {
@@ -25,6 +27,8 @@ const char* kUsage =
     "  train   train a GPT (key=value options, --config file.json; see README)\n"
     "  bench   time training steps on synthetic tokens and print a table\n"
     "  sample  generate tokens from a trained model.safetensors\n"
+    "  selftest  check every CUDA op against its CPU twin (--device cuda [--seed S])\n"
+    "  ckpt    ls | verify <checkpoint> | export <checkpoint> <out.safetensors> [--all]\n"
     "  data    prepare | inspect token shards\n";
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -79,6 +83,19 @@ int sample_main(const std::vector<std::string>& args) {
   return 0;
 }
 
+// `ckpt export <checkpoint> <out.safetensors> [--all]`: the master weights of a checkpoint, whatever
+// layout wrote it, as one HF-named safetensors file (with --all also the AdamW moments, under their
+// checkpoint names). ls and verify come from the checkpoint library.
+int ckpt_main(int argc, char** argv) {
+  if (argc >= 1 && std::string(argv[0]) == "export") {
+    if (argc < 3 || argc > 4 || (argc == 4 && std::string(argv[3]) != "--all"))
+      mt::fail("usage: minitrain ckpt export <checkpoint dir> <out.safetensors> [--all]");
+    mt::train::export_checkpoint(argv[1], argv[2], argc == 4);
+    return 0;
+  }
+  return mt::checkpoint::ckpt_cli(argc, argv);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,6 +126,8 @@ int main(int argc, char** argv) {
       return mt::parallel::run_main(world, [&](mt::parallel::World& w) { return mt::train::bench_main(args, &w.comm()); });
     }
     if (cmd == "sample") return sample_main(args);
+    if (cmd == "selftest") return mt::train::selftest_main(args);
+    if (cmd == "ckpt") return ckpt_main(argc - 2, argv + 2);
     if (cmd == "data") return mt::data::data_cli(argc - 2, argv + 2);
     mt::fail("unknown command '%s'\n%s", cmd.c_str(), kUsage);
   } catch (const std::exception& e) {

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 
+#include "checkpoint/checkpointer.h"
 #include "runtime/check.h"
 
 namespace mt::train {
@@ -74,6 +75,12 @@ const std::map<std::string, Setter>& setters() {
       {"optim.beta2", [](TrainOptions& o, auto& k, auto& v) { o.optim.beta2 = float(to_double(k, v)); }},
       {"optim.eps", [](TrainOptions& o, auto& k, auto& v) { o.optim.eps = float(to_double(k, v)); }},
       {"optim.grad_clip", [](TrainOptions& o, auto& k, auto& v) { o.optim.grad_clip = float(to_double(k, v)); }},
+      {"ckpt.dir", [](TrainOptions& o, auto&, auto& v) { o.ckpt.dir = v; }},
+      {"ckpt.keep", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.keep = to_int(k, v); }},
+      {"ckpt.async", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.async = to_bool(k, v); }},
+      {"ckpt.fault_phase", [](TrainOptions& o, auto&, auto& v) { o.ckpt.fault_phase = v; }},
+      {"ckpt.fault_step", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_step = to_int(k, v); }},
+      {"ckpt.fault_rank", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_rank = to_int(k, v); }},
       {"loss_scale.init", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.init_scale = float(to_double(k, v)); }},
       {"loss_scale.growth_interval", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.growth_interval = to_int(k, v); }},
       {"parallel.dp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.dp = to_int(k, v); }},
@@ -213,6 +220,10 @@ void TrainOptions::validate() const {
   if (parallel.zero < 0 || parallel.zero > 3) fail("--zero must be 0, 1, 2 or 3 (got %d)", parallel.zero);
   if (!(parallel.bucket_mb > 0)) fail("--bucket_mb must be positive (got %g)", parallel.bucket_mb);
   if (parallel.sdc_every < 0) fail("--sdc_every must not be negative");
+  if (ckpt.keep < 0) fail("ckpt.keep must not be negative (0 keeps every checkpoint)");
+  if (!ckpt.fault_phase.empty() && !checkpoint::is_fault_phase(ckpt.fault_phase))
+    fail("ckpt.fault_phase '%s' is not a fault phase (forward, backward, optimizer, staging, write, "
+         "before_commit, after_commit, enospc)", ckpt.fault_phase.c_str());
   if (loss_scale.init_scale <= 0 || loss_scale.growth_interval <= 0)
     fail("loss_scale.init and loss_scale.growth_interval must be positive");
 }
@@ -228,6 +239,8 @@ nlohmann::json TrainOptions::to_json() const {
       {"parallel", {{"dp", parallel.dp}, {"tp", parallel.tp}, {"pp", parallel.pp}, {"cp", parallel.cp},
                     {"zero", parallel.zero}, {"bucket_mb", parallel.bucket_mb}, {"sdc_every", parallel.sdc_every},
                     {"sdc_flip_step", parallel.sdc_flip_step}, {"sdc_flip_rank", parallel.sdc_flip_rank}}},
+      {"ckpt", {{"dir", ckpt.dir}, {"keep", ckpt.keep}, {"async", ckpt.async}, {"fault_phase", ckpt.fault_phase},
+                {"fault_step", ckpt.fault_step}, {"fault_rank", ckpt.fault_rank}}},
       {"loss_scale", {{"init", loss_scale.init_scale}, {"growth_interval", loss_scale.growth_interval}}},
       {"batch_size", batch_size}, {"global_batch", global_batch}, {"seq_len", seq_len}, {"grad_accum", grad_accum}, {"steps", steps},
       {"seed", seed}, {"precision", precision == DType::f32 ? "fp32" : precision == DType::bf16 ? "bf16" : "fp16"},

@@ -53,6 +53,19 @@ struct ParallelOptions {
   int sdc_flip_rank = 0;      // ... in the parameters of this world rank
 };
 
+// Checkpoints (checkpoint/): where, how many, async or not, and fault injection for recovery tests.
+struct CheckpointOptions {
+  std::string dir;         // default: <out_dir>/checkpoints
+  int keep = 3;            // newest checkpoints kept
+  bool async = true;
+  // Fault injection: SIGKILL world rank `fault_rank` at phase `fault_phase` of step `fault_step`
+  // (forward, backward, optimizer, staging, write, before_commit, after_commit) or make its
+  // checkpoint write fail (enospc). Armed once per out_dir: a relaunched run does not fire it again.
+  std::string fault_phase;
+  int fault_step = -1;
+  int fault_rank = 0;
+};
+
 struct TrainOptions {
   std::string model_preset = "tiny";
   model::GPTConfig model = model::GPTConfig::preset("tiny");
@@ -60,6 +73,7 @@ struct TrainOptions {
   ParallelOptions parallel;
   OptimOptions optim;
   LossScaleOptions loss_scale;
+  CheckpointOptions ckpt;
   int batch_size = 4;   // B: rows per micro-batch (per data-parallel rank)
   int global_batch = 0; // if > 0: rows per optimizer step over all ranks; sets B = global / (dp x accum)
   int seq_len = 64;     // T
@@ -71,8 +85,9 @@ struct TrainOptions {
   Device device = Device::cpu;
   std::string out_dir = "runs/default";
   std::string init_from;   // Hugging Face GPT-2 safetensors to initialise the weights from
-  std::string resume;      // a training-state file to continue from ("" = start fresh)
-  int save_every = 0;      // steps between training-state saves (0: only at the end)
+  std::string resume;      // "auto": newest valid checkpoint in ckpt.dir (fresh start if none);
+                           // a checkpoint directory (step_N/) or a checkpoint root; "": fresh start
+  int save_every = 0;      // steps between checkpoints (0: only at the end)
   int eval_every = 0;      // steps between validation evaluations (0: never)
   int eval_batches = 4;
   int log_every = 1;

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 
 #include "model/hf_io.h"
 #include "parallel/launch.h"
@@ -73,7 +74,20 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world)
   gpt_->set_unit_hooks(dp_.get());
   adam_ = std::make_unique<AdamW>(o_.optim, store_, dp_->segments(), arena_);
   micro_.resize(size_t(o_.grad_accum));
-  if (!o_.resume.empty()) load_state(o_.resume);
+  gpt_->set_phase_hook([this](const char* phase) { fault(phase); });
+  ckpt_opts_.dir = o_.ckpt.dir.empty() ? (std::filesystem::path(o_.out_dir) / "checkpoints").string() : o_.ckpt.dir;
+  ckpt_opts_.keep = o_.ckpt.keep;
+  ckpt_opts_.async = o_.ckpt.async;
+  ckpt_opts_.log = Logger(LogLevel::info, world_.size() > 1 ? world_.rank() : -1);
+  if (o_.resume == "auto") {
+    // The newest checkpoint that verifies, else the next older one; none: a fresh start.
+    if (std::filesystem::exists(ckpt_opts_.dir)) {
+      const auto found = checkpoint::find_latest_valid(ckpt_opts_.dir, world_, ckpt_opts_.log);
+      if (found) load_checkpoint(found->path);
+    }
+  } else if (!o_.resume.empty()) {
+    load_state(o_.resume);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -117,6 +131,7 @@ StepResult Trainer::step() {
   r.t_grad_wait = dp_->stats().grad_wait_s;
 
   const auto t_opt = clock_type::now();
+  fault("optimizer");
   const bool finite = !scaler_.enabled() || dp_->grads_finite();
   r.lr = lr_at(o_.optim, step_, o_.steps);
   if (finite) {

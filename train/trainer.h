@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "checkpoint/checkpoint.h"
 #include "model/gpt.h"
 #include "parallel/comm.h"
 #include "parallel/data_parallel.h"
@@ -65,11 +66,16 @@ class Trainer {
   double evaluate();      // mean validation loss over the first eval_batches validation batches
   int step_count() const { return step_; }
 
-  // Full training state (weights, AdamW moments, step, update count, loss scale, data position),
-  // written atomically by rank 0; load restores it on every rank, for any dp size and ZeRO stage,
-  // so that training continues bitwise identically under the same layout.
-  void save_state(const std::string& path);
+  // Checkpoints (checkpoint/): the full training state — weights, AdamW moments, step, update count,
+  // loss scale, data position — each rank writing its shard, asynchronously unless ckpt.async=false.
+  // Loading reads every rank's new shard by global slice, so any dp size or ZeRO stage can resume
+  // any checkpoint, and under the same layout training continues bitwise identically.
+  void save_checkpoint();                          // into ckpt.dir as step_<step>/ (collective)
+  void wait_checkpoint();                          // until the last save is committed
+  void save_state(const std::string& root);        // a synchronous checkpoint under `root`
+  // `path`: a checkpoint (step_N/) or a root whose newest valid checkpoint is taken. Collective.
   void load_state(const std::string& path);
+  const std::string& checkpoint_dir() const { return ckpt_opts_.dir; }
   // Master weights in the store's full layout (total_numel), gathered from the shards.
   std::vector<float> full_master();
 
@@ -83,6 +89,9 @@ class Trainer {
 
  private:
   void check_replicas();  // silent-data-corruption check across dp replicas
+  checkpoint::SaveRequest checkpoint_request();
+  void load_checkpoint(const std::string& ckpt_path);
+  void fault(const char* phase) { checkpoint::fault_point(ckpt_opts_, world_.rank(), step_ + 1, phase); }
 
   TrainOptions o_;
   std::unique_ptr<parallel::Comm> own_world_;
@@ -93,6 +102,8 @@ class Trainer {
   std::unique_ptr<model::GPT> gpt_;
   std::unique_ptr<parallel::DataParallel> dp_;
   std::unique_ptr<AdamW> adam_;
+  checkpoint::Options ckpt_opts_;
+  std::unique_ptr<checkpoint::Checkpointer> ckpt_;
   LossScaler scaler_;
   NoiseScale gns_;
   std::unique_ptr<BatchSource> train_data_, val_data_;
@@ -102,4 +113,10 @@ class Trainer {
   int updates_ = 0;  // AdamW updates applied (the bias-correction count)
 };
 
+}  // namespace mt::train
+
+namespace mt::train {
+// Consolidates a checkpoint (any layout) into one safetensors file with Hugging Face GPT-2 names and
+// orientation; with `all`, also every AdamW moment under its checkpoint name (for bitwise comparisons).
+void export_checkpoint(const std::string& ckpt_path, const std::string& out_path, bool all);
 }  // namespace mt::train

@@ -31,11 +31,28 @@ nlohmann::json comm_json(const parallel::Comm& c) {
 void Trainer::run() {
   const fs::path out(o_.out_dir);
   const fs::path metrics_path = out / "metrics.jsonl";
-  const bool resuming = !o_.resume.empty();
+  const bool resuming = !o_.resume.empty();  // resume=auto may find nothing yet: it still appends
   const bool writer = world_.rank() == 0;
   if (!resuming && fs::exists(metrics_path))
     fail("out_dir '%s' already holds a run (metrics.jsonl); choose another --out or resume=<state file>",
          o_.out_dir.c_str());
+  // Fault injection is armed once per output directory: the relaunched run must not fire it again.
+  if (!o_.ckpt.fault_phase.empty()) {
+    int32_t armed = 0;
+    if (writer) {
+      fs::create_directories(out);
+      const fs::path marker = out / "fault_armed";
+      armed = !fs::exists(marker);
+      if (armed) std::ofstream(marker) << o_.ckpt.fault_phase << " step " << o_.ckpt.fault_step << " rank "
+                                       << o_.ckpt.fault_rank << "\n";
+    }
+    world_.broadcast(&armed, 1, DType::i32, 0);
+    if (armed) {
+      ckpt_opts_.fault_phase = o_.ckpt.fault_phase;
+      ckpt_opts_.fault_step = o_.ckpt.fault_step;
+      ckpt_opts_.fault_rank = o_.ckpt.fault_rank;
+    }
+  }
   JsonlWriter log;
   if (writer) {
     fs::create_directories(out);
@@ -65,6 +82,7 @@ void Trainer::run() {
   const auto t_run = std::chrono::steady_clock::now();
   auto since_run = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count(); };
   const int first = step_;
+  int64_t logged_save = -1;
   while (step_ < o_.steps) {
     arena_.reset_peaks();
     const StepResult r = step();
@@ -80,6 +98,14 @@ void Trainer::run() {
     if (dp.size() > 1) j["comm_dp"] = comm_json(dp);
     if (gns_.valid()) j["gns"] = {{"b_simple", gns_.b_simple()}, {"g2", gns_.g2()}, {"trace_sigma", gns_.trace_sigma()}};
     if (o_.eval_every > 0 && (step_ % o_.eval_every == 0 || step_ == o_.steps)) j["val_loss"] = evaluate();
+    if (ckpt_) {
+      const auto saved = ckpt_->last_completed();
+      if (saved && saved->step != logged_save) {
+        j["checkpoint"] = {{"step", saved->step}, {"blocking_s", saved->blocking_s},
+                           {"background_s", saved->background_s}, {"stall_s", saved->stall_s}, {"bytes", saved->bytes}};
+        logged_save = saved->step;
+      }
+    }
     if (writer) log.write(j);
     if (writer && (step_ % o_.log_every == 0 || step_ == o_.steps)) {
       const double elapsed = since_run();
@@ -89,10 +115,10 @@ void Trainer::run() {
                    r.skipped ? " | skipped (fp16 overflow)" : "",
                    j.contains("val_loss") ? strfmt(" | val %.4f", j["val_loss"].get<double>()).c_str() : "");
     }
-    if (o_.save_every > 0 && step_ % o_.save_every == 0 && step_ != o_.steps)
-      save_state((out / "state.safetensors").string());
+    if (o_.save_every > 0 && step_ % o_.save_every == 0 && step_ != o_.steps) save_checkpoint();
   }
-  save_state((out / "state.safetensors").string());
+  save_checkpoint();
+  wait_checkpoint();
   const std::vector<float> master = full_master();
   if (writer) model::export_hf(*gpt_, store_, master.data(), (out / "model.safetensors").string());
   const MemStats& m = arena_.stats();
@@ -101,8 +127,8 @@ void Trainer::run() {
                format_bytes(m.peak[2]).c_str(), format_bytes(m.peak[3]).c_str(), format_bytes(m.peak[4]).c_str());
   if (writer) {
     log.write({{"event", "end"}, {"step", step_}, {"seconds", since_run()}});
-    std::fprintf(stderr, "minitrain: done. logs %s, state %s, weights %s\n", metrics_path.c_str(),
-                 (out / "state.safetensors").c_str(), (out / "model.safetensors").c_str());
+    std::fprintf(stderr, "minitrain: done. logs %s, checkpoints %s, weights %s\n", metrics_path.c_str(),
+                 ckpt_opts_.dir.c_str(), (out / "model.safetensors").c_str());
   }
 }
 

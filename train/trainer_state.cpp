@@ -1,72 +1,143 @@
-// Training-state save and load. The state is written in the store's full layout (gathered from the
-// ZeRO shards) by rank 0, and each rank takes its own shard when loading, so a state saved under one
-// dp size or ZeRO stage loads under another.
+// Checkpoint save and load for the trainer: the shards this rank owns become checkpoint pieces (flat
+// ranges of global tensors), and loading asks the checkpoint for this rank's new shard, whatever
+// layout wrote it.
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "runtime/check.h"
+#include "model/hf_io.h"
 #include "runtime/safetensors.h"
 #include "train/trainer.h"
 
 namespace mt::train {
 
-void Trainer::save_state(const std::string& path) {
-  const size_t n = size_t(store_.total_numel());
-  std::vector<float> master(n), m(n), v(n);
-  dp_->gather_full(dp_->master_shard(), master.data());
-  dp_->gather_full(adam_->m(), m.data());
-  dp_->gather_full(adam_->v(), v.data());
-  const nlohmann::json data_state = train_data_->state();
-  if (world_.rank() != 0) return;
-  SafetensorsWriter w;
-  for (const ParamEntry& e : store_.entries()) {
-    w.add_f32("param/" + e.name, e.shape, master.data() + e.offset);
-    w.add_f32("adam_m/" + e.name, e.shape, m.data() + e.offset);
-    w.add_f32("adam_v/" + e.name, e.shape, v.data() + e.offset);
+namespace {
+constexpr const char* kParts[] = {"param/", "adam_m/", "adam_v/"};
+
+// Calls f(entry, flat_begin, flat_end, shard_offset) for every piece of a parameter entry inside the
+// shard's segments: [flat_begin, flat_end) within the entry, stored at shard_offset in the shard.
+template <class F>
+void for_each_piece(const ParamStore& store, const std::vector<parallel::Segment>& segments, F f) {
+  int64_t shard_pos = 0;
+  for (const parallel::Segment& seg : segments) {
+    for (const ParamEntry& e : store.entries()) {
+      const int64_t lo = std::max(seg.begin, e.offset), hi = std::min(seg.end, e.offset + e.numel);
+      if (hi > lo) f(e, lo - e.offset, hi - e.offset, shard_pos + (lo - seg.begin));
+    }
+    shard_pos += seg.size();
   }
-  nlohmann::json meta = {{"format", "minitrain-train-state"}, {"version", 1}, {"step", step_}, {"updates", updates_},
-                         {"loss_scale", scaler_.scale()}, {"loss_scale_clean", scaler_.clean_steps()},
-                         {"model", o_.model.to_json()}, {"data", data_state}, {"seed", o_.seed}};
-  w.set_metadata("minitrain", meta.dump());
-  w.write(path);
+}
+}  // namespace
+
+checkpoint::SaveRequest Trainer::checkpoint_request() {
+  checkpoint::SaveRequest req;
+  req.step = step_;
+  for (const ParamEntry& e : store_.entries())
+    for (const char* part : kParts) req.tensors.push_back({part + e.name, e.global_shape, DType::f32});
+  // ZeRO-0 replicates the whole state on every dp rank: the first replica writes it.
+  const bool writes = o_.parallel.zero > 0 || mesh_->dp_comm().rank() == 0;
+  if (writes) {
+    const float* bufs[] = {dp_->master_shard(), adam_->m(), adam_->v()};
+    for_each_piece(store_, dp_->segments(), [&](const ParamEntry& e, int64_t fb, int64_t fe, int64_t at) {
+      for (int k = 0; k < 3; k++) req.pieces.push_back({kParts[k] + e.name, fb, fe, bufs[k] + at});
+    });
+  }
+  req.global_meta = {{"format", "minitrain-train-state"}, {"version", 2}, {"step", step_}, {"updates", updates_},
+                     {"loss_scale", scaler_.scale()}, {"loss_scale_clean", scaler_.clean_steps()},
+                     {"model", o_.model.to_json()}, {"data", train_data_->state()}, {"seed", o_.seed},
+                     {"layout", {{"dp", mesh_->dp()}, {"zero", o_.parallel.zero}}}};
+  return req;
+}
+
+void Trainer::save_checkpoint() {
+  if (!ckpt_) ckpt_ = std::make_unique<checkpoint::Checkpointer>(ckpt_opts_, world_);
+  ckpt_->save(checkpoint_request());
+}
+
+void Trainer::wait_checkpoint() {
+  if (ckpt_) ckpt_->wait();
+}
+
+void Trainer::save_state(const std::string& root) {
+  checkpoint::Options o = ckpt_opts_;
+  o.dir = root;
+  o.async = false;
+  o.keep = 0;
+  o.fault_phase.clear();
+  checkpoint::Checkpointer c(o, world_);
+  c.save(checkpoint_request());
+  c.wait();
 }
 
 void Trainer::load_state(const std::string& path) {
-  const SafetensorsFile f = SafetensorsFile::read(path);
-  auto it = f.metadata().find("minitrain");
-  if (it == f.metadata().end()) fail("%s is not a minitrain training state (no 'minitrain' metadata)", path.c_str());
-  nlohmann::json meta;
-  try {
-    meta = nlohmann::json::parse(it->second);
-  } catch (const nlohmann::json::exception&) {
-    fail("%s: malformed training-state metadata", path.c_str());
+  namespace fs = std::filesystem;
+  std::string ckpt = path;
+  if (!fs::exists(fs::path(path) / "manifest.json")) {
+    const auto found = checkpoint::find_latest_valid(path, world_, ckpt_opts_.log);
+    if (!found) fail("resume: no valid checkpoint in '%s'", path.c_str());
+    ckpt = found->path;
   }
-  if (meta.value("format", "") != "minitrain-train-state" || meta.value("version", 0) != 1)
-    fail("%s: unknown training-state format or version", path.c_str());
+  load_checkpoint(ckpt);
+}
+
+void Trainer::load_checkpoint(const std::string& path) {
+  const checkpoint::Reader r(path);
+  const nlohmann::json& meta = r.global_meta();
+  if (meta.value("format", "") != "minitrain-train-state" || meta.value("version", 0) != 2)
+    fail("%s: not a minitrain training checkpoint of a known version", path.c_str());
   const model::GPTConfig saved = model::GPTConfig::from_json(meta.at("model"));
   if (!saved.same_shape(o_.model))
     fail("%s was saved from another model shape (%s) than the configured one (%s)", path.c_str(),
          saved.to_json().dump().c_str(), o_.model.to_json().dump().c_str());
-  const size_t n = size_t(store_.total_numel());
-  std::vector<float> full(n);
-  const struct {
-    const char* prefix;
-    float* shard;
-  } parts[] = {{"param/", dp_->master_shard()}, {"adam_m/", adam_->m()}, {"adam_v/", adam_->v()}};
-  for (const auto& p : parts) {
-    std::fill(full.begin(), full.end(), 0.f);
-    for (const ParamEntry& e : store_.entries()) {
-      const SafeTensor& t = f.get(p.prefix + e.name);
-      if (t.shape != e.shape) fail("%s: tensor '%s%s' has the wrong shape", path.c_str(), p.prefix, e.name.c_str());
-      const std::vector<float> v = f.to_f32(t.name);
-      std::copy(v.begin(), v.end(), full.begin() + e.offset);
-    }
-    dp_->take_shard(full.data(), p.shard);
-  }
+  std::vector<checkpoint::TensorInfo> expected;
+  for (const ParamEntry& e : store_.entries())
+    for (const char* part : kParts) expected.push_back({part + e.name, e.global_shape, DType::f32});
+  r.check_tensors(expected);
+  float* bufs[] = {dp_->master_shard(), adam_->m(), adam_->v()};
+  for (float* b : bufs) std::memset(b, 0, size_t(dp_->shard_numel()) * sizeof(float));  // padding stays zero
+  for_each_piece(store_, dp_->segments(), [&](const ParamEntry& e, int64_t fb, int64_t fe, int64_t at) {
+    for (int k = 0; k < 3; k++) r.read(kParts[k] + e.name, fb, fe, bufs[k] + at);
+  });
   step_ = meta.at("step");
   updates_ = meta.at("updates");
   scaler_.restore(meta.at("loss_scale"), meta.at("loss_scale_clean"));
   train_data_->restore(meta.at("data"));
   dp_->publish_params();
+  if (world_.rank() == 0) std::fprintf(stderr, "minitrain: resumed from %s (step %d)\n", path.c_str(), step_);
+}
+
+}  // namespace mt::train
+
+namespace mt::train {
+
+void export_checkpoint(const std::string& ckpt_path, const std::string& out_path, bool all) {
+  const checkpoint::Reader r(ckpt_path);
+  const nlohmann::json& meta = r.global_meta();
+  if (meta.value("format", "") != "minitrain-train-state")
+    fail("%s: not a minitrain training checkpoint", ckpt_path.c_str());
+  const model::GPTConfig cfg = model::GPTConfig::from_json(meta.at("model"));
+  Arena arena;
+  ParamStore store;
+  model::GPT gpt(cfg, store);
+  store.finalize(arena, DType::f32);
+  for (const ParamEntry& e : store.entries()) r.read("param/" + e.name, 0, e.numel, store.master() + e.offset);
+  model::export_hf(gpt, store, store.master(), out_path);
+  if (!all) return;
+  // Append the moments: rewrite the file with them added (sizes are small for the tests that use it).
+  SafetensorsFile f = SafetensorsFile::read(out_path);
+  SafetensorsWriter w;
+  for (const SafeTensor& t : f.tensors()) w.add(t.name, t.dtype, t.shape, t.data.data());
+  for (const auto& [k, v] : f.metadata()) w.set_metadata(k, v);
+  std::vector<float> buf;
+  for (const ParamEntry& e : store.entries())
+    for (const char* part : {"adam_m/", "adam_v/"}) {
+      buf.resize(size_t(e.numel));
+      r.read(part + e.name, 0, e.numel, buf.data());
+      w.add_f32(part + e.name, e.shape, buf.data());
+    }
+  w.write(out_path);
 }
 
 }  // namespace mt::train

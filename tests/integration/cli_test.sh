@@ -37,7 +37,7 @@ fi
 # Stop after 3 steps, resume to 6: the same losses as the uninterrupted run.
 "$mt" train "${common[@]}" steps=6 out_dir="$work/c" 2>/dev/null >/dev/null || fail "train c"
 "$mt" train "${common[@]}" steps=3 out_dir="$work/d" 2>/dev/null || fail "train d"
-"$mt" train "${common[@]}" steps=6 out_dir="$work/d" resume="$work/d/state.safetensors" 2>/dev/null || fail "resume d"
+"$mt" train "${common[@]}" steps=6 out_dir="$work/d" resume=auto 2>/dev/null || fail "resume d"
 if diff <(losses "$work/c/metrics.jsonl") <(losses "$work/d/metrics.jsonl") >/dev/null; then
   pass "stop and resume gives the uninterrupted losses"
 else
@@ -47,14 +47,14 @@ fi
 out=$("$mt" sample --model "$work/a/model.safetensors" --tokenizer "$work/data/tokenizer.json" --text "document" \
       --tokens 8 --seed 3 2>&1) && [[ "$out" == document* ]] && pass "sample decodes text" || fail "sample: $out"
 
-# Bad inputs: exit 1, exactly one line on stderr mentioning the culprit, nothing created.
+# Bad inputs: exit 1, exactly one error line on stderr naming the culprit, nothing created.
 bad() {
   local what=$1 needle=$2
   shift 2
   local err rc
   err=$("$mt" "$@" 2>&1 >/dev/null)
   rc=$?
-  if [[ $rc -eq 1 && $(printf '%s\n' "$err" | wc -l) -eq 1 && "$err" == "minitrain: error:"*"$needle"* && ! -e "$work/never" ]]; then
+  if [[ $rc -eq 1 && $(printf '%s\n' "$err" | grep -c 'error') -eq 1 && "$err" == *"minitrain: error:"*"$needle"* && ! -e "$work/never" ]]; then
     pass "bad input: $what"
   else
     fail "bad input: $what (rc=$rc, stderr: $err)"
@@ -72,7 +72,7 @@ bad "non-positive size" "batch_size" train "${common[@]}" batch_size=0 out_dir="
 bad "n_embd % n_head" "n_head" train "${common[@]}" model.n_head=5 out_dir="$work/never"
 bad "sequence longer than the context" "block_size" train "${common[@]}" seq_len=64 out_dir="$work/never"
 bad "state of another model shape" "another model shape" train "${common[@]}" model.n_layer=3 \
-    resume="$work/a/state.safetensors" out_dir="$work/never"
+    resume="$work/a/checkpoints" out_dir="$work/never"
 bad "weights of another model shape" "shape" train "${common[@]}" model.n_embd=64 \
     init_from="$work/a/model.safetensors" out_dir="$work/never"
 bad "existing run directory" "already holds a run" train "${common[@]}" steps=1 out_dir="$work/a"

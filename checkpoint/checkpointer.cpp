@@ -1,0 +1,296 @@
+#include "checkpoint/checkpointer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <unordered_map>
+
+#include "checkpoint/catalog.h"
+#include "checkpoint/fsio.h"
+#include "checkpoint/write_job.h"
+#include "runtime/check.h"
+
+namespace mt::checkpoint {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+constexpr const char* kFaultPhases[] = {"forward", "backward",      "optimizer",    "staging",
+                                        "write",   "before_commit", "after_commit", "enospc"};
+
+// The staging copy: memcpy split into 16 MiB tasks over a few threads, since one core cannot
+// saturate memory bandwidth. Plain threads rather than OpenMP keep this safe in forked children.
+struct CopyTask {
+  char* dst;
+  const char* src;
+  size_t bytes;
+};
+
+void parallel_copy(const std::vector<CopyTask>& pieces) {
+  constexpr size_t kTask = size_t(16) << 20;
+  std::vector<CopyTask> tasks;
+  size_t total = 0;
+  for (const CopyTask& p : pieces) {
+    for (size_t at = 0; at < p.bytes; at += kTask)
+      tasks.push_back({p.dst + at, p.src + at, std::min(kTask, p.bytes - at)});
+    total += p.bytes;
+  }
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const size_t nthreads = std::min<size_t>({size_t(8), size_t(hw), tasks.size(), total / kTask + 1});
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < tasks.size();) std::memcpy(tasks[i].dst, tasks[i].src, tasks[i].bytes);
+  };
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < nthreads; t++) helpers.emplace_back(work);
+  work();
+  for (std::thread& t : helpers) t.join();
+}
+
+}  // namespace
+
+bool is_fault_phase(const std::string& phase) {
+  return std::any_of(std::begin(kFaultPhases), std::end(kFaultPhases), [&](const char* p) { return phase == p; });
+}
+
+void fault_point(const Options& o, int rank, int64_t step, const char* phase) {
+  if (o.fault_phase != phase || o.fault_step != step || o.fault_rank != rank || o.fault_phase == "enospc") return;
+  std::fprintf(stderr, "[fault] rank %d: SIGKILL at step %lld, phase %s\n", rank, (long long)step, phase);
+  std::fflush(stderr);
+  std::raise(SIGKILL);
+}
+
+Checkpointer::Checkpointer(const Options& o, parallel::Comm& world) : o_(o), world_(world) {
+  if (o_.dir.empty()) fail("checkpoint: no checkpoint directory given");
+  if (o_.keep < 0) fail("checkpoint: keep=%d: the number of checkpoints kept must be >= 0 (0 keeps all)", o_.keep);
+  if (!o_.fault_phase.empty() && !is_fault_phase(o_.fault_phase))
+    fail("checkpoint: unknown fault phase '%s' (forward, backward, optimizer, staging, write, before_commit, "
+         "after_commit, enospc)",
+         o_.fault_phase.c_str());
+  if (o_.commit_timeout_s <= 0) fail("checkpoint: commit timeout must be positive");
+  int32_t msg[3] = {0, 0, 0};  // status, run id low and high halves
+  std::string why;
+  if (world_.rank() == 0) {
+    try {
+      io::make_dirs(o_.dir);
+      io::check_writable(o_.dir);
+      clean_stale(o_.dir, o_.log);
+    } catch (const Error& e) {
+      msg[0] = 1;
+      why = e.what();
+    }
+    const uint64_t id = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+    msg[1] = int32_t(uint32_t(id));
+    msg[2] = int32_t(uint32_t(id >> 32));
+  }
+  world_.broadcast(msg, 3, DType::i32, 0);
+  if (msg[0] != 0)
+    throw parallel::CollectiveError(world_.rank() == 0 ? why
+                                                       : strfmt("checkpoint directory %s is unusable (see rank 0)",
+                                                                o_.dir.c_str()));
+  run_id_ = strfmt("%08x%08x", uint32_t(msg[2]), uint32_t(msg[1]));
+}
+
+Checkpointer::~Checkpointer() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    o_.log.log(LogLevel::error, "%s", e.what());
+  }
+  if (staging_) {
+    if (o_.staging.free)
+      o_.staging.free(staging_);
+    else
+      std::free(staging_);
+  }
+}
+
+void Checkpointer::wait() {
+  if (worker_.joinable()) worker_.join();
+  job_.reset();
+  if (error_) {
+    std::exception_ptr e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+std::optional<Checkpointer::SaveStats> Checkpointer::last_completed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_;
+}
+
+void Checkpointer::validate(const SaveRequest& req) const {
+  if (req.step < 0 || req.step > INT32_MAX) fail("checkpoint: step %lld is out of range", (long long)req.step);
+  std::unordered_map<std::string, const TensorInfo*> index;
+  for (const TensorInfo& t : req.tensors) {
+    if (t.dtype != DType::f32)
+      fail("checkpoint: tensor '%s' has dtype %s; pieces are fp32 only so far", t.name.c_str(), dtype_name(t.dtype));
+    if (!index.emplace(t.name, &t).second) fail("checkpoint: tensor '%s' is listed twice", t.name.c_str());
+  }
+  for (const Piece& p : req.pieces) {
+    auto it = index.find(p.tensor);
+    if (it == index.end()) fail("checkpoint: a piece names '%s', which is not in the tensor table", p.tensor.c_str());
+    if (p.flat_begin < 0 || p.flat_end < p.flat_begin || p.flat_end > it->second->numel())
+      fail("checkpoint: piece [%lld, %lld) of '%s' is not inside the tensor (%lld elements)", (long long)p.flat_begin,
+           (long long)p.flat_end, p.tensor.c_str(), (long long)it->second->numel());
+    if (p.data == nullptr && p.flat_end > p.flat_begin)
+      fail("checkpoint: piece of '%s' has no data pointer", p.tensor.c_str());
+  }
+}
+
+// One all-reduce (max of step, -step and a failure flag): every rank is saving the same step, and
+// rank 0 has created step_N.tmp/ (so no rank writes before it exists, or into a stale one).
+void Checkpointer::agree_on_step(int64_t step) {
+  const std::string tmp = io::join(o_.dir, step_dir_name(step) + ".tmp");
+  int32_t buf[3] = {int32_t(step), -int32_t(step), 0};
+  std::string why;
+  if (world_.rank() == 0) {
+    try {
+      if (io::exists(tmp)) {
+        const std::string err = io::remove_tree(tmp);
+        if (!err.empty()) fail("%s", err.c_str());
+      }
+      io::make_dirs(tmp);
+    } catch (const Error& e) {
+      buf[2] = 1;
+      why = e.what();
+    }
+  }
+  world_.all_reduce(buf, 3, DType::i32, parallel::ReduceOp::max);
+  if (buf[2] != 0)
+    throw parallel::CollectiveError(strfmt("checkpoint save of step %lld failed: %s", (long long)step,
+                                           world_.rank() == 0 ? why.c_str() : "rank 0 could not create its directory"));
+  if (buf[0] != -buf[1])
+    throw parallel::CollectiveError(strfmt("checkpoint: save() was called for different steps on different ranks "
+                                           "(from %d to %d); every rank must save the same step", -buf[1], buf[0]));
+}
+
+char* Checkpointer::staging(size_t bytes) {
+  if (bytes <= staging_bytes_) return staging_;
+  if (staging_) {
+    if (o_.staging.free)
+      o_.staging.free(staging_);
+    else
+      std::free(staging_);
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+  }
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  staging_ = static_cast<char*>(o_.staging.alloc ? o_.staging.alloc(rounded) : std::aligned_alloc(64, rounded));
+  if (!staging_) fail("checkpoint: cannot allocate a %zu-byte staging buffer", rounded);
+  staging_bytes_ = rounded;
+  return staging_;
+}
+
+std::unique_ptr<WriteJob> Checkpointer::make_job(const SaveRequest& req, bool stage) {
+  auto job = std::make_unique<WriteJob>();
+  job->rank = world_.rank();
+  job->world_size = world_.size();
+  job->step = req.step;
+  job->root = o_.dir;
+  job->final_dir = io::join(o_.dir, step_dir_name(req.step));
+  job->tmp_dir = job->final_dir + ".tmp";
+  job->save_id = run_id_ + "-" + std::to_string(req.step);
+  job->header = encode_header(job->rank, job->world_size, req.step);
+  job->meta_text = req.rank_meta.dump();
+  job->file.name = rank_file_name(job->rank);
+  job->file.rank = job->rank;
+
+  size_t piece_bytes = 0;
+  for (const Piece& p : req.pieces) piece_bytes += size_t(p.flat_end - p.flat_begin) * sizeof(float);
+  char* stage_at = stage && piece_bytes > 0 ? staging(piece_bytes) : nullptr;
+  std::vector<CopyTask> copies;
+  uint64_t offset = kHeaderBytes;
+  job->segments.push_back({job->header.data(), job->header.size(), -1});
+  for (const Piece& p : req.pieces) {
+    const size_t n = size_t(p.flat_end - p.flat_begin) * sizeof(float);
+    PieceRecord r;
+    r.tensor = p.tensor;
+    r.flat_begin = p.flat_begin;
+    r.flat_end = p.flat_end;
+    r.offset = offset;
+    r.length = n;
+    const char* src = reinterpret_cast<const char*>(p.data);
+    if (stage_at) {
+      copies.push_back({stage_at, src, n});
+      src = stage_at;
+      stage_at += n;
+    }
+    job->segments.push_back({src, n, int(job->file.pieces.size())});
+    job->file.pieces.push_back(std::move(r));
+    offset += n;
+  }
+  job->file.meta = {offset, job->meta_text.size(), 0};
+  job->segments.push_back({job->meta_text.data(), job->meta_text.size(), -1});
+  job->file.bytes = offset + job->meta_text.size();
+  if (job->rank == 0) {
+    job->tensors = req.tensors;
+    job->global_meta = req.global_meta;
+  }
+  if (o_.staging.copy)
+    for (const CopyTask& c : copies) o_.staging.copy(c.dst, c.src, c.bytes);
+  else
+    parallel_copy(copies);
+  return job;
+}
+
+void Checkpointer::save(const SaveRequest& req) {
+  const auto t0 = Clock::now();
+  wait();
+  const double stall = since(t0);
+  validate(req);
+  agree_on_step(req.step);
+  fault_point(o_, world_.rank(), req.step, "staging");
+  job_ = make_job(req, o_.async || bool(o_.staging.copy));
+  job_->stats = {req.step, 0, 0, size_t(job_->file.bytes), stall};
+  if (o_.async) {
+    job_->stats.blocking_s = since(t0);
+    worker_ = std::thread([this] { run(*job_); });
+    return;
+  }
+  run(*job_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (last_ && last_->step == req.step) last_->blocking_s = since(t0);
+  }
+  wait();  // a synchronous save's failure is thrown right away
+}
+
+void Checkpointer::run(WriteJob& job) {
+  const auto t0 = Clock::now();
+  try {
+    write_rank_file(job, o_);
+    if (job.rank == 0) {
+      commit(job, o_);
+    } else {
+      publish_table(job);
+      fault_point(o_, job.rank, job.step, "before_commit");
+      await_commit(job, o_);
+    }
+    job.stats.background_s = since(t0);
+    std::lock_guard<std::mutex> lock(mu_);
+    last_ = job.stats;
+  } catch (const std::exception& e) {
+    std::string why = e.what();
+    if (job.rank != 0 && !io::exists(job.tmp_dir) && why.find("abandoned") == std::string::npos)
+      why += " (rank 0 removed the save directory: it abandoned this save)";
+    abandon(job, why);
+    error_ = std::make_exception_ptr(Error(strfmt("checkpoint save of step %lld to %s failed on rank %d: %s; the "
+                                                  "earlier checkpoints are untouched",
+                                                  (long long)job.step, o_.dir.c_str(), job.rank, why.c_str())));
+  }
+}
+
+}  // namespace mt::checkpoint

@@ -1,0 +1,141 @@
+// Checkpointer: saves the training state of every rank as one checkpoint (format: format.h and
+// docs/checkpoint_format.md), asynchronously, with an atomic commit.
+//
+// A save, seen from one rank:
+//   foreground (blocks training)  wait for the previous save; agree on the step with the other ranks
+//                                 (one tiny all-reduce); copy every piece into the staging buffer
+//   background thread             write <dir>/step_N.tmp/rank_R.bin, fsync it, publish the rank's
+//                                 table (rank_R.json, by rename: "my data is durable")
+//     rank 0 then                 wait for every rank's table, write manifest.json (fsync), rename
+//                                 step_N.tmp -> step_N (fsync <dir>), replace <dir>/latest by rename,
+//                                 delete checkpoints beyond the newest `keep`
+//     other ranks then            wait until step_N/ appears carrying this save's id
+// The background thread makes no MPI calls: ranks coordinate through files on the shared checkpoint
+// directory, so the trainer's communicators stay single-threaded (MPI_THREAD_FUNNELED is enough).
+//
+// Crash safety: a directory is a checkpoint only once it has a manifest, and the manifest is written
+// after every rank file is durable; a killed save leaves a step_N.tmp/ that readers never look at and
+// the next Checkpointer deletes. A failed save (ENOSPC, EIO, a rank that never finishes) removes its
+// step_N.tmp/, leaves every earlier checkpoint as it was, and is rethrown by the next save()/wait().
+#pragma once
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/format.h"
+#include "parallel/comm.h"
+#include "runtime/log.h"
+
+namespace mt::checkpoint {
+
+// A piece of a tensor held by this rank: the elements [flat_begin, flat_end) of the row-major
+// flattening of the global tensor `tensor`. ZeRO shards are flat ranges.
+struct Piece {
+  std::string tensor;  // e.g. "param/transformer.h.0.attn.c_attn.weight", "adam_m/...", "adam_v/..."
+  int64_t flat_begin = 0, flat_end = 0;
+  const float* data = nullptr;  // fp32 values of that range
+};
+
+struct SaveRequest {
+  int64_t step = 0;
+  std::vector<TensorInfo> tensors;  // the global tensor table (identical on every rank)
+  // This rank's pieces. Over all ranks they must cover every tensor; a range held by several ranks
+  // (replicated state) may be passed by one of them or by several (then readers take any copy, and
+  // the bytes are stored more than once).
+  std::vector<Piece> pieces;
+  nlohmann::json rank_meta;    // this rank's small state (loader position, RNG streams), in its file
+  nlohmann::json global_meta;  // model config, layout, optimizer step, loss scale... (rank 0's is stored)
+};
+
+// How the staging buffer is allocated and filled. The defaults (64-byte-aligned host memory, memcpy
+// split over a few threads) fit the CPU backend. A GPU trainer passes page-locked allocation
+// (cudaHostAlloc) and a device-to-host copy, so the copy runs at full link speed and this library
+// stays free of CUDA. With a `copy` hook synchronous saves stage too (device memory is not readable).
+struct StagingHooks {
+  std::function<void*(size_t bytes)> alloc;
+  std::function<void(void* p)> free;
+  std::function<void(void* dst, const void* src, size_t bytes)> copy;
+};
+
+struct Options {
+  std::string dir;  // the checkpoint root: <dir>/step_000120/, <dir>/latest
+  int keep = 3;     // retention: the newest `keep` checkpoints stay (0: keep all)
+  bool async = true;
+  // Fault injection (tests): at the named phase of the save of `fault_step`, only on rank
+  // `fault_rank`: "staging", "write" (half of the rank file written), "before_commit",
+  // "after_commit" SIGKILL this process; "enospc" makes the rank file's writes fail with ENOSPC.
+  // The trainer adds its own phases ("forward", "backward", "optimizer") through fault_point().
+  std::string fault_phase;
+  int64_t fault_step = -1;
+  int fault_rank = 0;
+  // How long rank 0 waits for the other ranks' files, and they for rank 0's commit, before the
+  // save is declared failed. Generous: ranks normally finish within the write time of one file.
+  double commit_timeout_s = 600;
+  Logger log;  // cleaned directories, retention, failures
+  StagingHooks staging;
+};
+
+// The fault phases Options::fault_phase accepts (for flag validation by the trainer).
+bool is_fault_phase(const std::string& phase);
+// SIGKILLs this process (after one line on stderr) when o.fault_phase == phase, step == o.fault_step
+// and rank == o.fault_rank. The trainer calls it at its own phases too.
+void fault_point(const Options& o, int rank, int64_t step, const char* phase);
+
+struct WriteJob;  // one save's background work (write_job.h)
+
+class Checkpointer {
+ public:
+  // Collective. Rank 0 creates `dir` if needed, checks that it is writable and deletes stale *.tmp
+  // entries left by killed saves; every rank fails together (CollectiveError) if the directory is unusable.
+  Checkpointer(const Options& o, parallel::Comm& world);
+  ~Checkpointer();  // waits for a pending save (a failure is logged, not thrown)
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Collective: every rank calls it for the same step. Waits for the previous save (rethrowing its
+  // failure), copies every piece into the staging buffer (so the caller may change its weights right
+  // after it returns), then writes in a background thread (async) or before returning (sync).
+  void save(const SaveRequest& req);
+  // Until the last save is committed (rank 0) or this rank's part is durable and the commit seen
+  // (other ranks). Rethrows the failure of that save, once.
+  void wait();
+
+  struct SaveStats {
+    int64_t step = 0;
+    double blocking_s = 0;    // time save() held the caller, stall included
+    double background_s = 0;  // time of the background part (write, fsync, commit)
+    size_t bytes = 0;         // this rank's file size
+    double stall_s = 0;       // part of blocking_s spent waiting for the previous save
+  };
+  std::optional<SaveStats> last_completed() const;  // the last save that completed (for the JSONL)
+
+  const Options& options() const { return o_; }
+
+ private:
+  void validate(const SaveRequest& req) const;
+  void agree_on_step(int64_t step);
+  std::unique_ptr<WriteJob> make_job(const SaveRequest& req, bool stage);
+  void run(WriteJob& job);
+  char* staging(size_t bytes);
+
+  Options o_;
+  parallel::Comm& world_;
+  std::string run_id_;
+  std::thread worker_;
+  std::unique_ptr<WriteJob> job_;
+  std::exception_ptr error_;
+  mutable std::mutex mu_;  // guards last_ (written by the worker, read by last_completed())
+  std::optional<SaveStats> last_;
+  char* staging_ = nullptr;
+  size_t staging_bytes_ = 0;
+};
+
+}  // namespace mt::checkpoint

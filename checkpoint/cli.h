@@ -1,0 +1,17 @@
+// `minitrain ckpt ...`: the checkpoint tools that need no model.
+//   ls <dir>                 the checkpoints under a root: step, ranks, size, commit time, status
+//                            (manifest, files and headers checked; checksums are verify's job)
+//   verify <path>...         full verification of a checkpoint, or of every checkpoint under a root
+//   bench --dir D [--mb N] [--saves K] [--interval S]
+//                            synchronous vs asynchronous save of N MB of fp32 state: blocking and
+//                            background times (the async save's blocking part is its staging copy)
+// (`ckpt export`, which needs the model, lives with the trainer.)
+#pragma once
+
+namespace mt::checkpoint {
+
+// argv[0] is the subcommand. Prints to stdout (errors to stderr); returns the exit code:
+// 0 success, 1 a checkpoint failed verification or a tool error, 2 a usage error.
+int ckpt_cli(int argc, char** argv);
+
+}  // namespace mt::checkpoint

@@ -1,0 +1,45 @@
+// One save's background work, split from checkpointer.cpp so the commit protocol reads on its own.
+// Internal to checkpoint/ (the public interface is checkpointer.h).
+#pragma once
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/format.h"
+
+namespace mt::checkpoint {
+
+// A run of the rank file's bytes in file order: the header, one per piece, the metadata.
+struct Segment {
+  const char* data = nullptr;
+  size_t bytes = 0;
+  int piece = -1;  // index into WriteJob::file.pieces, or -1 for the header and metadata
+};
+
+struct WriteJob {
+  int rank = 0, world_size = 1;
+  int64_t step = 0;
+  std::string root, tmp_dir, final_dir, save_id;
+  FileRecord file;                 // offsets and lengths set when staged; checksums when written
+  std::vector<Segment> segments;   // point into the staging buffer, or into the caller's memory (sync)
+  std::string header, meta_text;   // bytes owned by the job (segments may point here)
+  std::vector<TensorInfo> tensors;  // rank 0: for the manifest
+  nlohmann::json global_meta;       // rank 0: for the manifest
+  Checkpointer::SaveStats stats;
+  bool published = false;  // this rank's table is out: rank 0 may be using its file
+};
+
+// The steps of run(): see the protocol in checkpointer.h. Each throws mt::Error naming the path.
+void write_rank_file(WriteJob& job, const Options& o);
+void publish_table(WriteJob& job);
+void commit(WriteJob& job, const Options& o);       // rank 0
+void await_commit(WriteJob& job, const Options& o);  // the other ranks
+// After a failure: rank 0 removes step_N.tmp/; another rank that had not yet published its table
+// removes its own file and leaves a rank_R.failed note with `why` for rank 0 (once published, the
+// file is rank 0's to judge). Best effort, never throws.
+void abandon(WriteJob& job, const std::string& why) noexcept;
+
+}  // namespace mt::checkpoint

@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# One command for a CUDA machine that has only the CUDA toolkit (nvcc, cuBLAS, maybe NCCL), CMake and a
+# C++ compiler: configures a build with what is there, builds minitrain, runs `minitrain selftest
+# --device cuda` (every CUDA op against its CPU twin), the GoogleTest GPU tests when GoogleTest is
+# available, and the GPT-2 benchmark at T=1024 in bf16 once the trainer has a CUDA path; then prints
+# one summary table, last. Finishes within 8 minutes (each step is capped with `timeout`).
+#
+# What a bare machine lacks comes from .deps/, filled beforehand by scripts/gpu_deps.sh on a machine
+# with network access: nlohmann-json (required) and GoogleTest's sources (optional: without them the
+# unit tests are not built). MPI is off (one GPU); without OpenBLAS the CPU reference uses the built-in
+# GEMM.
+#
+# Usage: scripts/gpu_check.sh [--bare] [--no-tests] [--build-dir DIR] [--log FILE]
+#   --bare       use nothing from system-wide packages that a bare CUDA machine lacks (nlohmann-json,
+#                GoogleTest, OpenBLAS, MPI): only .deps/. Simulates such a machine on a full one.
+#   --no-tests   skip the GoogleTest GPU tests.
+# The full log goes to FILE, else to $OUT/gpu_check.log when the environment names an output
+# directory OUT, else to <build dir>/gpu_check.log. Exit status 0 only if every check passed.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$root/build-gpu
+bare=0
+tests=1
+log=""
+while (($#)); do
+  case "$1" in
+    --bare) bare=1 ;;
+    --no-tests) tests=0 ;;
+    --build-dir) build=$(realpath -m "${2:?--build-dir needs a directory}"); shift ;;
+    --log) log=$(realpath -m "${2:?--log needs a file}"); shift ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown flag '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+mkdir -p "$build"
+if [[ -z $log ]]; then
+  if [[ -n ${OUT:-} && -d ${OUT:-} ]]; then log=$OUT/gpu_check.log; else log=$build/gpu_check.log; fi
+fi
+mkdir -p "$(dirname "$log")"
+: >"$log"
+
+deadline=$((SECONDS + 470))  # 7 min 50 s for all steps; the table follows at once
+jobs=$(nproc)
+say() { printf 'gpu_check: %s\n' "$*" | tee -a "$log"; }
+# capped <cap seconds> <file> <command...>: runs the command with its output in <file>, then appended
+# to the log, capped by both `cap` and the time left; returns its status (124/137: timed out).
+capped() {
+  local cap=$1 out=$2 left=$((deadline - SECONDS)) rc
+  shift 2
+  ((cap > left)) && cap=$left
+  printf '\n$ %s\n' "$*" >>"$log"
+  if ((cap < 5)); then
+    echo "(not started: out of time)" | tee -a "$log" >"$out"
+    return 124
+  fi
+  local t=$SECONDS
+  timeout -k 5 "$cap" "$@" >"$out" 2>&1
+  rc=$?
+  cat "$out" >>"$log"
+  if ((rc == 124 || rc == 137)); then
+    echo "(timed out after $cap s)" >>"$log"
+  else
+    echo "(exit status $rc after $((SECONDS - t)) s)" >>"$log"
+  fi
+  return $rc
+}
+logged() {
+  local cap=$1
+  shift
+  capped "$cap" "$build/step.out" "$@"
+}
+# Last non-empty line of a file, for one-line failure reasons.
+last_line() { grep -v '^[[:space:]]*$' "$1" 2>/dev/null | tail -n 1 | cut -c1-140; }
+# The value column of a `minitrain bench` table row.
+bench_value() { grep -m1 "^| $1 " "$2" | awk -F'|' '{gsub(/^ +| +$/, "", $3); print $3}'; }
+
+say "log: $log"
+{
+  echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  echo "host: $(uname -srm), $jobs cores"
+  if rev=$(git -C "$root" rev-parse --short HEAD 2>/dev/null); then
+    echo "git: $rev$(git -C "$root" diff --quiet HEAD || echo ' with local changes')"
+  fi
+  echo "cmake: $(cmake --version 2>/dev/null | head -n 1)"
+  echo "nvcc: $( (command -v nvcc || ls /usr/local/cuda/bin/nvcc) 2>/dev/null | head -n 1) $( (nvcc --version || /usr/local/cuda/bin/nvcc --version) 2>/dev/null | grep -m1 release)"
+} >>"$log"
+gpu=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+[[ -z $gpu ]] && gpu="none found (nvidia-smi: $(command -v nvidia-smi >/dev/null && echo 'no device' || echo 'not installed'))"
+echo "gpu: $gpu" >>"$log"
+
+# ---- dependencies: the system's where present (unless --bare), else .deps/ ----
+deps=$root/.deps/usr
+cmake_args=(-DCMAKE_BUILD_TYPE=Release -DMT_CUDA=AUTO -DMT_MPI=OFF)
+((bare)) && cmake_args+=(-DMT_BLAS=OFF)
+have_system() { ((bare == 0)) && compgen -G "$1" >/dev/null; }
+json_from=missing
+if have_system "/usr/include/nlohmann/json.hpp" || have_system "/usr/local/include/nlohmann/json.hpp"; then
+  json_from=system
+elif [[ -f $deps/share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake ]]; then
+  json_from=.deps
+  cmake_args+=(-Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json")
+fi
+gtest_from=none
+if ((tests)); then
+  if have_system "/usr/lib/*/cmake/GTest/GTestConfig.cmake" || have_system "/usr/lib/cmake/GTest/GTestConfig.cmake" ||
+     have_system "/usr/local/lib*/cmake/GTest/GTestConfig.cmake"; then
+    gtest_from=system
+  elif [[ -f $deps/src/googletest/CMakeLists.txt ]]; then
+    # Built from the packaged sources with this machine's compiler; the packaged static libraries
+    # (libgtest-dev) are the fallback.
+    say "building GoogleTest from .deps/ sources"
+    gt=$build/_deps/googletest
+    if logged 150 cmake -S "$deps/src/googletest" -B "$gt/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_GMOCK=OFF \
+         -DINSTALL_GTEST=ON -DCMAKE_INSTALL_PREFIX="$gt/install" -DCMAKE_INSTALL_LIBDIR=lib \
+         -DCMAKE_POLICY_VERSION_MINIMUM=3.5 &&
+       logged 150 cmake --build "$gt/build" -j "$jobs" && logged 30 cmake --install "$gt/build"; then
+      gtest_from=".deps (built from source)"
+      cmake_args+=(-DGTest_DIR="$gt/install/lib/cmake/GTest")
+    elif compgen -G "$deps/lib/*/cmake/GTest/GTestConfig.cmake" >/dev/null; then
+      gtest_from=".deps (packaged libraries)"
+      cmake_args+=(-DGTest_DIR="$(dirname "$(compgen -G "$deps/lib/*/cmake/GTest/GTestConfig.cmake" | head -n 1)")")
+    fi
+  fi
+fi
+want_tests=$tests
+[[ $gtest_from == none ]] && tests=0
+cmake_args+=("-DMT_BUILD_TESTS=$([[ $tests == 1 ]] && echo ON || echo OFF)")
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+if [[ -f $build/CMakeCache.txt ]] && ! grep -q "CMAKE_GENERATOR:INTERNAL=${gen[1]:-Unix Makefiles}\$" "$build/CMakeCache.txt"; then
+  rm -rf "$build/CMakeCache.txt" "$build/CMakeFiles"  # made by another generator
+fi
+
+# ---- configure and build ----
+build_row="not run"
+cuda_on=unknown
+say "configuring (nlohmann-json: $json_from, GoogleTest: $gtest_from)"
+t0=$SECONDS
+if [[ $json_from == missing ]]; then
+  build_row="not run: nlohmann-json missing; run scripts/gpu_deps.sh where the network is reachable and copy .deps/"
+elif ! logged 120 cmake -S "$root" -B "$build" "${gen[@]}" "${cmake_args[@]}"; then
+  build_row="configure failed: $(grep -m1 -A2 "CMake Error" "$build/step.out" | tr -s " \n" " " | cut -c1-160)"
+else
+  cuda_on=$(grep -o 'minitrain: CUDA = [A-Z]*' "$build/step.out" | tail -n 1 | awk '{print $4}')
+  blas=$(grep -o 'minitrain: \(BLAS = .*\|no OpenBLAS.*\)' "$build/step.out" | tail -n 1 | sed 's/minitrain: //')
+  targets=(minitrain)
+  if ((tests)) && [[ $cuda_on == ON ]]; then
+    for t in "$root"/tests/test_cuda_*.cpp; do targets+=("$(basename "$t" .cpp)"); done
+  fi
+  say "building ${targets[*]} with -j $jobs"
+  # All the time left but a minute for the selftest and the benchmark.
+  if logged $((deadline - SECONDS - 60)) cmake --build "$build" -j "$jobs" --target "${targets[@]}"; then
+    build_row="ok in $((SECONDS - t0)) s (CUDA $cuda_on, ${blas:-BLAS ?}, MPI off, tests $([[ $tests == 1 ]] && echo on || echo off))"
+  else
+    rc=$?
+    [[ $rc == 124 || $rc == 137 ]] && build_row="timed out after $((SECONDS - t0)) s" || build_row="failed: $(grep -m1 -E 'error|FAILED' "$build/step.out" | cut -c1-140)"
+  fi
+fi
+bin=$build/minitrain
+built=0
+[[ $build_row == ok* ]] && built=1
+
+# ---- selftest: every CUDA op against its CPU twin ----
+ops_row="not run (no build)"
+device=unknown
+if ((built)); then
+  say "running minitrain selftest --device cuda"
+  capped 150 "$build/selftest.out" "$bin" selftest --device cuda
+  rc=$?
+  summary=$(grep -m1 '^selftest summary:' "$build/selftest.out")
+  if [[ -n $summary ]]; then
+    device=yes
+    passed=$(sed -n 's/.*passed=\([0-9]*\).*/\1/p' <<<"$summary")
+    failed=$(sed -n 's/.*failed=\([0-9]*\).*/\1/p' <<<"$summary")
+    maxerr=$(sed -n 's/.*max_rel_err=\([^ ]*\).*/\1/p' <<<"$summary")
+    worst=$(sed -n 's/.*worst=\(.*\) err\/tol=\(.*\)$/\1, err\/tol \2/p' <<<"$summary")
+    ops_row="$((passed + failed)) compared: $passed passed, $failed failed; max rel err $maxerr (worst: $worst)"
+    [[ $rc != 0 && $failed == 0 ]] && ops_row="$ops_row; exit status $rc"
+  elif grep -q "no CUDA device found" "$build/selftest.out"; then
+    device=no
+    ops_row="FAILED: no CUDA device found (cudaGetDeviceCount returned 0)"
+  elif grep -q "no CUDA backend" "$build/selftest.out"; then
+    device=no
+    ops_row="FAILED: this build has no CUDA backend (nvcc not found?)"
+  elif grep -q "unknown command 'selftest'" "$build/selftest.out"; then
+    ops_row="not run: this minitrain has no selftest command yet"
+  elif [[ $rc == 124 || $rc == 137 ]]; then
+    ops_row="FAILED: timed out; last line: $(last_line "$build/selftest.out")"
+  else
+    ops_row="FAILED (exit $rc): $(last_line "$build/selftest.out")"
+  fi
+  say "selftest: $ops_row"
+fi
+
+# ---- benchmark: GPT-2 (124M), T=1024, bf16 ----
+bench_row="not run (no build)"
+tok_s="not run" mfu="not run" hfu="not run" peak_mem="not run"
+if ((built)); then
+  say "running minitrain bench (gpt2, T=1024, bf16, device cuda)"
+  capped 150 "$build/bench.out" "$bin" bench model=gpt2 seq_len=1024 batch_size=8 precision=bf16 device=cuda \
+    steps=10 warmup=3
+  rc=$?
+  if grep -q "runs on the CPU backend" "$build/bench.out"; then
+    bench_row="skipped: trainer has no CUDA path yet"
+  elif [[ $rc == 0 ]] && grep -q '^| tokens/s' "$build/bench.out"; then
+    bench_row="ok: $(bench_value config "$build/bench.out")"
+    tok_s=$(bench_value 'tokens/s \(median\)' "$build/bench.out")
+    mfu="$(bench_value MFU "$build/bench.out") of $(bench_value peak "$build/bench.out")"
+    hfu=$(bench_value HFU "$build/bench.out")
+    peak_mem=$(bench_value 'peak mem total' "$build/bench.out")
+  elif [[ $device == no ]]; then
+    bench_row="not run: no CUDA device"
+  elif [[ $rc == 124 || $rc == 137 ]]; then
+    bench_row="FAILED: timed out"
+  else
+    bench_row="FAILED (exit $rc): $(last_line "$build/bench.out")"
+  fi
+  say "bench: $bench_row"
+fi
+
+# ---- GoogleTest GPU tests (label gpu; they skip without a device) ----
+tests_row="not run (no build)"
+((tests)) || tests_row="not run (no GoogleTest here or in .deps/: run scripts/gpu_deps.sh)"
+((want_tests)) || tests_row="not run (--no-tests)"
+if ((built && tests)) && [[ $cuda_on == ON ]]; then
+  say "running the GPU unit tests (ctest -L gpu)"
+  capped 150 "$build/ctest.out" ctest --test-dir "$build" -L gpu -j 4 --timeout 120 --output-on-failure
+  rc=$?
+  line=$(grep -m1 'tests passed' "$build/ctest.out")
+  if [[ -n $line ]]; then
+    skipped=$(grep -c ' (Skipped)$' "$build/ctest.out")
+    tests_row="$line (skipped: $skipped)"
+  else
+    tests_row="FAILED (exit $rc): $(last_line "$build/ctest.out")"
+  fi
+  say "tests: $tests_row"
+elif ((tests)) && [[ $cuda_on != ON ]]; then
+  tests_row="not run (no CUDA backend in this build)"
+fi
+
+# ---- the summary table ----
+status=0
+[[ $ops_row == *" 0 failed;"* ]] || status=1
+[[ $tests_row == FAILED* || ($tests_row == *"tests failed out of"* && $tests_row != *" 0 tests failed"*) ]] && status=1
+table() {
+  printf '\n| %-24s | %s |\n' "minitrain gpu_check" "result"
+  printf '|--------------------------|--------|\n'
+  printf '| %-24s | %s |\n' "GPU" "$gpu"
+  printf '| %-24s | %s |\n' "build" "$build_row"
+  printf '| %-24s | %s |\n' "ops vs CPU (selftest)" "$ops_row"
+  printf '| %-24s | %s |\n' "GPU unit tests" "$tests_row"
+  printf '| %-24s | %s |\n' "bench gpt2 T=1024 bf16" "$bench_row"
+  printf '| %-24s | %s |\n' "tokens/s" "$tok_s"
+  printf '| %-24s | %s |\n' "MFU" "$mfu"
+  printf '| %-24s | %s |\n' "HFU" "$hfu"
+  printf '| %-24s | %s |\n' "peak memory" "$peak_mem"
+  printf '| %-24s | %s |\n' "total time" "$((SECONDS - deadline + 470)) s; log: $log"
+}
+table | tee -a "$log"
+exit $status

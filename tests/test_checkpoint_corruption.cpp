@@ -1,0 +1,217 @@
+// Damaged and foreign checkpoints: a flipped byte, a truncated or deleted rank file, a deleted
+// manifest are each detected (by verify(), by Reader, and by find_latest_valid, which then takes
+// the next older checkpoint and says why); an intact checkpoint loads (the positive control); an
+// unknown format version, a path that is not a checkpoint and another model's shape are clear errors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <random>
+
+#include "checkpoint/checkpointer.h"
+#include "checkpoint/cli.h"
+#include "checkpoint/reader.h"
+#include "parallel/self_comm.h"
+#include "tests/test_checkpoint_util.h"
+#include "tests/test_util.h"
+
+namespace mt::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::SimulatedJob;
+using testing::State;
+
+// Two checkpoints (steps 10 and 20) written by two simulated ranks.
+struct TwoCheckpoints {
+  std::mt19937_64 rng{mt::testing::test_seed()};
+  State s = State::random(rng, 4, 150);
+  std::string dir = mt::testing::make_temp_dir("ckpt_corrupt");
+  std::string newest = dir + "/step_000020";
+
+  TwoCheckpoints() {
+    Options o;
+    o.dir = dir;
+    o.log = Logger(LogLevel::error);
+    SimulatedJob job(2, o);
+    job.save(s, 10);
+    job.save(s, 20);
+    job.wait();
+  }
+  ~TwoCheckpoints() { fs::remove_all(dir); }
+
+  // The newest checkpoint fails verification with a message containing `needle`, and
+  // find_latest_valid falls back to step 10, logging why it skipped step 20.
+  void expect_detected_and_skipped(const std::string& needle) {
+    try {
+      verify(newest);
+      ADD_FAILURE() << "verify() accepted a damaged checkpoint";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    testing::CapturedLog log;
+    parallel::SelfComm self;
+    const auto found = find_latest_valid(dir, self, log.logger);
+    ASSERT_TRUE(found.has_value());
+    EXPECT_EQ(found->step, 10);
+    EXPECT_NE(log.text().find("skipping " + newest), std::string::npos) << log.text();
+    EXPECT_NE(log.text().find("step_000010"), std::string::npos) << log.text();
+    char verify_cmd[] = "verify";
+    std::string path = newest;
+    char* argv[] = {verify_cmd, path.data()};
+    EXPECT_EQ(ckpt_cli(2, argv), 1);
+  }
+};
+
+TEST(CheckpointCorruption, IntactCheckpointsVerifyAndTheNewestIsChosen) {
+  TwoCheckpoints c;
+  EXPECT_NO_THROW(verify(c.newest));
+  EXPECT_NO_THROW(verify(c.dir + "/step_000010"));
+  parallel::SelfComm self;
+  const auto found = find_latest_valid(c.dir, self, Logger(LogLevel::error));
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->step, 20);
+  EXPECT_EQ(found->path, c.newest);
+  char ls[] = "ls", verify_cmd[] = "verify";
+  char* ls_argv[] = {ls, c.dir.data()};
+  EXPECT_EQ(ckpt_cli(2, ls_argv), 0);
+  char* verify_argv[] = {verify_cmd, c.dir.data()};  // a root: every checkpoint under it
+  EXPECT_EQ(ckpt_cli(2, verify_argv), 0);
+  char* usage_argv[] = {verify_cmd};
+  EXPECT_EQ(ckpt_cli(1, usage_argv), 2);
+}
+
+// Any single byte of a rank file is covered by a checksum: one random byte flipped in the header,
+// in the tensor data, or in the rank metadata.
+TEST(CheckpointCorruption, FlippedByteAnywhereInARankFileIsDetected) {
+  for (const char* region : {"header", "data", "metadata"}) {
+    TwoCheckpoints c;
+    const int rank = int(c.rng() % 2);
+    const std::string file = c.newest + "/rank_0000" + std::to_string(rank) + ".bin";
+    const FileRecord rec = Reader(c.newest).manifest().files[size_t(rank)];
+    std::string bytes = testing::file_bytes(file);
+    const uint64_t lo = region[0] == 'h' ? 0 : region[0] == 'd' ? kHeaderBytes : rec.meta.offset;
+    const uint64_t hi = region[0] == 'h' ? kHeaderBytes : region[0] == 'd' ? rec.meta.offset : bytes.size();
+    const size_t at = size_t(lo + c.rng() % (hi - lo));
+    bytes[at] = char(bytes[at] ^ (1 << (c.rng() % 8)));
+    testing::write_bytes(file, bytes);
+    SCOPED_TRACE(std::string(region) + ": flipped byte " + std::to_string(at) + " of " + file);
+    c.expect_detected_and_skipped(file);
+  }
+}
+
+// A flip inside tensor data is also caught by a plain read, not only by verify().
+TEST(CheckpointCorruption, ReadingAFlippedTensorChunkFails) {
+  TwoCheckpoints c;
+  const Reader good(c.newest);
+  const PieceRecord& p = good.manifest().files[0].pieces[0];
+  const std::string file = c.newest + "/rank_00000.bin";
+  std::string bytes = testing::file_bytes(file);
+  bytes[p.offset + p.length / 2] ^= 0x10;
+  testing::write_bytes(file, bytes);
+  const Reader r(c.newest);  // the manifest and header are fine
+  std::vector<float> out(size_t(p.flat_end - p.flat_begin));
+  try {
+    r.read(p.tensor, p.flat_begin, p.flat_end, out.data());
+    ADD_FAILURE() << "read a corrupt chunk without error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checksum mismatch in tensor '" + p.tensor + "'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CheckpointCorruption, TruncatedRankFileIsDetected) {
+  TwoCheckpoints c;
+  const std::string file = c.newest + "/rank_00001.bin";
+  fs::resize_file(file, fs::file_size(file) - 1 - c.rng() % 100);
+  c.expect_detected_and_skipped("truncated");
+}
+
+TEST(CheckpointCorruption, DeletedRankFileIsDetected) {
+  TwoCheckpoints c;
+  fs::remove(c.newest + "/rank_00000.bin");
+  c.expect_detected_and_skipped("rank_00000.bin: No such file or directory");
+}
+
+TEST(CheckpointCorruption, DeletedManifestIsDetected) {
+  TwoCheckpoints c;
+  fs::remove(c.newest + "/manifest.json");
+  c.expect_detected_and_skipped("no manifest.json");
+}
+
+TEST(CheckpointCorruption, DamagedManifestIsDetected) {
+  TwoCheckpoints c;
+  const std::string path = c.newest + "/manifest.json";
+  std::string text = testing::file_bytes(path);
+  text.resize(text.size() / 2);  // cut mid-way
+  testing::write_bytes(path, text);
+  c.expect_detected_and_skipped("malformed JSON");
+}
+
+// No checkpoint verifies: none is chosen (the caller decides what to do), and the reasons are logged.
+TEST(CheckpointCorruption, NothingIsChosenWhenNoCheckpointVerifies) {
+  TwoCheckpoints c;
+  fs::remove(c.newest + "/rank_00001.bin");
+  fs::remove(c.dir + "/step_000010/rank_00001.bin");
+  testing::CapturedLog log;
+  parallel::SelfComm self;
+  EXPECT_FALSE(find_latest_valid(c.dir, self, log.logger).has_value());
+  EXPECT_NE(log.text().find("no checkpoint in " + c.dir + " verifies"), std::string::npos) << log.text();
+  EXPECT_FALSE(find_latest_valid(c.dir + "/absent", self, log.logger).has_value());  // a fresh run
+}
+
+TEST(CheckpointCorruption, UnknownFormatVersionIsRefusedByName) {
+  TwoCheckpoints c;
+  const std::string path = c.newest + "/manifest.json";
+  nlohmann::json m = nlohmann::json::parse(testing::file_bytes(path));
+  m["version"] = 99;
+  testing::write_bytes(path, m.dump());
+  try {
+    Reader r(c.newest);
+    ADD_FAILURE() << "a version-99 checkpoint was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("format version 99 is not supported"), std::string::npos) << e.what();
+  }
+  c.expect_detected_and_skipped("version 99");
+}
+
+TEST(CheckpointCorruption, PathsThatAreNotCheckpointsAreClearErrors) {
+  TwoCheckpoints c;
+  auto message = [](const std::string& path) -> std::string {
+    try {
+      Reader r(path);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message(c.dir).find("is a checkpoint root, not a checkpoint"), std::string::npos) << message(c.dir);
+  const std::string empty = c.dir + "/empty";
+  fs::create_directory(empty);
+  EXPECT_NE(message(empty).find("is not a checkpoint (no manifest.json"), std::string::npos) << message(empty);
+  EXPECT_NE(message(c.dir + "/latest").find("not a directory"), std::string::npos) << message(c.dir + "/latest");
+  const std::string foreign = c.dir + "/foreign";
+  fs::create_directory(foreign);
+  testing::write_bytes(foreign + "/manifest.json", R"({"format": "something-else", "version": 1})");
+  EXPECT_NE(message(foreign).find("is not a minitrain checkpoint manifest"), std::string::npos) << message(foreign);
+}
+
+TEST(CheckpointCorruption, CheckpointOfAnotherModelShapeIsNamedTensorByTensor) {
+  TwoCheckpoints c;
+  const Reader r(c.newest);
+  EXPECT_NO_THROW(r.check_tensors(c.s.tensors));
+  std::vector<TensorInfo> other = c.s.tensors;
+  other[1].global_shape.back() += 1;
+  try {
+    r.check_tensors(other);
+    ADD_FAILURE() << "a mismatched shape was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor '" + other[1].name + "'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not fit this model"), std::string::npos) << e.what();
+  }
+  other = c.s.tensors;
+  other.push_back({"param/extra", {3}, DType::f32});
+  EXPECT_THROW(r.check_tensors(other), Error);
+}
+
+}  // namespace
+}  // namespace mt::checkpoint

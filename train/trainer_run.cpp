@@ -33,9 +33,13 @@ void Trainer::run() {
   const fs::path metrics_path = out / "metrics.jsonl";
   const bool resuming = !o_.resume.empty();  // resume=auto may find nothing yet: it still appends
   const bool writer = world_.rank() == 0;
-  if (!resuming && fs::exists(metrics_path))
-    fail("out_dir '%s' already holds a run (metrics.jsonl); choose another --out or resume=<state file>",
-         o_.out_dir.c_str());
+  // Rank 0 looks before anyone writes, and tells the others, so every rank fails the same way.
+  int32_t taken = writer && !resuming && fs::exists(metrics_path);
+  world_.broadcast(&taken, 1, DType::i32, 0);
+  if (taken)
+    throw parallel::CollectiveError(strfmt(
+        "out_dir '%s' already holds a run (metrics.jsonl); choose another --out, or resume=auto to continue it",
+        o_.out_dir.c_str()));
   // Fault injection is armed once per output directory: the relaunched run must not fire it again.
   if (!o_.ckpt.fault_phase.empty()) {
     int32_t armed = 0;

@@ -90,7 +90,7 @@ void GPT::init_weights(uint64_t seed) {
   }
   fill(lnf_w_, 1.f);
   fill(lnf_b_, 0.f);
-  if (store_.full_storage()) store_.refresh_compute();  // else the sharding engine derives compute
+  if (store_.full_compute()) store_.refresh_compute();  // else the sharding engine derives compute
 }
 
 void GPT::store(float* x, int64_t n) {

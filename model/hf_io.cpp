@@ -62,7 +62,7 @@ void import_hf(const GPT& model, ParamStore& store, const std::string& path) {
   const std::string extra = "transformer.h." + std::to_string(cfg.n_layer) + ".ln_1.weight";
   if (f.find(extra) || f.find(extra.substr(12)))
     fail("%s: the file has more than model.n_layer=%d layers", path.c_str(), cfg.n_layer);
-  if (store.full_storage()) store.refresh_compute();  // else the sharding engine derives compute
+  if (store.full_compute()) store.refresh_compute();  // else the sharding engine derives compute
 }
 
 void export_hf(const GPT& model, const ParamStore& store, const float* master, const std::string& path) {

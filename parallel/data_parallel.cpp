@@ -14,6 +14,14 @@ constexpr size_t kMaxReductionsInFlight = 2;  // ZeRO-3 unit gradient buffers aw
 double since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
 }  // namespace
 
+const char* storage_name(int zero) {
+  return zero < 2 ? "full" : zero == 2 ? "per-unit gradient" : "per-unit compute and gradient";
+}
+
+Storage storage_for_zero(int zero) {
+  return zero < 2 ? Storage::full : zero == 2 ? Storage::per_unit_grads : Storage::per_unit;
+}
+
 double all_reduce_sum_double(Comm& comm, double x) {
   // Gather every rank's double bit-for-bit (as four u16) and add them in rank order: exact,
   // deterministic and the same on every rank, which an fp32 all-reduce would not be.
@@ -32,7 +40,8 @@ DataParallel::DataParallel(ParamStore& store, Comm& dp, Arena& arena, const Data
   MT_CHECK(store.finalized() && store.master(), "DataParallel needs a finalized store holding the full master");
   MT_CHECK(store.shard_multiple() % size_ == 0, "store padded for %d shards, dp has %d ranks", store.shard_multiple(),
            size_);
-  MT_CHECK(store.full_storage() == (o.zero < 3), "ZeRO-3 needs per-unit storage, stages 0-2 full storage");
+  MT_CHECK(store.full_grads() == (o.zero < 2) && store.full_compute() == (o.zero < 3),
+           "ZeRO-%d needs %s storage", o.zero, storage_name(o.zero));
   const int U = store.num_units();
   shard_offsets_.resize(size_t(U));
   if (o.zero == 0) {
@@ -54,10 +63,10 @@ DataParallel::DataParallel(ParamStore& store, Comm& dp, Arena& arena, const Data
     master_shard_ = master_buf_.f32();
     grad_shard_ = grad_shard_buf_.f32();
     take_shard(store.master(), master_shard_);
+    if (o.zero >= 2) unit_grads_.resize(size_t(U));
     if (o.zero == 3) {
       compute_shard_buf_ = arena.alloc(MemCategory::params, size_t(shard_numel_) * 4);
       unit_params_.resize(size_t(U));
-      unit_grads_.resize(size_t(U));
       gathers_.resize(size_t(U));
     }
     store.release_master();
@@ -72,7 +81,8 @@ int64_t DataParallel::shard_offset(int u) const { return shard_offsets_[size_t(u
 
 void DataParallel::begin_step() {
   MT_CHECK(pending_.empty(), "begin_step with reductions still in flight");
-  if (store_.full_storage()) store_.zero_grads();
+  if (store_.full_grads()) store_.zero_grads();
+  micros_ = 0;
   if (o_.zero >= 1) std::memset(grad_shard_, 0, size_t(shard_numel_) * 4);
   stats_ = DataParallelStats();
   last_micro_ = true;
@@ -153,12 +163,21 @@ void DataParallel::flush_bucket() {
 void DataParallel::grads_ready(int u) {
   poll();
   const ParamUnit& unit = store_.units()[size_t(u)];
-  if (o_.zero == 3) {
+  if (o_.zero >= 2) {
+    // The unit's gradient buffer lives only until its reduce-scatter lands in the shard.
+    if (last_micro_ && micros_ == 1 && o_.zero == 2) {  // one micro-batch: this is the whole local gradient
+      handed_[size_t(u)] = 1;
+      if (wants_row_grads(u))
+        stats_.local_grad_sq_first_unit = u + 1;
+      else
+        stats_.local_grad_sq += ops::sum_squares(store_.unit_grads(u), unit.size(), ctx_);
+      stats_.local_grad_sq_valid = true;
+    }
     Pending p;
     p.unit = u;
     p.grads = std::move(unit_grads_[size_t(u)]);
     p.chunk = arena_.alloc(MemCategory::comm, size_t(chunk_size(u)) * 4);
-    store_.set_unit_buffers(u, store_.unit_compute(u), nullptr);
+    store_.set_unit_grads(u, nullptr);
     p.handle = dp_.reduce_scatter_async(p.grads.f32(), p.chunk.f32(), size_t(chunk_size(u)), DType::f32, ReduceOp::sum);
     pending_.push_back(std::move(p));
     stats_.reductions++;
@@ -181,14 +200,7 @@ void DataParallel::grads_ready(int u) {
     stats_.local_grad_sq_first_unit = u + 1;
   else
     stats_.local_grad_sq += ops::sum_squares(store_.unit_grads(u), unit.size(), ctx_);
-  if (o_.zero == 2) {
-    Pending p;
-    p.handle = dp_.reduce_scatter_async(store_.unit_grads(u), grad_shard_ + shard_offset(u), size_t(chunk_size(u)),
-                                        DType::f32, ReduceOp::sum);
-    pending_.push_back(std::move(p));
-    stats_.reductions++;
-    return;
-  }
+  stats_.local_grad_sq_valid = true;
   // Stages 0-1: units become final from the top of the flat buffer down (the embeddings may come
   // first, on their own); a bucket is a contiguous range grown downwards.
   if (bucket_begin_ >= 0 && unit.end != bucket_begin_) flush_bucket();
@@ -247,7 +259,7 @@ void DataParallel::publish_params() {
       gathers_[u].wait();
       if (unit_params_[u]) {
         unit_params_[u].reset();
-        store_.set_unit_buffers(int(u), nullptr, unit_grads_[u] ? unit_grads_[u].f32() : nullptr);
+        store_.set_unit_compute(int(u), nullptr);
       }
     }
     last_acquired_ = -1;
@@ -274,15 +286,17 @@ void DataParallel::start_gather(int u) {
 
 void DataParallel::acquire(int u, bool with_grads) {
   poll();
-  if (o_.zero != 3) return;
   const size_t k = size_t(u);
+  if (o_.zero >= 2 && with_grads && !unit_grads_[k]) {
+    unit_grads_[k] = arena_.alloc(MemCategory::grads, size_t(store_.units()[k].size()) * 4);  // zero-filled
+    store_.set_unit_grads(u, unit_grads_[k].f32());
+  }
+  if (o_.zero != 3) return;
   if (!unit_params_[k]) start_gather(u);
   const auto t0 = clock_type::now();
   gathers_[k].wait();
   stats_.gather_wait_s += since(t0);
-  if (with_grads && !unit_grads_[k])
-    unit_grads_[k] = arena_.alloc(MemCategory::grads, size_t(store_.units()[k].size()) * 4);  // zero-filled
-  store_.set_unit_buffers(u, unit_params_[k].f32(), unit_grads_[k] ? unit_grads_[k].f32() : nullptr);
+  store_.set_unit_compute(u, unit_params_[k].f32());
   // Prefetch the unit that comes next when units are walked in order (forward up, backward down).
   const int step = u - last_acquired_;
   const int next = u + step;
@@ -296,7 +310,7 @@ void DataParallel::release(int u) {
   const size_t k = size_t(u);
   gathers_[k].wait();
   unit_params_[k].reset();
-  store_.set_unit_buffers(u, nullptr, unit_grads_[k] ? unit_grads_[k].f32() : nullptr);
+  store_.set_unit_compute(u, nullptr);
 }
 
 void DataParallel::gather_full(const float* shard, float* full) {

@@ -6,9 +6,11 @@
 //   stage  master + AdamW state   gradients                         compute parameters
 //   0      full on every rank     all-reduced (bucketed)            full
 //   1      shard                  all-reduced (bucketed)            full, all-gathered after the step
-//   2      shard                  reduce-scattered per unit         full, all-gathered after the step
-//   3      shard                  reduce-scattered per unit, every  shard; each unit all-gathered just
-//                                 micro-batch, into the shard       before use (forward, and again in
+//   2      shard                  per unit: a buffer while backward full, all-gathered after the step
+//                                 fills it, reduce-scattered into
+//                                 the shard every micro-batch
+//   3      shard                  as stage 2                        shard; each unit all-gathered just
+//                                                                   before use (forward, and again in
 //                                                                   backward) and freed after, the
 //                                                                   next unit prefetched
 //
@@ -17,10 +19,12 @@
 // (`segments()`), so master_shard(), grad_shard() and the optimizer's moments share one layout.
 //
 // Reductions are SUMs: the trainer scales the loss by 1 / (valid tokens of the global batch), so the
-// summed gradient is the gradient of the global mean loss. Stages 0-2 reduce only during the last
-// micro-batch of a step (the earlier ones accumulate locally); a reduction starts as soon as its unit
-// is final (stages 0-1 group consecutive units into buckets of about bucket_bytes) and overlaps the
-// rest of backward; outstanding requests are polled at every unit boundary so MPI makes progress.
+// summed gradient is the gradient of the global mean loss. Stages 0-1 reduce only during the last
+// micro-batch of a step (the earlier ones accumulate locally in the full gradient buffer); stages
+// 2-3 keep no full gradient buffer, so they reduce every micro-batch. A reduction starts as soon as
+// its unit is final (stages 0-1 group consecutive units into buckets of about bucket_bytes) and
+// overlaps the rest of backward; outstanding requests are polled at every unit boundary so MPI makes
+// progress.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -52,7 +56,12 @@ struct DataParallelStats {
   int reductions = 0;
   double local_grad_sq = 0;  // |g|^2 of this rank's own gradient before reduction (stages 0-2)
   int local_grad_sq_first_unit = 0;  // local_grad_sq covers units from here on (1 when unit 0 went as rows)
+  bool local_grad_sq_valid = false;  // false when no rank ever held its whole local gradient
 };
+
+// The ParamStore storage each stage works on (finalize the store with it).
+Storage storage_for_zero(int zero);
+const char* storage_name(int zero);
 
 class DataParallel final : public UnitHooks {
  public:
@@ -70,7 +79,10 @@ class DataParallel final : public UnitHooks {
   // Zeroes the gradients (full buffer or shard) and the step's statistics.
   void begin_step();
   // Declares whether the micro-batch about to run is the step's last (stages 0-2 reduce only then).
-  void set_last_micro(bool last) { last_micro_ = last; }
+  void set_last_micro(bool last) {
+    last_micro_ = last;
+    micros_++;
+  }
 
   void acquire(int u, bool with_grads) override;
   void release(int u) override;
@@ -129,6 +141,7 @@ class DataParallel final : public UnitHooks {
   float* master_shard_ = nullptr;
   float* grad_shard_ = nullptr;
   bool last_micro_ = true;
+  int micros_ = 0;  // micro-batches started this step
   // Stages 0-1: the bucket being filled is [bucket_begin_, bucket_end_) of the flat gradients.
   int64_t bucket_begin_ = -1, bucket_end_ = -1;
   std::deque<Pending> pending_;

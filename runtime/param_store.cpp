@@ -32,7 +32,7 @@ int ParamStore::add(const std::string& name, std::vector<int64_t> shape, bool we
   return int(entries_.size()) - 1;
 }
 
-void ParamStore::finalize(Arena& arena, DType compute_dtype, int shard_multiple, bool materialize) {
+void ParamStore::finalize(Arena& arena, DType compute_dtype, int shard_multiple, Storage storage) {
   MT_CHECK(!finalized_, "ParamStore finalized twice");
   MT_CHECK(shard_multiple >= 1, "shard_multiple must be >= 1");
   compute_dtype_ = compute_dtype;
@@ -54,16 +54,16 @@ void ParamStore::finalize(Arena& arena, DType compute_dtype, int shard_multiple,
   total_ = pos;
   const size_t bytes = size_t(total_) * sizeof(float);
   master_ = arena.alloc(MemCategory::params, bytes);
-  materialized_ = materialize;
+  storage_ = storage;
   unit_compute_.assign(units_.size(), nullptr);
   unit_grads_.assign(units_.size(), nullptr);
-  if (materialize) {
+  if (full_compute()) {
     compute_ = arena.alloc(MemCategory::params, bytes);
+    for (size_t u = 0; u < units_.size(); u++) unit_compute_[u] = compute_.f32() + units_[u].begin;
+  }
+  if (full_grads()) {
     grads_ = arena.alloc(MemCategory::grads, bytes);
-    for (size_t u = 0; u < units_.size(); u++) {
-      unit_compute_[u] = compute_.f32() + units_[u].begin;
-      unit_grads_[u] = grads_.f32() + units_[u].begin;
-    }
+    for (size_t u = 0; u < units_.size(); u++) unit_grads_[u] = grads_.f32() + units_[u].begin;
   }
   finalized_ = true;
 }
@@ -98,9 +98,13 @@ float* ParamStore::grad(int i) const {
   return base + (e.offset - units_[size_t(e.unit)].begin);
 }
 
-void ParamStore::set_unit_buffers(int u, float* compute, float* grads) {
-  MT_CHECK(!materialized_, "set_unit_buffers on a store with full storage");
+void ParamStore::set_unit_compute(int u, float* compute) {
+  MT_CHECK(!full_compute(), "set_unit_compute on a store with full compute storage");
   unit_compute_[size_t(u)] = compute;
+}
+
+void ParamStore::set_unit_grads(int u, float* grads) {
+  MT_CHECK(!full_grads(), "set_unit_grads on a store with full gradient storage");
   unit_grads_[size_t(u)] = grads;
 }
 
@@ -117,13 +121,13 @@ void round_inplace(float* x, int64_t n, DType t) {
 }
 
 void ParamStore::refresh_compute() {
-  MT_CHECK(materialized_ && master_, "refresh_compute needs full storage and the full master");
+  MT_CHECK(full_compute() && master_, "refresh_compute needs full compute storage and the full master");
   std::memcpy(compute(), master(), size_t(total_) * sizeof(float));
   round_inplace(compute(), total_, compute_dtype_);
 }
 
 void ParamStore::zero_grads() {
-  MT_CHECK(materialized_, "zero_grads needs full storage");
+  MT_CHECK(full_grads(), "zero_grads needs full gradient storage");
   std::memset(grads(), 0, size_t(total_) * sizeof(float));
 }
 

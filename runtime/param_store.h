@@ -13,9 +13,10 @@
 // chunk r of every unit is what data-parallel rank r owns under ZeRO, as in PyTorch FSDP's flat
 // parameters). Each entry starts on a 16-element boundary within its unit.
 //
-// Storage is full by default. A sharding engine (parallel/data_parallel.h) may instead keep compute
-// and grads per unit (set_unit_buffers: materialised only while a unit is in use) and drop the full
-// master once it holds its shard (release_master).
+// Storage is full by default. A sharding engine (parallel/data_parallel.h) may instead keep the
+// gradients (ZeRO-2), or the compute parameters and the gradients (ZeRO-3), per unit — materialised
+// only while a unit is in use (set_unit_compute / set_unit_grads) — and drop the full master once it
+// holds its shard (release_master).
 //
 // The name -> (offset, shape, global slice) table is what a checkpoint stores, so a tensor sharded by
 // a parallel layout can be reassembled under another one.
@@ -48,6 +49,12 @@ struct ParamUnit {
   int64_t size() const { return end - begin; }
 };
 
+enum class Storage {
+  full,            // master, compute and grads in full
+  per_unit_grads,  // full master and compute; gradients per unit (ZeRO-2)
+  per_unit,        // full master only (for initialisation); compute and gradients per unit (ZeRO-3)
+};
+
 class ParamStore {
  public:
   ParamStore() = default;
@@ -58,10 +65,9 @@ class ParamStore {
   void begin_unit(const std::string& name);
   // Registers a parameter in the current unit; returns its index. Only before finalize().
   int add(const std::string& name, std::vector<int64_t> shape, bool weight_decay);
-  // Lays out the units (each padded to a multiple of 16 x shard_multiple) and, when `materialize`,
-  // allocates master, compute and grads in full (zeroed) from `arena`. Without it only the full master
-  // is allocated (for initialisation) and compute/grads come from set_unit_buffers.
-  void finalize(Arena& arena, DType compute_dtype, int shard_multiple = 1, bool materialize = true);
+  // Lays out the units (each padded to a multiple of 16 x shard_multiple) and allocates (zeroed) from
+  // `arena` the full master and, per `storage`, the full compute copy and gradients.
+  void finalize(Arena& arena, DType compute_dtype, int shard_multiple = 1, Storage storage = Storage::full);
 
   bool finalized() const { return finalized_; }
   int64_t total_numel() const { return total_; }  // padded length of the flat buffers
@@ -73,21 +79,24 @@ class ParamStore {
   const ParamEntry* find(const std::string& name) const;  // nullptr if absent
   const std::vector<ParamUnit>& units() const { return units_; }
   int num_units() const { return int(units_.size()); }
-  bool full_storage() const { return materialized_; }
+  bool full_compute() const { return storage_ != Storage::per_unit; }
+  bool full_grads() const { return storage_ == Storage::full; }
+  bool full_storage() const { return storage_ == Storage::full; }
 
-  // Full buffers (nullptr when not held: compute/grads under per-unit storage, master once released).
+  // Full buffers (nullptr when not held: per-unit compute/grads, master once released).
   float* master() const { return master_.f32(); }
-  float* compute() const { return materialized_ ? compute_.f32() : nullptr; }
-  float* grads() const { return materialized_ ? grads_.f32() : nullptr; }
+  float* compute() const { return full_compute() ? compute_.f32() : nullptr; }
+  float* grads() const { return full_grads() ? grads_.f32() : nullptr; }
   float* master(int i) const;
   // Pointers into the unit's current buffers; fail if the unit is not materialised.
   float* compute(int i) const;
   float* grad(int i) const;
   float* unit_compute(int u) const { return unit_compute_[size_t(u)]; }
   float* unit_grads(int u) const { return unit_grads_[size_t(u)]; }
-  // Per-unit storage: points unit u's compute and grads at caller-owned buffers of units()[u].size()
+  // Per-unit storage: points unit u's compute (or grads) at a caller-owned buffer of units()[u].size()
   // elements (nullptr: not materialised).
-  void set_unit_buffers(int u, float* compute, float* grads);
+  void set_unit_compute(int u, float* compute);
+  void set_unit_grads(int u, float* grads);
   void release_master();
 
   // compute = round(master) in the compute dtype (full storage only).
@@ -101,7 +110,8 @@ class ParamStore {
   std::vector<float*> unit_compute_, unit_grads_;
   int64_t total_ = 0;
   int shard_multiple_ = 1;
-  bool finalized_ = false, materialized_ = false;
+  bool finalized_ = false;
+  Storage storage_ = Storage::full;
   DType compute_dtype_ = DType::f32;
   Buffer master_, compute_, grads_;
 };

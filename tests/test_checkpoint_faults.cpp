@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <functional>
@@ -158,6 +159,36 @@ TEST(CheckpointFaults, SaveKilledAfterCommitLeavesTheNewCheckpointInForce) {
   fs::remove_all(dir);
 }
 
+// Two simulated ranks in one child process, rank 1 killed (which kills both): before rank 1 has
+// announced its file, no commit can happen; once it has seen the commit, the new checkpoint is in
+// force even if `latest` was not yet updated.
+TEST(CheckpointFaults, KillOnAnotherRankCommitsOnlyAfterItsFileWasAnnounced) {
+  std::mt19937_64 rng(mt::testing::test_seed() + 8);
+  const State s = State::random(rng, 3);
+  for (const char* phase : {"staging", "write", "before_commit", "after_commit"}) {
+    SCOPED_TRACE(phase);
+    const std::string dir = mt::testing::make_temp_dir("ckpt_fault2");
+    Options o = options(dir, true);
+    {
+      SimulatedJob job(2, o);
+      job.save(s, 1);
+      job.wait();
+    }
+    o.fault_phase = phase;
+    o.fault_step = 2;
+    o.fault_rank = 1;
+    EXPECT_TRUE(killed(run_in_child([&] {
+      SimulatedJob job(2, o);
+      job.save(s, 2);
+      job.wait();
+    })));
+    const bool committed = std::string(phase) == "after_commit";
+    EXPECT_EQ(fs::exists(dir + "/step_000002"), committed);
+    EXPECT_EQ(latest_valid(dir)->step, committed ? 2 : 1);
+    fs::remove_all(dir);
+  }
+}
+
 TEST(CheckpointFaults, FullDiskFailsTheSaveClearlyAndKeepsThePreviousCheckpoint) {
   std::mt19937_64 rng(mt::testing::test_seed() + 2);
   const State s = State::random(rng, 3);
@@ -223,6 +254,26 @@ TEST(CheckpointFaults, RankThatNeverWritesTimesOutTheCommit) {
   expect_error([&] { job.ranks[0]->wait(); }, {"timed out", "rank(s) 1 "});
   expect_error([&] { job.ranks[2]->wait(); }, {"abandoned"});
   EXPECT_FALSE(fs::exists(dir + "/step_000001.tmp"));
+  EXPECT_FALSE(fs::exists(dir + "/step_000001"));
+  fs::remove_all(dir);
+}
+
+// A Checkpointer destroyed while an exception unwinds (the training failed) does not sit out the
+// commit timeout waiting for ranks that may be gone.
+TEST(CheckpointFaults, UnwindingStopsWaitingForOtherRanks) {
+  std::mt19937_64 rng(mt::testing::test_seed() + 7);
+  const State s = State::random(rng, 2);
+  const std::string dir = mt::testing::make_temp_dir("ckpt_unwind");
+  Options o = options(dir, true);
+  o.commit_timeout_s = 60;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    SimulatedJob job(2, o);
+    job.ranks[0]->save(s.request(1, 0, 2));  // rank 1 never saves
+    throw std::runtime_error("the training step failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
   EXPECT_FALSE(fs::exists(dir + "/step_000001"));
   fs::remove_all(dir);
 }

@@ -61,11 +61,12 @@ TEST(CheckpointRoundTrip, SavedStateReadsBackBitwiseSyncAndAsync) {
   }
 }
 
-// The async save copies at the call: the caller overwrites every value right after save() returns,
-// and the files still equal those of a synchronous save of the original values. The state is large
-// (36 MB) and overwritten last tensor first, so without the snapshot the background writer could not
-// reach the last tensors before they change.
-TEST(CheckpointRoundTrip, AsyncSaveIsByteIdenticalToSyncSaveDespiteLaterWrites) {
+// The async save snapshots the state: the caller overwrites every value once save() has returned
+// (or, with a deferred snapshot, once snapshot_fence() has), and the files still equal those of a
+// synchronous save of the original values. The state is large (36 MB) and overwritten last tensor
+// first, so without the snapshot the background writer could not reach the last tensors before
+// they change.
+void expect_snapshot_at_save(bool deferred) {
   std::mt19937_64 rng(mt::testing::test_seed() + 1);
   State s;
   for (const char* group : {"param/", "adam_m/", "adam_v/"})
@@ -77,8 +78,11 @@ TEST(CheckpointRoundTrip, AsyncSaveIsByteIdenticalToSyncSaveDespiteLaterWrites) 
   const std::string a = mt::testing::make_temp_dir("ckpt_async"), b = mt::testing::make_temp_dir("ckpt_sync");
   parallel::SelfComm self;
   {
-    Checkpointer ck(options(a, true), self);
+    Options o = options(a, true);
+    o.deferred_snapshot = deferred;
+    Checkpointer ck(o, self);
     ck.save(s.request(3, 0, 1));
+    ck.snapshot_fence();
     for (auto v = s.values.rbegin(); v != s.values.rend(); ++v)
       for (float& x : *v) x = -x + 1.f;  // "the next optimizer step", while the save is in flight
     ck.wait();
@@ -102,6 +106,10 @@ TEST(CheckpointRoundTrip, AsyncSaveIsByteIdenticalToSyncSaveDespiteLaterWrites) 
   fs::remove_all(a);
   fs::remove_all(b);
 }
+
+TEST(CheckpointRoundTrip, AsyncSaveIsByteIdenticalToSyncSaveDespiteLaterWrites) { expect_snapshot_at_save(false); }
+
+TEST(CheckpointRoundTrip, DeferredSnapshotIsByteIdenticalToSyncSaveOnceFenced) { expect_snapshot_at_save(true); }
 
 // Written by 4 ranks in ZeRO-like flat shards; read back whole, as 3 ranks would shard it, and at
 // random ranges that straddle the writers' piece boundaries.

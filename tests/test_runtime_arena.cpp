@@ -197,7 +197,7 @@ TEST(ParamStore, WithoutMaterializeOnlyTheMasterIsAllocated) {
   ParamStore ps;
   ps.add("w", {5, 7}, true);
   Arena a;
-  ps.finalize(a, DType::bf16, 2, /*materialize=*/false);
+  ps.finalize(a, DType::bf16, 2, Storage::per_unit);
   EXPECT_EQ(live(a, MemCategory::params), size_t(ps.total_numel()) * sizeof(float));
   EXPECT_EQ(live(a, MemCategory::grads), 0u);
   EXPECT_EQ(ps.compute(), nullptr);

@@ -58,7 +58,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world)
          train_data_->vocab_size(), o_.model.vocab_size);
   if (o_.eval_every > 0) val_data_ = open_batches(o_, "val", dp.rank(), dp.size());
   gpt_ = std::make_unique<model::GPT>(o_.model, store_);
-  store_.finalize(arena_, o_.precision, dp.size(), o_.parallel.zero < 3);
+  store_.finalize(arena_, o_.precision, dp.size(), parallel::storage_for_zero(o_.parallel.zero));
   gpt_->set_arena(&arena_);
   gpt_->set_ctx(ctx_);
   gpt_->set_recompute(o_.recompute);
@@ -117,7 +117,7 @@ StepResult Trainer::step() {
   gpt_->reset_times();
   double loss_sum = 0;
   // With one rank, the noise scale compares the first micro-batch's gradient with the whole batch's.
-  const bool gns_from_micro = dp.size() == 1 && micro_.size() > 1 && store_.full_storage();
+  const bool gns_from_micro = dp.size() == 1 && micro_.size() > 1 && store_.full_grads();
   double g2_first = 0;
   for (size_t k = 0; k < micro_.size(); k++) {
     dp_->set_last_micro(k + 1 == micro_.size());
@@ -142,7 +142,7 @@ StepResult Trainer::step() {
       const double to_mean = double(valid) / double(valid0) * inv_scale;
       r.local_grad_sq = g2_first * to_mean * to_mean;
       gns_.update(r.local_grad_sq, r.grad_norm * r.grad_norm, double(valid0), double(valid));
-    } else if (dp.size() > 1 && o_.parallel.zero < 3 && valid_local > 0) {
+    } else if (dp.size() > 1 && dp_->stats().local_grad_sq_valid && valid_local > 0) {
       // This rank's own gradient, rescaled to the mean over its tokens, averaged over ranks.
       const double to_mean = double(valid) / double(valid_local) * inv_scale;
       r.local_grad_sq = parallel::all_reduce_sum_double(dp, dp_->stats().local_grad_sq * to_mean * to_mean) / dp.size();

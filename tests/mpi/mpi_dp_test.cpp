@@ -105,12 +105,12 @@ TEST(DataParallel, EveryZeroStageMatchesTheSingleRankRun) {
   }
 }
 
-TEST(DataParallel, Zero3HoldsLessParameterMemoryThanZero0) {
+TEST(DataParallel, Zero2And3HoldLessMemoryThanZero0) {
   parallel::Comm& world = mpi_world().comm();
   const int D = world.size();
   const std::string data = shared_corpus(world);
-  size_t state[4] = {}, params[4] = {}, max_unit = 0;
-  for (int zero : {0, 3}) {
+  size_t state[4] = {}, params[4] = {}, grads[4] = {}, max_unit = 0;
+  for (int zero : {0, 2, 3}) {
     TrainOptions o = options(data, 2, 1, zero, D);
     o.model.n_layer = 8;  // so that one layer is a small part of the model
     Trainer t(o, &world);
@@ -119,6 +119,7 @@ TEST(DataParallel, Zero3HoldsLessParameterMemoryThanZero0) {
     t.step();
     const MemStats& m = t.arena().stats();
     params[zero] = m.peak[size_t(MemCategory::params)];
+    grads[zero] = m.peak[size_t(MemCategory::grads)];
     state[zero] = m.peak[size_t(MemCategory::params)] + m.peak[size_t(MemCategory::grads)] +
                   m.peak[size_t(MemCategory::optimizer)];
   }
@@ -127,6 +128,7 @@ TEST(DataParallel, Zero3HoldsLessParameterMemoryThanZero0) {
                 state[0], state[3], double(state[3]) / double(state[0]), params[0], params[3]);
   if (D > 1) {
     EXPECT_LT(params[3], params[0]);
+    EXPECT_LT(grads[2], grads[0]) << "ZeRO-2 must not keep a full gradient buffer";
   }
   // ZeRO-3 keeps 1/D of the model state plus what is materialised at a time: at most two gathered
   // units (the one in use and the prefetched one), the gradient buffers of the embeddings (alive

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# scripts/supervise against a fake training command whose failures and progress are scripted:
+#   recovers:  fails twice (exit 1, then SIGKILL), then succeeds: exit 0, relaunched with
+#              resume=auto (replacing resume=none), goodput counts each step's last record once;
+#   stuck:     always fails before any progress: exit 3 after 3 restarts without progress;
+#   progress:  always fails, but after a new checkpoint each time: exit 4 once --max-restarts is used;
+#   usage:     no command: exit 2.
+# Usage: tests/test_supervise.sh [path/to/supervise]
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+supervise=${1:-$root/scripts/supervise}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+check() {  # check <description> <command...>
+  local what=$1
+  shift
+  if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; failures=$((failures + 1)); fi
+}
+
+# The fake trainer: fake_train <state dir> <mode> [args...]. Each attempt n runs 4 steps starting
+# after the checkpointed step, each taking "time.total" = n/10 s in metrics.jsonl, commits a
+# checkpoint after its second step, then fails or succeeds as the mode says.
+cat >"$work/fake_train" <<'FAKE'
+#!/usr/bin/env bash
+state=$1 mode=$2
+n=$(( $(cat "$state/count" 2>/dev/null || echo 0) + 1 ))
+echo $n >"$state/count"
+echo "$*" >>"$state/args.log"
+mkdir -p "$state/ckpt"
+start=0
+if [[ "$*" == *resume=auto* && -f $state/ckpt/latest ]]; then start=$((10#$(sed 's/step_//' "$state/ckpt/latest"))); fi
+if [[ $mode == stuck ]]; then exit 1; fi
+for i in 1 2 3 4; do
+  s=$((start + i))
+  echo "{\"step\": $s, \"loss\": 1.0, \"time\": {\"data\": 0.0, \"total\": 0.$n}}" >>"$state/metrics.jsonl"
+  if [[ $i -eq 2 ]]; then printf 'step_%06d\n' $s >"$state/ckpt/latest"; fi
+done
+echo '{"event": "end", "step": 99, "time": {"total": 100}}' >>"$state/metrics.jsonl"
+if [[ $mode == progress ]]; then exit 1; fi
+if [[ $n -eq 1 ]]; then exit 1; fi
+if [[ $n -eq 2 ]]; then kill -9 $$; fi
+exit 0
+FAKE
+chmod +x "$work/fake_train"
+
+# recovers
+s=$work/recovers
+mkdir -p "$s"
+"$supervise" --max-restarts 5 --log "$s/supervise.log" --ckpt-dir "$s/ckpt" --metrics "$s/metrics.jsonl" \
+  -- "$work/fake_train" "$s" recovers resume=none 2>"$s/stderr"
+rc=$?
+check "recovers: exit 0" test $rc -eq 0
+check "recovers: 3 attempts" test "$(cat "$s/count")" -eq 3
+check "recovers: first attempt as given" test "$(sed -n 1p "$s/args.log")" = "$s recovers resume=none"
+check "recovers: restarts resume=auto" test "$(sed -n 3p "$s/args.log")" = "$s recovers resume=auto"
+check "recovers: exit status logged" grep -q "attempt 1 failed: exit status 1 " "$s/supervise.log"
+check "recovers: signal named" grep -q "attempt 2 failed: exit status 137 (signal KILL)" "$s/supervise.log"
+check "recovers: time lost logged" grep -q "time lost since the last checkpoint: [0-9.]* s; progress: step none yet -> 2" "$s/supervise.log"
+# Steps 1-2 survive from attempt 1 (0.1 s each), 3-4 from attempt 2 (0.2), 5-8 from attempt 3 (0.3).
+check "recovers: goodput from the surviving steps" grep -q "useful step time 1.8 s over 8 unique steps" "$s/supervise.log"
+check "recovers: summary" grep -q "summary: 3 attempt(s), 2 restart(s)" "$s/supervise.log"
+
+# stuck: progress read from the metrics file (never written)
+s=$work/stuck
+mkdir -p "$s"
+"$supervise" --metrics "$s/metrics.jsonl" -- "$work/fake_train" "$s" stuck 2>"$s/stderr"
+rc=$?
+check "stuck: exit 3" test $rc -eq 3
+check "stuck: 1 attempt + 3 restarts" test "$(cat "$s/count")" -eq 4
+check "stuck: says why" grep -q "3 restarts in a row made no progress" "$s/stderr"
+check "stuck: goodput without steps" grep -q "goodput: n/a" "$s/stderr"
+
+# progress: every attempt commits a new checkpoint, but the restarts run out
+s=$work/progress
+mkdir -p "$s"
+"$supervise" --max-restarts 2 --ckpt-dir "$s/ckpt" -- "$work/fake_train" "$s" progress 2>"$s/stderr"
+rc=$?
+check "progress: exit 4" test $rc -eq 4
+check "progress: 1 attempt + 2 restarts" test "$(cat "$s/count")" -eq 3
+check "progress: says why" grep -q "used all 2 restart(s)" "$s/stderr"
+
+"$supervise" --max-restarts 2 -- 2>/dev/null
+check "usage: no command is exit 2" test $? -eq 2
+"$supervise" --max-restarts x -- true 2>/dev/null
+check "usage: bad --max-restarts is exit 2" test $? -eq 2
+
+if [[ $failures -ne 0 ]]; then
+  echo "$failures check(s) failed; supervise output of the last case:"
+  cat "$s/stderr"
+  exit 1
+fi
+echo "all supervise checks passed"

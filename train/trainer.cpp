@@ -78,6 +78,9 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world)
   ckpt_opts_.dir = o_.ckpt.dir.empty() ? (std::filesystem::path(o_.out_dir) / "checkpoints").string() : o_.ckpt.dir;
   ckpt_opts_.keep = o_.ckpt.keep;
   ckpt_opts_.async = o_.ckpt.async;
+  // Async saves copy the state in the background while the next forward/backward runs; the
+  // optimizer waits for that copy (snapshot_fence) before it changes the weights.
+  ckpt_opts_.deferred_snapshot = o_.ckpt.async;
   ckpt_opts_.log = Logger(LogLevel::info, world_.size() > 1 ? world_.rank() : -1);
   if (o_.resume == "auto") {
     // The newest checkpoint that verifies, else the next older one; none: a fresh start.
@@ -131,6 +134,7 @@ StepResult Trainer::step() {
   r.t_grad_wait = dp_->stats().grad_wait_s;
 
   const auto t_opt = clock_type::now();
+  if (ckpt_) ckpt_->snapshot_fence();
   fault("optimizer");
   const bool finite = !scaler_.enabled() || dp_->grads_finite();
   r.lr = lr_at(o_.optim, step_, o_.steps);

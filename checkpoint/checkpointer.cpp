@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <random>
 #include <unordered_map>
 
@@ -31,12 +32,6 @@ constexpr const char* kFaultPhases[] = {"forward", "backward",      "optimizer",
 
 // The staging copy: memcpy split into 16 MiB tasks over a few threads, since one core cannot
 // saturate memory bandwidth. Plain threads rather than OpenMP keep this safe in forked children.
-struct CopyTask {
-  char* dst;
-  const char* src;
-  size_t bytes;
-};
-
 void parallel_copy(const std::vector<CopyTask>& pieces) {
   constexpr size_t kTask = size_t(16) << 20;
   std::vector<CopyTask> tasks;
@@ -79,6 +74,8 @@ Checkpointer::Checkpointer(const Options& o, parallel::Comm& world) : o_(o), wor
          "after_commit, enospc)",
          o_.fault_phase.c_str());
   if (o_.commit_timeout_s <= 0) fail("checkpoint: commit timeout must be positive");
+  MT_CHECK(world_.device() == Device::cpu, "checkpoint: the communicator '%s' must be a host (MPI or self) one",
+           world_.name().c_str());
   int32_t msg[3] = {0, 0, 0};  // status, run id low and high halves
   std::string why;
   if (world_.rank() == 0) {
@@ -103,6 +100,7 @@ Checkpointer::Checkpointer(const Options& o, parallel::Comm& world) : o_(o), wor
 }
 
 Checkpointer::~Checkpointer() {
+  if (std::uncaught_exceptions() > 0) cancel_ = true;
   try {
     wait();
   } catch (const std::exception& e) {
@@ -207,11 +205,12 @@ std::unique_ptr<WriteJob> Checkpointer::make_job(const SaveRequest& req, bool st
   job->meta_text = req.rank_meta.dump();
   job->file.name = rank_file_name(job->rank);
   job->file.rank = job->rank;
+  job->cancel = &cancel_;
 
   size_t piece_bytes = 0;
   for (const Piece& p : req.pieces) piece_bytes += size_t(p.flat_end - p.flat_begin) * sizeof(float);
   char* stage_at = stage && piece_bytes > 0 ? staging(piece_bytes) : nullptr;
-  std::vector<CopyTask> copies;
+  std::vector<CopyTask>& copies = job->copies;
   uint64_t offset = kHeaderBytes;
   job->segments.push_back({job->header.data(), job->header.size(), -1});
   for (const Piece& p : req.pieces) {
@@ -239,11 +238,38 @@ std::unique_ptr<WriteJob> Checkpointer::make_job(const SaveRequest& req, bool st
     job->tensors = req.tensors;
     job->global_meta = req.global_meta;
   }
-  if (o_.staging.copy)
-    for (const CopyTask& c : copies) o_.staging.copy(c.dst, c.src, c.bytes);
-  else
-    parallel_copy(copies);
   return job;
+}
+
+void Checkpointer::stage(WriteJob& job) {
+  // Marks the job staged however the copy ends, so snapshot_fence() cannot wait forever; a failed
+  // copy fails the save (run() reports it).
+  struct Staged {
+    WriteJob& job;
+    ~Staged() {
+      std::lock_guard<std::mutex> lock(job.mu);
+      job.staged = true;
+      job.staged_cv.notify_all();
+    }
+  } staged{job};
+  if (o_.staging.copy)
+    for (const CopyTask& c : job.copies) o_.staging.copy(c.dst, c.src, c.bytes);
+  else
+    parallel_copy(job.copies);
+}
+
+void Checkpointer::snapshot_fence() {
+  if (!job_) return;
+  const auto t0 = Clock::now();
+  {
+    std::unique_lock<std::mutex> lock(job_->mu);
+    job_->staged_cv.wait(lock, [&] { return job_->staged; });
+  }
+  // The wait held the training loop: it belongs to this save's blocking time.
+  const double waited = since(t0);
+  std::lock_guard<std::mutex> lock(mu_);
+  job_->stats.blocking_s += waited;
+  if (last_ && last_->step == job_->stats.step) last_->blocking_s += waited;
 }
 
 void Checkpointer::save(const SaveRequest& req) {
@@ -255,12 +281,14 @@ void Checkpointer::save(const SaveRequest& req) {
   fault_point(o_, world_.rank(), req.step, "staging");
   job_ = make_job(req, o_.async || bool(o_.staging.copy));
   job_->stats = {req.step, 0, 0, size_t(job_->file.bytes), stall};
+  const bool deferred = o_.async && o_.deferred_snapshot;
+  if (!deferred) stage(*job_);
   if (o_.async) {
     job_->stats.blocking_s = since(t0);
-    worker_ = std::thread([this] { run(*job_); });
+    worker_ = std::thread([this, deferred] { run(*job_, deferred); });
     return;
   }
-  run(*job_);
+  run(*job_, false);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (last_ && last_->step == req.step) last_->blocking_s = since(t0);
@@ -268,15 +296,17 @@ void Checkpointer::save(const SaveRequest& req) {
   wait();  // a synchronous save's failure is thrown right away
 }
 
-void Checkpointer::run(WriteJob& job) {
+void Checkpointer::run(WriteJob& job, bool stage_first) {
   const auto t0 = Clock::now();
   try {
+    if (stage_first) stage(job);
     write_rank_file(job, o_);
     if (job.rank == 0) {
       commit(job, o_);
     } else {
-      publish_table(job);
+      // Killed here, this rank's file is durable but never announced, so rank 0 cannot commit.
       fault_point(o_, job.rank, job.step, "before_commit");
+      publish_table(job);
       await_commit(job, o_);
     }
     job.stats.background_s = since(t0);
@@ -284,7 +314,7 @@ void Checkpointer::run(WriteJob& job) {
     last_ = job.stats;
   } catch (const std::exception& e) {
     std::string why = e.what();
-    if (job.rank != 0 && !io::exists(job.tmp_dir) && why.find("abandoned") == std::string::npos)
+    if (job.rank != 0 && !io::exists(job.tmp_dir) && why.find("No such file or directory") != std::string::npos)
       why += " (rank 0 removed the save directory: it abandoned this save)";
     abandon(job, why);
     error_ = std::make_exception_ptr(Error(strfmt("checkpoint save of step %lld to %s failed on rank %d: %s; the "

@@ -18,6 +18,7 @@
 // the next Checkpointer deletes. A failed save (ENOSPC, EIO, a rank that never finishes) removes its
 // step_N.tmp/, leaves every earlier checkpoint as it was, and is rethrown by the next save()/wait().
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -69,9 +70,16 @@ struct Options {
   std::string dir;  // the checkpoint root: <dir>/step_000120/, <dir>/latest
   int keep = 3;     // retention: the newest `keep` checkpoints stay (0: keep all)
   bool async = true;
+  // Async only. false: save() copies the state before returning. true: the copy runs in the
+  // background too, and the caller must call snapshot_fence() before it changes any piece's data
+  // (e.g. before the next optimizer step), so the copy hides behind the next forward and backward.
+  bool deferred_snapshot = false;
   // Fault injection (tests): at the named phase of the save of `fault_step`, only on rank
-  // `fault_rank`: "staging", "write" (half of the rank file written), "before_commit",
-  // "after_commit" SIGKILL this process; "enospc" makes the rank file's writes fail with ENOSPC.
+  // `fault_rank`, SIGKILL this process: "staging" (before the copy), "write" (half of the rank file
+  // written), "before_commit" (rank file durable; rank 0: every rank's file durable, manifest not
+  // yet written; other ranks: the file not yet announced, so no commit can follow), "after_commit"
+  // (rank 0: renamed and `latest` updated, before retention; other ranks: the commit seen).
+  // "enospc" instead makes this rank's file writes fail with ENOSPC, as a full disk would.
   // The trainer adds its own phases ("forward", "backward", "optimizer") through fault_point().
   std::string fault_phase;
   int64_t fault_step = -1;
@@ -94,19 +102,26 @@ struct WriteJob;  // one save's background work (write_job.h)
 class Checkpointer {
  public:
   // Collective. Rank 0 creates `dir` if needed, checks that it is writable and deletes stale *.tmp
-  // entries left by killed saves; every rank fails together (CollectiveError) if the directory is unusable.
+  // entries left by killed saves; every rank fails together (CollectiveError) if the directory is
+  // unusable. `world` is a host communicator (MPI or self): save() exchanges a few integers on it.
   Checkpointer(const Options& o, parallel::Comm& world);
-  ~Checkpointer();  // waits for a pending save (a failure is logged, not thrown)
+  // Waits for a pending save (a failure is logged, not thrown). While an exception unwinds the stack
+  // it stops waiting for other ranks at once: the job is failing, and they may be gone.
+  ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
   // Collective: every rank calls it for the same step. Waits for the previous save (rethrowing its
   // failure), copies every piece into the staging buffer (so the caller may change its weights right
-  // after it returns), then writes in a background thread (async) or before returning (sync).
+  // after it returns; with deferred_snapshot, after snapshot_fence()), then writes in a background
+  // thread (async) or before returning (sync).
   void save(const SaveRequest& req);
   // Until the last save is committed (rank 0) or this rank's part is durable and the commit seen
   // (other ranks). Rethrows the failure of that save, once.
   void wait();
+  // With deferred_snapshot: returns once the last save's staging copy is done, after which the
+  // caller may change its data; its wait counts in that save's blocking time. Otherwise a no-op.
+  void snapshot_fence();
 
   struct SaveStats {
     int64_t step = 0;
@@ -123,7 +138,8 @@ class Checkpointer {
   void validate(const SaveRequest& req) const;
   void agree_on_step(int64_t step);
   std::unique_ptr<WriteJob> make_job(const SaveRequest& req, bool stage);
-  void run(WriteJob& job);
+  void stage(WriteJob& job);
+  void run(WriteJob& job, bool stage_first);
   char* staging(size_t bytes);
 
   Options o_;
@@ -132,6 +148,7 @@ class Checkpointer {
   std::thread worker_;
   std::unique_ptr<WriteJob> job_;
   std::exception_ptr error_;
+  std::atomic<bool> cancel_{false};
   mutable std::mutex mu_;  // guards last_ (written by the worker, read by last_completed())
   std::optional<SaveStats> last_;
   char* staging_ = nullptr;

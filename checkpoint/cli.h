@@ -3,8 +3,9 @@
 //                            (manifest, files and headers checked; checksums are verify's job)
 //   verify <path>...         full verification of a checkpoint, or of every checkpoint under a root
 //   bench --dir D [--mb N] [--saves K] [--interval S]
-//                            synchronous vs asynchronous save of N MB of fp32 state: blocking and
-//                            background times (the async save's blocking part is its staging copy)
+//                            synchronous vs asynchronous save (copy at save(), and deferred
+//                            snapshot) of N MB of fp32 state, S seconds of "training" apart:
+//                            blocking and background times
 // (`ckpt export`, which needs the model, lives with the trainer.)
 #pragma once
 

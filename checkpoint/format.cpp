@@ -10,6 +10,7 @@
 namespace mt::checkpoint {
 
 using nlohmann::json;
+using nlohmann::ordered_json;
 
 namespace {
 
@@ -92,16 +93,16 @@ std::string rank_file_name(int rank) { return strfmt("rank_%05d.bin", rank); }
 std::string rank_table_name(int rank) { return strfmt("rank_%05d.json", rank); }
 std::string rank_failed_name(int rank) { return strfmt("rank_%05d.failed", rank); }
 
-json tensor_to_json(const TensorInfo& t) {
+ordered_json tensor_to_json(const TensorInfo& t) {
   return {{"name", t.name}, {"shape", t.global_shape}, {"dtype", dtype_name(t.dtype)}};
 }
 
-json file_to_json(const FileRecord& f) {
-  json pieces = json::array();
+ordered_json file_to_json(const FileRecord& f) {
+  ordered_json pieces = ordered_json::array();
   for (const PieceRecord& p : f.pieces)
-    pieces.push_back({{"tensor", p.tensor}, {"kind", "flat"}, {"flat", {p.flat_begin, p.flat_end}},
-                      {"offset", p.offset}, {"length", p.length}, {"crc32c", p.crc}});
-  return {{"name", f.name},
+    pieces.push_back(ordered_json{{"tensor", p.tensor}, {"kind", "flat"}, {"flat", {p.flat_begin, p.flat_end}},
+                                  {"offset", p.offset}, {"length", p.length}, {"crc32c", p.crc}});
+  return ordered_json{{"name", f.name},
           {"rank", f.rank},
           {"bytes", f.bytes},
           {"header_crc32c", f.header_crc},
@@ -109,14 +110,15 @@ json file_to_json(const FileRecord& f) {
           {"pieces", pieces}};
 }
 
-json manifest_to_json(const Manifest& m) {
-  json tensors = json::array(), files = json::array();
+ordered_json manifest_to_json(const Manifest& m) {
+  ordered_json tensors = ordered_json::array(), files = ordered_json::array();
   for (const TensorInfo& t : m.tensors) tensors.push_back(tensor_to_json(t));
   for (const FileRecord& f : m.files) files.push_back(file_to_json(f));
-  return {{"format", kFormatName}, {"version", m.version},       {"step", m.step},
-          {"save_id", m.save_id},  {"created_unix", m.created_unix}, {"world_size", m.world_size},
-          {"chunk_bytes", m.chunk_bytes}, {"meta", m.meta},      {"tensors", tensors},
-          {"files", files}};
+  return ordered_json{{"format", kFormatName},         {"version", m.version},
+                      {"step", m.step},                {"save_id", m.save_id},
+                      {"created_unix", m.created_unix}, {"world_size", m.world_size},
+                      {"chunk_bytes", m.chunk_bytes},  {"meta", ordered_json(m.meta)},
+                      {"tensors", tensors},            {"files", files}};
 }
 
 TensorInfo tensor_from_json(const json& j, const std::string& where) {
@@ -186,6 +188,7 @@ Manifest manifest_from_json(const json& j, const std::string& where) {
 
 Manifest read_manifest(const std::string& ckpt_dir) {
   const std::string path = io::join(ckpt_dir, kManifestName);
+  if (!io::exists(ckpt_dir)) fail("%s is not a checkpoint: it does not exist", ckpt_dir.c_str());
   if (!io::is_dir(ckpt_dir)) fail("%s is not a checkpoint: not a directory", ckpt_dir.c_str());
   if (!io::exists(path)) {
     if (io::exists(io::join(ckpt_dir, kLatestName)))

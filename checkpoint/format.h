@@ -87,9 +87,10 @@ std::string rank_failed_name(int rank);                          // "rank_00003.
 inline constexpr const char* kManifestName = "manifest.json";
 inline constexpr const char* kLatestName = "latest";
 
-nlohmann::json tensor_to_json(const TensorInfo& t);
-nlohmann::json file_to_json(const FileRecord& f);
-nlohmann::json manifest_to_json(const Manifest& m);
+// Written with keys in the order of this page and the format doc, for people reading the files.
+nlohmann::ordered_json tensor_to_json(const TensorInfo& t);
+nlohmann::ordered_json file_to_json(const FileRecord& f);
+nlohmann::ordered_json manifest_to_json(const Manifest& m);
 // Parsers validate types and ranges and throw mt::Error prefixed with `where` (a path).
 TensorInfo tensor_from_json(const nlohmann::json& j, const std::string& where);
 FileRecord file_from_json(const nlohmann::json& j, const std::string& where);

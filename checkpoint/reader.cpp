@@ -158,6 +158,8 @@ void Reader::verify_all() const {
 void verify(const std::string& ckpt_path) { Reader(ckpt_path).verify_all(); }
 
 std::optional<Found> find_latest_valid(const std::string& dir, parallel::Comm& world, const Logger& log) {
+  MT_CHECK(world.device() == Device::cpu, "find_latest_valid: the communicator '%s' must be a host one",
+           world.name().c_str());
   // [found, step low half, step high half]; i32 is the widest integer type collectives carry.
   int32_t msg[3] = {0, 0, 0};
   std::string why;

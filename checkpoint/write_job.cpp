@@ -25,13 +25,15 @@ bool fault_is(const Options& o, const WriteJob& job, const char* phase) {
   return o.fault_phase == phase && o.fault_step == job.step && o.fault_rank == job.rank;
 }
 
-// Polls `ready` with a growing pause (1 ms .. 50 ms) until it returns true or `timeout_s` passes.
+// Polls `ready` with a growing pause (1 ms .. 50 ms) until it returns true or `timeout_s` passes;
+// fails at once when the job is cancelled.
 template <class F>
-bool poll_until(double timeout_s, F ready) {
+bool poll_until(const WriteJob& job, double timeout_s, F ready) {
   const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
   auto pause = std::chrono::milliseconds(1);
   while (true) {
     if (ready()) return true;
+    if (job.cancel && job.cancel->load()) fail("cancelled while waiting for the other ranks (the process is failing)");
     if (Clock::now() > deadline) return false;
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
@@ -93,7 +95,7 @@ void commit(WriteJob& job, const Options& o) {
   files[0] = job.file;
   std::vector<bool> have(size_t(job.world_size), false);
   have[0] = true;
-  const bool all = poll_until(o.commit_timeout_s, [&] {
+  const bool all = poll_until(job, o.commit_timeout_s, [&] {
     for (int r = 1; r < job.world_size; r++) {
       if (have[size_t(r)]) continue;
       const std::string failed = io::join(job.tmp_dir, rank_failed_name(r));
@@ -154,7 +156,7 @@ void commit(WriteJob& job, const Options& o) {
 
 void await_commit(WriteJob& job, const Options& o) {
   bool abandoned = false;
-  const bool ok = poll_until(o.commit_timeout_s, [&] {
+  const bool ok = poll_until(job, o.commit_timeout_s, [&] {
     if (save_id_of(job.final_dir) == job.save_id) return true;
     // step_N.tmp is renamed to step_N in one step, so if it is gone and step_N is not ours, rank 0
     // gave up on this save (and reports why).

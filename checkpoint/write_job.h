@@ -1,7 +1,10 @@
 // One save's background work, split from checkpointer.cpp so the commit protocol reads on its own.
 // Internal to checkpoint/ (the public interface is checkpointer.h).
 #pragma once
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -19,6 +22,13 @@ struct Segment {
   int piece = -1;  // index into WriteJob::file.pieces, or -1 for the header and metadata
 };
 
+// One copy into the staging buffer.
+struct CopyTask {
+  char* dst;
+  const char* src;
+  size_t bytes;
+};
+
 struct WriteJob {
   int rank = 0, world_size = 1;
   int64_t step = 0;
@@ -30,6 +40,13 @@ struct WriteJob {
   nlohmann::json global_meta;       // rank 0: for the manifest
   Checkpointer::SaveStats stats;
   bool published = false;  // this rank's table is out: rank 0 may be using its file
+  const std::atomic<bool>* cancel = nullptr;  // set: stop waiting for other ranks (the owner is unwinding)
+  // The staging copies, done in save() or, with a deferred snapshot, first thing in the background;
+  // `staged` (under `mu`, signalled on `staged_cv`) says they are done and the sources are free.
+  std::vector<CopyTask> copies;
+  std::mutex mu;
+  std::condition_variable staged_cv;
+  bool staged = false;
 };
 
 // The steps of run(): see the protocol in checkpointer.h. Each throws mt::Error naming the path.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/supervise against a fake training command whose failures and progress are scripted:
-#   recovers:  fails twice (exit 1, then SIGKILL), then succeeds: exit 0, relaunched with
-#              resume=auto (replacing resume=none), goodput counts each step's last record once;
+#   recovers:  fails twice (exit 1 one second after its checkpoint, then SIGKILL), then succeeds:
+#              exit 0, relaunched with resume=auto (replacing resume=none), the time lost counted
+#              from the checkpoint, goodput counting each step's last record once;
 #   stuck:     always fails before any progress: exit 3 after 3 restarts without progress;
 #   progress:  always fails, but after a new checkpoint each time: exit 4 once --max-restarts is used;
 #   usage:     no command: exit 2.
@@ -38,7 +39,7 @@ for i in 1 2 3 4; do
 done
 echo '{"event": "end", "step": 99, "time": {"total": 100}}' >>"$state/metrics.jsonl"
 if [[ $mode == progress ]]; then exit 1; fi
-if [[ $n -eq 1 ]]; then exit 1; fi
+if [[ $n -eq 1 ]]; then sleep 1; exit 1; fi  # 1 s of work after the checkpoint is lost
 if [[ $n -eq 2 ]]; then kill -9 $$; fi
 exit 0
 FAKE
@@ -57,6 +58,9 @@ check "recovers: restarts resume=auto" test "$(sed -n 3p "$s/args.log")" = "$s r
 check "recovers: exit status logged" grep -q "attempt 1 failed: exit status 1 " "$s/supervise.log"
 check "recovers: signal named" grep -q "attempt 2 failed: exit status 137 (signal KILL)" "$s/supervise.log"
 check "recovers: time lost logged" grep -q "time lost since the last checkpoint: [0-9.]* s; progress: step none yet -> 2" "$s/supervise.log"
+lost=$(sed -n 's/.*attempt 1 failed: .*time lost since the last checkpoint: \([0-9.]*\) s.*/\1/p' "$s/supervise.log")
+check "recovers: time lost counts from the checkpoint ($lost s)" awk -v l="$lost" 'BEGIN { exit !(l >= 0.9 && l < 5) }'
+
 # Steps 1-2 survive from attempt 1 (0.1 s each), 3-4 from attempt 2 (0.2), 5-8 from attempt 3 (0.3).
 check "recovers: goodput from the surviving steps" grep -q "useful step time 1.8 s over 8 unique steps" "$s/supervise.log"
 check "recovers: summary" grep -q "summary: 3 attempt(s), 2 restart(s)" "$s/supervise.log"

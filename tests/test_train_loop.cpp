@@ -105,6 +105,28 @@ TEST_F(TrainLoop, SaveLoadContinueEqualsUninterruptedBitwise) {
   }
 }
 
+// A load must restore everything: a trainer whose weights, AdamW moments, step count and data
+// position were all moved away (by training on) first, then loaded, continues exactly like the run
+// that wrote the checkpoint. A load that skipped any part would not.
+TEST_F(TrainLoop, LoadOverwritesScrambledStateCompletely) {
+  TrainOptions o = tiny_options(data_, dir_ + "/run");
+  o.steps = 10;
+  Trainer full(o);
+  std::vector<double> want;
+  for (int i = 0; i < o.steps; i++) want.push_back(full.step().loss);
+  {
+    Trainer first(o);
+    for (int i = 0; i < 4; i++) first.step();
+    first.save_state(dir_ + "/ckpt");
+  }
+  Trainer resumed(o);
+  for (int i = 0; i < 7; i++) resumed.step();  // same optimizer settings, but moved on to step 7
+  resumed.load_state(dir_ + "/ckpt");
+  EXPECT_EQ(resumed.step_count(), 4);
+  for (int i = 4; i < o.steps; i++) EXPECT_EQ(resumed.step().loss, want[size_t(i)]) << "step " << i;
+  expect_same_state(full, resumed);
+}
+
 TEST_F(TrainLoop, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
   TrainOptions o = tiny_options(data_, dir_ + "/run");
   apply_option(o, "precision", "fp16");

@@ -160,19 +160,22 @@ void DataParallel::flush_bucket() {
   bucket_begin_ = bucket_end_ = -1;
 }
 
+void DataParallel::note_local_gradient(int u) {
+  // This rank's own gradient, before it is summed with the others' (for the gradient noise scale);
+  // a unit whose gradient is completed by rows later is left out, consistently on both sides.
+  if (wants_row_grads(u))
+    stats_.local_grad_sq_first_unit = u + 1;
+  else
+    stats_.local_grad_sq += ops::sum_squares(store_.unit_grads(u), store_.units()[size_t(u)].size(), ctx_);
+  stats_.local_grad_sq_valid = true;
+}
+
 void DataParallel::grads_ready(int u) {
   poll();
   const ParamUnit& unit = store_.units()[size_t(u)];
   if (o_.zero >= 2) {
     // The unit's gradient buffer lives only until its reduce-scatter lands in the shard.
-    if (last_micro_ && micros_ == 1 && o_.zero == 2) {  // one micro-batch: this is the whole local gradient
-      handed_[size_t(u)] = 1;
-      if (wants_row_grads(u))
-        stats_.local_grad_sq_first_unit = u + 1;
-      else
-        stats_.local_grad_sq += ops::sum_squares(store_.unit_grads(u), unit.size(), ctx_);
-      stats_.local_grad_sq_valid = true;
-    }
+    if (last_micro_ && micros_ == 1 && o_.zero == 2) note_local_gradient(u);  // the whole local gradient
     Pending p;
     p.unit = u;
     p.grads = std::move(unit_grads_[size_t(u)]);
@@ -194,13 +197,7 @@ void DataParallel::grads_ready(int u) {
   }
   if (!last_micro_) return;  // earlier micro-batches only accumulate locally
   handed_[size_t(u)] = 1;
-  // This rank's own gradient, before it is summed with the others' (for the gradient noise scale);
-  // a unit whose gradient is completed by rows later is left out, consistently on both sides.
-  if (wants_row_grads(u))
-    stats_.local_grad_sq_first_unit = u + 1;
-  else
-    stats_.local_grad_sq += ops::sum_squares(store_.unit_grads(u), unit.size(), ctx_);
-  stats_.local_grad_sq_valid = true;
+  note_local_gradient(u);
   // Stages 0-1: units become final from the top of the flat buffer down (the embeddings may come
   // first, on their own); a bucket is a contiguous range grown downwards.
   if (bucket_begin_ >= 0 && unit.end != bucket_begin_) flush_bucket();

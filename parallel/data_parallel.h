@@ -124,6 +124,7 @@ class DataParallel final : public UnitHooks {
   int64_t shard_offset(int u) const;  // where unit u's chunk sits in the shard
   void flush_bucket();
   void apply_row_grads();
+  void note_local_gradient(int u);
   void poll();
   void start_gather(int u);
   void complete(Pending& p);

@@ -78,7 +78,9 @@ int sample_main(const std::vector<std::string>& args) {
   o.prompt.insert(o.prompt.begin(), tok.eot_token());
   const std::vector<int32_t> p = tok.encode(text);
   o.prompt.insert(o.prompt.end(), p.begin(), p.end());
-  const std::vector<int32_t> out = mt::train::sample_tokens(o);
+  o.stop_token = tok.eot_token();  // one document: stop where the model ends it
+  std::vector<int32_t> out = mt::train::sample_tokens(o);
+  if (out.back() == tok.eot_token()) out.pop_back();
   std::printf("%s\n", tok.decode(std::span<const int32_t>(out).subspan(1)).c_str());
   return 0;
 }

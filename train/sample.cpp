@@ -69,6 +69,7 @@ std::vector<int32_t> sample_tokens(const SampleOptions& o) {
     mb.tokens = seq.data() + (seq.size() - size_t(T));
     gpt.forward_last_logits(mb, logits.data());
     seq.push_back(sample_from_logits(logits.data(), cfg.vocab_size, o.temperature, o.top_k, rng));
+    if (seq.back() == o.stop_token) break;
   }
   return seq;
 }

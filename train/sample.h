@@ -13,6 +13,7 @@ struct SampleOptions {
   float temperature = 1.0f;    // 0: greedy
   int top_k = 40;              // 0: no truncation
   uint64_t seed = 1;
+  int32_t stop_token = -1;     // generation ends after this token is produced (the end-of-text token)
 };
 
 // Returns prompt + generated tokens. The model config comes from the file's metadata.

@@ -7,6 +7,7 @@
 // Errors print one line `minitrain: error: ...` and exit with status 1 (2 for a missing command).
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -112,14 +113,17 @@ int main(int argc, char** argv) {
       // Under mpirun every rank runs this; an error on any rank ends the whole job (run_main).
       mt::parallel::World world(&argc, &argv);
       return mt::parallel::run_main(world, [&](mt::parallel::World& w) {
-        mt::train::TrainOptions o;
+        // Options and setup fail the same way on every rank (same arguments, same files): report
+        // such an error once. A rank whose error was its own still reports it after a grace period.
+        std::unique_ptr<mt::train::Trainer> t;
         try {
-          o = mt::train::parse_train_options(args);
-        } catch (const mt::Error& e) {  // every rank parsed the same arguments: say it once
+          t = std::make_unique<mt::train::Trainer>(mt::train::parse_train_options(args), &w.comm());
+        } catch (const mt::parallel::CollectiveError&) {
+          throw;
+        } catch (const mt::Error& e) {
           throw mt::parallel::CollectiveError(e.what());
         }
-        mt::train::Trainer t(o, &w.comm());
-        t.run();
+        t->run();
         return 0;
       });
     }

@@ -98,6 +98,7 @@ if command -v mpirun >/dev/null; then
   bad_mpi "unsupported dimension" "--tp" -np 2 "$mt" train "${common[@]}" --tp 2 out_dir="$work/never"
   bad_mpi "dp larger than the batch allows" "global_batch" -np 3 "$mt" train "${common[@]}" global_batch=2 out_dir="$work/never"
   bad_mpi "bucket size" "bucket_mb" -np 2 "$mt" train "${common[@]}" bucket_mb=0 out_dir="$work/never"
+  bad_mpi "missing data file on every rank" "missing.bin" -np 2 "$mt" train "${common[@]}" data.path="$work/missing.bin" out_dir="$work/never"
 fi
 
 echo "cli_test: $fails failure(s)"

@@ -10,6 +10,7 @@
 #include "parallel/launch.h"
 #include "parallel/self_comm.h"
 #include "runtime/check.h"
+#include "train/selftest.h"
 
 namespace mt::train {
 
@@ -36,8 +37,14 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world)
       scaler_(o.loss_scale, o.precision == DType::f16) {
   o_.validate();
   if (o_.threads > 0) omp_set_num_threads(o_.threads);
-  if (o_.device != Device::cpu)
-    fail("--device %s: the trainer runs on the CPU backend in this version", device_name(o_.device));
+  if (o_.device == Device::cuda) {
+    // Say which of the three reasons applies: no CUDA in this build, no GPU here, or (with both) that
+    // the trainer itself does not run on the CUDA backend yet.
+    const std::string why = cuda_unavailable_reason();
+    if (!why.empty()) fail("--device cuda: %s", why.substr(why.find(':') + 2).c_str());
+    fail("--device cuda: the trainer runs on the CPU backend in this version (the CUDA ops are checked by "
+         "`minitrain selftest --device cuda`)");
+  }
   // Every rank must run the same configuration; one clear message if not.
   parallel::check_same_across_ranks(world_, o_.to_json().dump(), "the resolved config");
   parallel::MeshLayout layout{o_.parallel.dp, o_.parallel.pp, o_.parallel.cp, o_.parallel.tp};

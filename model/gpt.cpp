@@ -2,6 +2,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "model/gpt.h"
 #include "runtime/check.h"
@@ -56,20 +57,25 @@ GPT::GPT(const GPTConfig& cfg, ParamStore& store) : cfg_(cfg), store_(store) {
 
 void GPT::init_weights(uint64_t seed) {
   MT_CHECK(store_.finalized(), "init_weights before the ParamStore is finalized");
+  MT_CHECK(store_.master() != nullptr, "init_weights needs the full master weights");
   std::mt19937_64 rng(seed);
+  // Built on the host (in place when the master is host memory), then uploaded in one copy.
+  const bool on_host = store_.mem().device == Device::cpu;
+  std::vector<float> staging(on_host ? 0 : size_t(store_.total_numel()));
+  float* master = on_host ? store_.master() : staging.data();
   const float std0 = 0.02f;
   const float std_res = std0 / std::sqrt(2.0f * float(cfg_.n_layer));
   auto normal = [&](int idx, float std, int64_t rows_used = -1) {
     const ParamEntry& e = store_.entry(idx);
     std::normal_distribution<float> d(0.f, std);
-    float* w = store_.master(idx);
+    float* w = master + e.offset;
     int64_t n = rows_used < 0 ? e.numel : rows_used * e.shape[1];
     for (int64_t i = 0; i < n; i++) w[i] = d(rng);
     for (int64_t i = n; i < e.numel; i++) w[i] = 0.f;  // padded vocabulary rows stay zero
   };
   auto fill = [&](int idx, float v) {
     const ParamEntry& e = store_.entry(idx);
-    float* w = store_.master(idx);
+    float* w = master + e.offset;
     for (int64_t i = 0; i < e.numel; i++) w[i] = v;
   };
   normal(wte_, std0, cfg_.vocab_size);
@@ -90,6 +96,7 @@ void GPT::init_weights(uint64_t seed) {
   }
   fill(lnf_w_, 1.f);
   fill(lnf_b_, 0.f);
+  if (!on_host) store_.mem().upload(store_.master(), master, staging.size() * sizeof(float));
   if (store_.full_compute()) store_.refresh_compute();  // else the sharding engine derives compute
 }
 

@@ -3,7 +3,6 @@
 // the compute precision, activations and activation gradients alike; parameter gradients stay fp32.
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <vector>
 
 #include "model/gpt.h"
@@ -146,8 +145,12 @@ double GPT::classifier(const float* lnf, float* dlnf, const int32_t* targets, fl
                       store_.compute(wte_), n, C, Vp, ctx_);
     }
   }
+  // The per-row losses come back to the host once per micro-batch: on a device a synchronisation,
+  // which the logged loss needs anyway.
+  std::vector<float> host_losses(static_cast<size_t>(N));
+  arena_->mem().download(host_losses.data(), losses.f32(), size_t(N) * 4);
   double sum = 0;  // fixed order: deterministic
-  for (int i = 0; i < N; i++) sum += double(losses.f32()[i]);
+  for (int i = 0; i < N; i++) sum += double(host_losses[size_t(i)]);
   return sum;
 }
 
@@ -168,6 +171,20 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
   const int emb = 0, fin = final_unit();
   if (train && phase_hook_) phase_hook_("forward");
 
+  // The ops read the micro-batch where the arena's memory is: on a device, upload the host arrays
+  // (check_batch has validated them on the host). On the CPU these are the caller's arrays.
+  std::vector<Buffer> uploads;
+  auto on_device = [&](const int32_t* host) -> const int32_t* {
+    if (!host || ar.device() == Device::cpu) return host;
+    uploads.push_back(ar.alloc(kAct, size_t(N) * 4));
+    ar.mem().upload(uploads.back().data(), host, size_t(N) * 4);
+    return uploads.back().i32();
+  };
+  const int32_t* tokens = on_device(mb.tokens);
+  const int32_t* targets = on_device(mb.targets);
+  const int32_t* positions = on_device(mb.positions);
+  const int32_t* doc = on_device(mb.doc_ids);
+
   std::vector<Buffer> xs(static_cast<size_t>(L) + 1);  // residual stream: xs[l] is layer l's input
   std::vector<LayerActs> acts(static_cast<size_t>(L));
   LayerActs scratch;
@@ -178,7 +195,7 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
   // Forward. In eval mode only the current residual is kept (xs[l] freed as soon as it is consumed).
   xs[0] = ar.alloc(kAct, size_t(NC) * 4);
   acquire(emb, false);
-  ops::encoder_fwd(xs[0].f32(), mb.tokens, mb.positions, store_.compute(wte_), store_.compute(wpe_), B, T, C, ctx_);
+  ops::encoder_fwd(xs[0].f32(), tokens, positions, store_.compute(wte_), store_.compute(wpe_), B, T, C, ctx_);
   release(emb);
   store(xs[0].f32(), NC);
   for (int l = 0; l < L; l++) {
@@ -187,7 +204,7 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
     xs[size_t(l) + 1] = ar.alloc(kAct, size_t(NC) * 4);
     if (!keep_att) std::swap(a.att, w.att);  // borrow the shared probabilities buffer
     acquire(layer_unit(l), false);
-    layer_forward(l, xs[size_t(l)].f32(), xs[size_t(l) + 1].f32(), a, B, T, mb.doc_ids);
+    layer_forward(l, xs[size_t(l)].f32(), xs[size_t(l) + 1].f32(), a, B, T, doc);
     release(layer_unit(l));
     if (!keep_att) std::swap(a.att, w.att);
     if (!train) xs[size_t(l)].reset();
@@ -208,13 +225,13 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
     acquire(emb, false);
     ops::matmul_fwd(lg.f32(), lnf.f32() + int64_t(T - 1) * C, store_.compute(wte_), nullptr, 1, C, Vp, ctx_);
     release(emb);
-    std::memcpy(last_logits, lg.f32(), size_t(cfg_.vocab_size) * 4);
+    ar.mem().download(last_logits, lg.f32(), size_t(cfg_.vocab_size) * 4);
     return 0.0;
   }
   Buffer dlnf;
   if (train) dlnf = ar.alloc(kAct, size_t(NC) * 4);
   acquire(emb, train);  // the tied unembedding; its gradient buffer stays until the encoder's backward
-  const double loss_sum = classifier(lnf.f32(), dlnf.f32(), mb.targets, dloss, N, train);
+  const double loss_sum = classifier(lnf.f32(), dlnf.f32(), targets, dloss, N, train);
   release(emb);
   // Data parallelism may take the embeddings' remaining (sparse) gradient as rows, so that the large
   // dense part can be reduced from here on, overlapping the whole backward.
@@ -250,11 +267,11 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
     LayerActs& a = keep_layer ? acts[size_t(l)] : scratch;
     acquire(layer_unit(l), true);
     if (keep_layer) {
-      layer_backward(l, dx.f32(), xs[size_t(l)].f32(), a, w, B, T, mb.doc_ids);
+      layer_backward(l, dx.f32(), xs[size_t(l)].f32(), a, w, B, T, doc);
     } else {  // full recompute: re-run this layer's forward from its saved input, then its backward
       std::swap(a.att, w.att);
-      layer_forward(l, xs[size_t(l)].f32(), w.xnext.f32(), a, B, T, mb.doc_ids);
-      layer_backward(l, dx.f32(), xs[size_t(l)].f32(), a, w, B, T, mb.doc_ids);
+      layer_forward(l, xs[size_t(l)].f32(), w.xnext.f32(), a, B, T, doc);
+      layer_backward(l, dx.f32(), xs[size_t(l)].f32(), a, w, B, T, doc);
       std::swap(a.att, w.att);
     }
     release(layer_unit(l));
@@ -263,6 +280,7 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
   }
   if (emb_rows) {
     // d wte[tokens[i]] += dx[i] and d wpe[positions[i]] += dx[i]: the encoder's backward, as rows.
+    // Host rows: data parallelism over several ranks runs on the CPU backend only.
     std::vector<int32_t> pos(mb.positions ? mb.positions : nullptr, mb.positions ? mb.positions + N : nullptr);
     if (!mb.positions) {
       pos.resize(size_t(N));
@@ -272,10 +290,11 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
                                 UnitHooks::RowGrads{wpe_, pos.data(), dx.f32(), N, C}});
   } else {
     acquire(emb, true);
-    ops::encoder_bwd(store_.grad(wte_), store_.grad(wpe_), dx.f32(), mb.tokens, mb.positions, B, T, C, ctx_);
+    ops::encoder_bwd(store_.grad(wte_), store_.grad(wpe_), dx.f32(), tokens, positions, B, T, C, ctx_);
     release(emb);
     grads_ready(emb);
   }
+  ar.mem().sync();  // device kernels run asynchronously: time their completion, not their launch
   times_.backward += std::chrono::duration<double>(clock::now() - t_forward).count();
   return loss_sum;
 }

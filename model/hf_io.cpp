@@ -35,6 +35,11 @@ bool hf_is_conv1d(const std::string& name) {
 void import_hf(const GPT& model, ParamStore& store, const std::string& path) {
   const SafetensorsFile f = SafetensorsFile::read(path);
   const GPTConfig& cfg = model.config();
+  MT_CHECK(store.master() != nullptr, "import_hf needs the full master weights");
+  // Built on the host (in place when the master is host memory), then uploaded in one copy.
+  const bool on_host = store.mem().device == Device::cpu;
+  std::vector<float> staging(on_host ? 0 : size_t(store.total_numel()));
+  float* master = on_host ? store.master() : staging.data();
   for (int i = 0; i < int(store.entries().size()); i++) {
     const ParamEntry& e = store.entry(i);
     const SafeTensor* t = f.find(e.name);
@@ -50,7 +55,7 @@ void import_hf(const GPT& model, ParamStore& store, const std::string& path) {
            path.c_str(), e.name.c_str(), shape_str(t->shape).c_str(), shape_str(want).c_str(), cfg.vocab_size,
            cfg.block_size, cfg.n_layer, cfg.n_embd);
     std::vector<float> v = f.to_f32(t->name);
-    float* dst = store.master(i);
+    float* dst = master + e.offset;
     if (hf_is_conv1d(e.name)) {
       transpose(dst, v.data(), want[0], want[1]);
     } else {
@@ -62,6 +67,7 @@ void import_hf(const GPT& model, ParamStore& store, const std::string& path) {
   const std::string extra = "transformer.h." + std::to_string(cfg.n_layer) + ".ln_1.weight";
   if (f.find(extra) || f.find(extra.substr(12)))
     fail("%s: the file has more than model.n_layer=%d layers", path.c_str(), cfg.n_layer);
+  if (!on_host) store.mem().upload(store.master(), master, staging.size() * sizeof(float));
   if (store.full_compute()) store.refresh_compute();  // else the sharding engine derives compute
 }
 

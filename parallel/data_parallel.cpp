@@ -42,6 +42,13 @@ DataParallel::DataParallel(ParamStore& store, Comm& dp, Arena& arena, const Data
            size_);
   MT_CHECK(store.full_grads() == (o.zero < 2) && store.full_compute() == (o.zero < 3),
            "ZeRO-%d needs %s storage", o.zero, storage_name(o.zero));
+  // The CUDA backend runs single-GPU for now: the multi-rank paths below move host memory and
+  // reduce through host communicators.
+  if (ctx.device != Device::cpu && (size_ > 1 || o.zero != 0))
+    fail("--device cuda supports one data-parallel rank and --zero 0 in this version (got dp=%d, --zero %d)", size_,
+         o.zero);
+  MT_CHECK(arena.device() == ctx.device, "DataParallel: the arena's memory (%s) is not the ops' device (%s)",
+           device_name(arena.device()), device_name(ctx.device));
   const int U = store.num_units();
   shard_offsets_.resize(size_t(U));
   if (o.zero == 0) {
@@ -83,7 +90,7 @@ void DataParallel::begin_step() {
   MT_CHECK(pending_.empty(), "begin_step with reductions still in flight");
   if (store_.full_grads()) store_.zero_grads();
   micros_ = 0;
-  if (o_.zero >= 1) std::memset(grad_shard_, 0, size_t(shard_numel_) * 4);
+  if (o_.zero >= 1) arena_.mem().zero(grad_shard_, size_t(shard_numel_) * 4);
   stats_ = DataParallelStats();
   last_micro_ = true;
   bucket_begin_ = bucket_end_ = -1;
@@ -197,7 +204,7 @@ void DataParallel::grads_ready(int u) {
   }
   if (!last_micro_) return;  // earlier micro-batches only accumulate locally
   handed_[size_t(u)] = 1;
-  note_local_gradient(u);
+  if (size_ > 1) note_local_gradient(u);  // the noise scale from per-rank norms needs several ranks
   // Stages 0-1: units become final from the top of the flat buffer down (the embeddings may come
   // first, on their own); a bucket is a contiguous range grown downwards.
   if (bucket_begin_ >= 0 && unit.end != bucket_begin_) flush_bucket();
@@ -223,7 +230,8 @@ void DataParallel::finish_grads() {
   stats_.grad_wait_s += since(t0);
   if (o_.zero == 1)
     for (size_t u = 0; u < segments_.size(); u++)
-      std::memcpy(grad_shard_ + shard_offsets_[u], store_.grads() + segments_[u].begin, size_t(segments_[u].size()) * 4);
+      arena_.mem().move(grad_shard_ + shard_offsets_[u], store_.grads() + segments_[u].begin,
+                        size_t(segments_[u].size()) * 4);
 }
 
 double DataParallel::grad_sum_squares(int first_unit) {
@@ -260,7 +268,7 @@ void DataParallel::publish_params() {
       }
     }
     last_acquired_ = -1;
-    std::memcpy(compute_shard_buf_.f32(), master_shard_, size_t(shard_numel_) * 4);
+    arena_.mem().move(compute_shard_buf_.f32(), master_shard_, size_t(shard_numel_) * 4);
     ops::round_to(compute_shard_buf_.f32(), shard_numel_, t, ctx_);
     return;
   }
@@ -268,7 +276,7 @@ void DataParallel::publish_params() {
   for (int u = 0; u < store_.num_units(); u++) {
     const int64_t cs = chunk_size(u);
     float* mine = store_.unit_compute(u) + rank_ * cs;
-    std::memcpy(mine, master_shard_ + shard_offset(u), size_t(cs) * 4);
+    arena_.mem().move(mine, master_shard_ + shard_offset(u), size_t(cs) * 4);
     ops::round_to(mine, cs, t, ctx_);
     hs.push_back(dp_.all_gather_async(mine, store_.unit_compute(u), size_t(cs), DType::f32));  // in place
   }
@@ -312,7 +320,7 @@ void DataParallel::release(int u) {
 
 void DataParallel::gather_full(const float* shard, float* full) {
   if (o_.zero == 0) {
-    if (full != shard) std::memcpy(full, shard, size_t(shard_numel_) * 4);
+    arena_.mem().download(full, shard, size_t(shard_numel_) * 4);
     return;
   }
   for (int u = 0; u < store_.num_units(); u++)
@@ -321,11 +329,11 @@ void DataParallel::gather_full(const float* shard, float* full) {
 
 void DataParallel::take_shard(const float* full, float* shard) const {
   if (o_.zero == 0) {
-    if (full != shard) std::memcpy(shard, full, size_t(shard_numel_) * 4);
+    arena_.mem().move(shard, full, size_t(shard_numel_) * 4);
     return;
   }
   for (size_t u = 0; u < segments_.size(); u++)
-    std::memcpy(shard + shard_offsets_[u], full + segments_[u].begin, size_t(segments_[u].size()) * 4);
+    arena_.mem().move(shard + shard_offsets_[u], full + segments_[u].begin, size_t(segments_[u].size()) * 4);
 }
 
 }  // namespace mt::parallel

@@ -107,8 +107,8 @@ class DataParallel final : public UnitHooks {
   void publish_params();
 
   // Full <-> shard conversions in the shard layout (for master weights and optimizer moments):
-  // gather_full assembles the whole vector (total_numel) on every rank; take_shard copies this rank's
-  // part out of a whole vector.
+  // gather_full assembles the whole vector (total_numel) on every rank, in host memory; take_shard
+  // copies this rank's part out of a whole vector in the arena's memory.
   void gather_full(const float* shard, float* full);
   void take_shard(const float* full, float* shard) const;
 

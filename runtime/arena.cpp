@@ -1,8 +1,6 @@
 #include "runtime/arena.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "runtime/check.h"
 
@@ -34,16 +32,11 @@ void Buffer::reset() {
   bytes_ = 0;
 }
 
-Arena::Arena()
-    : alloc_([](size_t n) {
-        size_t rounded = (n + 63) / 64 * 64;
-        void* p = std::aligned_alloc(64, rounded);
-        if (p) std::memset(p, 0, rounded);
-        return p;
-      }),
-      free_([](void* p) { std::free(p); }) {}
+Arena::Arena() : Arena(host_memory()) {}
 
-Arena::Arena(AllocFn alloc, FreeFn free) : alloc_(std::move(alloc)), free_(std::move(free)) {}
+Arena::Arena(const MemOps& mem) : alloc_(mem.alloc), free_(mem.free), mem_(mem) {}
+
+Arena::Arena(AllocFn alloc, FreeFn free) : alloc_(std::move(alloc)), free_(std::move(free)), mem_(host_memory()) {}
 
 Arena::~Arena() = default;
 

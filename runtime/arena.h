@@ -1,8 +1,9 @@
 // Arena: every byte the trainer allocates goes through here, tagged with a category, so memory is
 // measured (live and peak per category, and peak of the total) rather than estimated.
 //
-// On the CPU backend blocks come from aligned host memory; a device backend passes its own
-// allocate/free pair. Blocks are RAII (Buffer) so activations freed during backward show up in the
+// On the CPU backend blocks come from aligned host memory; a device backend passes its MemOps
+// (runtime/memory.h), which the arena also hands to the owners of its blocks so they can zero and
+// copy them without knowing where they live. Blocks are RAII (Buffer) so activations freed during backward show up in the
 // live counters immediately and the peak reflects what activation checkpointing really saves.
 #pragma once
 #include <array>
@@ -10,6 +11,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+
+#include "runtime/memory.h"
 
 namespace mt {
 
@@ -57,13 +60,18 @@ class Arena {
   using FreeFn = std::function<void(void*)>;
 
   Arena();  // host memory, 64-byte aligned, zero-filled
+  explicit Arena(const MemOps& mem);  // blocks from mem.alloc (zero-filled), on mem.device
+  // Custom allocation of host-accessible memory (copies and zeroing stay host operations).
   Arena(AllocFn alloc, FreeFn free);
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
   ~Arena();
 
-  // Allocates `bytes` (zero-filled on host) tagged with `cat`.
+  // Allocates `bytes` (zero-filled) tagged with `cat`.
   Buffer alloc(MemCategory cat, size_t bytes);
+  // How to zero, copy and round this arena's blocks; mem().device says where they live.
+  const MemOps& mem() const { return mem_; }
+  Device device() const { return mem_.device; }
   const MemStats& stats() const { return stats_; }
   // Sets every peak to the current live value, so the next phase measures its own peak.
   void reset_peaks();
@@ -73,6 +81,7 @@ class Arena {
   void release(void* p, size_t bytes, MemCategory cat);
   AllocFn alloc_;
   FreeFn free_;
+  MemOps mem_;
   MemStats stats_;
 };
 

@@ -1,7 +1,5 @@
 #include "runtime/param_store.h"
 
-#include <cstring>
-
 #include "runtime/check.h"
 
 namespace mt {
@@ -36,6 +34,7 @@ void ParamStore::finalize(Arena& arena, DType compute_dtype, int shard_multiple,
   MT_CHECK(!finalized_, "ParamStore finalized twice");
   MT_CHECK(shard_multiple >= 1, "shard_multiple must be >= 1");
   compute_dtype_ = compute_dtype;
+  mem_ = arena.mem();
   shard_multiple_ = shard_multiple;
   // Offsets: entries 16-aligned inside their unit, units padded to a multiple of 16 x shards.
   const int64_t unit_align = 16 * int64_t(shard_multiple);
@@ -122,13 +121,13 @@ void round_inplace(float* x, int64_t n, DType t) {
 
 void ParamStore::refresh_compute() {
   MT_CHECK(full_compute() && master_, "refresh_compute needs full compute storage and the full master");
-  std::memcpy(compute(), master(), size_t(total_) * sizeof(float));
-  round_inplace(compute(), total_, compute_dtype_);
+  mem_.move(compute(), master(), size_t(total_) * sizeof(float));
+  mem_.round(compute(), total_, compute_dtype_);
 }
 
 void ParamStore::zero_grads() {
   MT_CHECK(full_grads(), "zero_grads needs full gradient storage");
-  std::memset(grads(), 0, size_t(total_) * sizeof(float));
+  mem_.zero(grads(), size_t(total_) * sizeof(float));
 }
 
 }  // namespace mt

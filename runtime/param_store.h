@@ -66,7 +66,8 @@ class ParamStore {
   // Registers a parameter in the current unit; returns its index. Only before finalize().
   int add(const std::string& name, std::vector<int64_t> shape, bool weight_decay);
   // Lays out the units (each padded to a multiple of 16 x shard_multiple) and allocates (zeroed) from
-  // `arena` the full master and, per `storage`, the full compute copy and gradients.
+  // `arena` the full master and, per `storage`, the full compute copy and gradients. The buffers live
+  // where the arena's memory does (mem()); refresh_compute and zero_grads work there.
   void finalize(Arena& arena, DType compute_dtype, int shard_multiple = 1, Storage storage = Storage::full);
 
   bool finalized() const { return finalized_; }
@@ -74,6 +75,7 @@ class ParamStore {
   int64_t param_count() const;                    // sum of numel (unpadded)
   DType compute_dtype() const { return compute_dtype_; }
   int shard_multiple() const { return shard_multiple_; }
+  const MemOps& mem() const { return mem_; }  // the memory of the buffers (host before finalize)
   const std::vector<ParamEntry>& entries() const { return entries_; }
   const ParamEntry& entry(int i) const { return entries_[size_t(i)]; }
   const ParamEntry* find(const std::string& name) const;  // nullptr if absent
@@ -113,6 +115,7 @@ class ParamStore {
   bool finalized_ = false;
   Storage storage_ = Storage::full;
   DType compute_dtype_ = DType::f32;
+  MemOps mem_ = host_memory();
   Buffer master_, compute_, grads_;
 };
 

@@ -34,7 +34,7 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world) {
   Trainer tr(o, world);
   const bool print = !world || world->rank() == 0;
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
-  const Peak peak = o.peak_flops > 0 ? Peak{o.peak_flops, "user-given peak"} : calibrate_cpu_peak(threads);
+  const Peak peak = run_peak(o, threads);
   std::vector<StepResult> rs;
   for (int i = 0; i < o.steps; i++) {
     if (i == warmup) tr.arena().reset_peaks();

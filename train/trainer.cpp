@@ -11,6 +11,9 @@
 #include "parallel/self_comm.h"
 #include "runtime/check.h"
 #include "train/selftest.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
 
 namespace mt::train {
 
@@ -18,6 +21,16 @@ using clock_type = std::chrono::steady_clock;
 
 static double since(clock_type::time_point t) {
   return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+// The memory the run's arena allocates from: the GPU's for --device cuda in a build with CUDA (a
+// build without it fails in the constructor, before anything is allocated).
+static const MemOps& run_memory(Device d) {
+#ifdef MT_HAVE_CUDA
+  if (d == Device::cuda) return cuda::device_memory();
+#endif
+  (void)d;
+  return host_memory();
 }
 
 void NoiseScale::update(double g2_small, double g2_big, double b_small, double b_big) {
@@ -34,16 +47,19 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world)
     : o_(o),
       own_world_(world ? nullptr : std::make_unique<parallel::SelfComm>("world")),
       world_(world ? *world : *own_world_),
+      arena_(run_memory(o.device)),
       scaler_(o.loss_scale, o.precision == DType::f16) {
   o_.validate();
   if (o_.threads > 0) omp_set_num_threads(o_.threads);
   if (o_.device == Device::cuda) {
-    // Say which of the three reasons applies: no CUDA in this build, no GPU here, or (with both) that
-    // the trainer itself does not run on the CUDA backend yet.
+    // Say which reason applies: no CUDA in this build, or no GPU here.
     const std::string why = cuda_unavailable_reason();
     if (!why.empty()) fail("--device cuda: %s", why.substr(why.find(':') + 2).c_str());
-    fail("--device cuda: the trainer runs on the CPU backend in this version (the CUDA ops are checked by "
-         "`minitrain selftest --device cuda`)");
+#ifdef MT_HAVE_CUDA
+    // One GPU per process, before anything is allocated on it. The CUDA path runs one rank for now
+    // (DataParallel refuses more), so the world rank is the node-local rank.
+    cuda::set_device(world_.rank() % cuda::device_count());
+#endif
   }
   // Every rank must run the same configuration; one clear message if not.
   parallel::check_same_across_ranks(world_, o_.to_json().dump(), "the resolved config");
@@ -89,6 +105,12 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world)
   // optimizer waits for that copy (snapshot_fence) before it changes the weights.
   ckpt_opts_.deferred_snapshot = o_.ckpt.async;
   ckpt_opts_.log = Logger(LogLevel::info, world_.size() > 1 ? world_.rank() : -1);
+  if (arena_.device() != Device::cpu) {
+    // The pieces of a save point into device memory: stage them with device-to-host copies. The copy
+    // may run on the checkpointer's thread, whose current device is device 0 (a one-GPU run's).
+    const MemOps mem = arena_.mem();
+    ckpt_opts_.staging.copy = [mem](void* dst, const void* src, size_t bytes) { mem.download(dst, src, bytes); };
+  }
   if (o_.resume == "auto") {
     // The newest checkpoint that verifies, else the next older one; none: a fresh start.
     if (std::filesystem::exists(ckpt_opts_.dir)) {
@@ -174,6 +196,7 @@ StepResult Trainer::step() {
   }
   scaler_.update(!finite);
   step_++;
+  arena_.mem().sync();  // on a device the optimizer's kernels are still queued: time them, not their launch
   r.t_optimizer = since(t_opt);
   if (o_.parallel.sdc_every > 0 && step_ % o_.parallel.sdc_every == 0) check_replicas();
   r.t_total = since(t0);
@@ -208,6 +231,8 @@ void Trainer::check_replicas() {
   // What every data-parallel replica must hold identically: the full compute parameters (stages
   // 0-2; ZeRO-3 replicates nothing across dp, so there is nothing to compare).
   if (o_.parallel.zero == 3) return;
+  // The CUDA backend runs one replica (nothing to compare), and its parameters are not host memory.
+  if (o_.device != Device::cpu) return;
   parallel::Comm& dp = mesh_->dp_comm();
   if (o_.parallel.sdc_flip_step == step_ && world_.rank() == o_.parallel.sdc_flip_rank) {
     // Fault injection: one flipped bit in one weight, as a cosmic ray or a bad HBM cell would.

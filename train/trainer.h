@@ -116,6 +116,10 @@ class Trainer {
 }  // namespace mt::train
 
 namespace mt::train {
+// The peak the run's MFU is measured against: peak_flops when given, else on the CUDA backend the
+// datasheet peak of the current GPU (fails for a GPU not in the table, naming peak_flops), else the
+// CPU calibration GEMM. The label says which.
+Peak run_peak(const TrainOptions& o, int threads);
 // Consolidates a checkpoint (any layout) into one safetensors file with Hugging Face GPT-2 names and
 // orientation; with `all`, also every AdamW moment under its checkpoint name (for bitwise comparisons).
 void export_checkpoint(const std::string& ckpt_path, const std::string& out_path, bool all);

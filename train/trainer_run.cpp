@@ -10,6 +10,9 @@
 #include "model/hf_io.h"
 #include "runtime/check.h"
 #include "train/trainer.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
 
 namespace mt::train {
 
@@ -27,6 +30,19 @@ nlohmann::json comm_json(const parallel::Comm& c) {
 }
 
 }  // namespace
+
+Peak run_peak(const TrainOptions& o, int threads) {
+  if (o.peak_flops > 0) return Peak{o.peak_flops, "user-given peak"};
+#ifdef MT_HAVE_CUDA
+  if (o.device == Device::cuda) {
+    const std::string name = cuda::device_name();
+    const Peak p = gpu_peak_from_name(name);
+    if (p.flops <= 0) fail("no datasheet peak known for GPU '%s': give it as peak_flops=<FLOP/s>", name.c_str());
+    return Peak{p.flops, name + ", " + p.label};
+  }
+#endif
+  return calibrate_cpu_peak(threads);
+}
 
 void Trainer::run() {
   const fs::path out(o_.out_dir);
@@ -65,7 +81,7 @@ void Trainer::run() {
     log = JsonlWriter(metrics_path.string(), resuming);
   }
   const int threads = o_.threads > 0 ? o_.threads : omp_get_max_threads();
-  const Peak peak = o_.peak_flops > 0 ? Peak{o_.peak_flops, "user-given peak"} : calibrate_cpu_peak(threads);
+  const Peak peak = run_peak(o_, threads);
   const double flops_tok = o_.model.flops_per_token(o_.seq_len);
   const double hw_flops_tok = hardware_flops_per_token(o_.model, o_.seq_len, o_.recompute);
   const double world_peak = peak.flops * world_.size();

@@ -96,10 +96,21 @@ void Trainer::load_checkpoint(const std::string& path) {
     for (const char* part : kParts) expected.push_back({part + e.name, e.global_shape, DType::f32});
   r.check_tensors(expected);
   float* bufs[] = {dp_->master_shard(), adam_->m(), adam_->v()};
-  for (float* b : bufs) std::memset(b, 0, size_t(dp_->shard_numel()) * sizeof(float));  // padding stays zero
+  const size_t n = size_t(dp_->shard_numel());
+  // Device state is read into (zeroed) host vectors and uploaded whole; host state is read in place.
+  const MemOps& mem = arena_.mem();
+  const bool on_host = mem.device == Device::cpu;
+  std::vector<std::vector<float>> staging(on_host ? 0 : 3, std::vector<float>(on_host ? 0 : n));
+  float* dst[3];
+  for (int k = 0; k < 3; k++) {
+    dst[k] = on_host ? bufs[k] : staging[size_t(k)].data();
+    if (on_host) std::memset(dst[k], 0, n * sizeof(float));  // padding stays zero
+  }
   for_each_piece(store_, dp_->segments(), [&](const ParamEntry& e, int64_t fb, int64_t fe, int64_t at) {
-    for (int k = 0; k < 3; k++) r.read(kParts[k] + e.name, fb, fe, bufs[k] + at);
+    for (int k = 0; k < 3; k++) r.read(kParts[k] + e.name, fb, fe, dst[k] + at);
   });
+  if (!on_host)
+    for (int k = 0; k < 3; k++) mem.upload(bufs[k], dst[k], n * sizeof(float));
   step_ = meta.at("step");
   updates_ = meta.at("updates");
   scaler_.restore(meta.at("loss_scale"), meta.at("loss_scale_clean"));

@@ -2,9 +2,12 @@
 // the stream in ctx (cudaStream_t). Declared here without CUDA headers so the dispatcher in
 // kernels/ops.cpp can call it from plain C++.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernels/ops.h"
+#include "runtime/memory.h"
 
 namespace mt::cuda {
 
@@ -43,5 +46,15 @@ void device_free(void* p);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void synchronize();
+
+// Device memory for the trainer (runtime/memory.h): blocks from the device's stream-ordered pool
+// (cudaMallocAsync), zeroed, copies and zeroing ordered on the default stream with the ops.
+const MemOps& device_memory();
+// Makes `index` the calling thread's device and lets its memory pool keep freed blocks (the trainer
+// frees and reallocates its activations every micro-batch).
+void set_device(int index);
+std::string device_name();  // of the current device, e.g. "NVIDIA H200"
+void device_memset_zero(void* p, size_t bytes);
+void copy_on_device(void* dst, const void* src, size_t bytes);
 
 }  // namespace mt::cuda

@@ -1,6 +1,10 @@
-// Device management: discovery, allocation and host<->device copies for tests and the CLI.
+// Device management: discovery, selection, allocation and copies for tests, the CLI and the trainer
+// (whose arena allocates through device_memory()).
+#include <cstdint>
+
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "runtime/check.h"
 
 namespace mt::cuda {
 
@@ -39,5 +43,74 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 }
 
 void synchronize() { MT_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+void device_memset_zero(void* p, size_t bytes) {
+  if (bytes) MT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
+}
+
+void copy_on_device(void* dst, const void* src, size_t bytes) {
+  if (bytes && dst != src) MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+}
+
+void set_device(int index) {
+  const int n = device_count();
+  MT_CHECK(index >= 0 && index < n, "CUDA device %d requested but %d found", index, n);
+  MT_CUDA_CHECK(cudaSetDevice(index));
+  // Release threshold "never": freed blocks stay in the pool instead of going back to the driver at
+  // every synchronisation, so per-micro-batch activations cost no cudaMalloc after the first step.
+  cudaMemPool_t pool;
+  MT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index));
+  uint64_t threshold = UINT64_MAX;
+  MT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+}
+
+std::string device_name() {
+  int dev = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp p;
+  MT_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  return p.name;
+}
+
+namespace {
+
+// Stream-ordered on the default stream, like every op launched with a null ctx.stream: a block freed
+// after the ops that read it is only reused by work queued after them.
+void* pool_alloc(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  const cudaError_t err = cudaMallocAsync(&p, bytes, 0);
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return nullptr;  // the arena reports what it was allocating
+  }
+  if (err != cudaSuccess)
+    detail::throw_status("CUDA", "cudaMallocAsync(&p, bytes, 0)", __FILE__, __LINE__, long(err),
+                         cudaGetErrorString(err));
+  device_memset_zero(p, bytes);
+  return p;
+}
+
+// Runs in destructors, so it must not throw: a failing free means the context is already broken, and
+// the next checked call reports it.
+void pool_free(void* p) {
+  if (p) (void)cudaFreeAsync(p, 0);
+}
+
+void mem_copy(void* dst, const void* src, size_t bytes, CopyKind kind) {
+  switch (kind) {
+    case CopyKind::host_to_device: copy_to_device(dst, src, bytes); break;
+    case CopyKind::device_to_host: copy_to_host(dst, src, bytes); break;
+    case CopyKind::device_to_device: copy_on_device(dst, src, bytes); break;
+  }
+}
+
+void mem_round(float* x, int64_t n, DType t) { cuda::round_to(x, n, t, ops::Ctx{Device::cuda, nullptr}); }
+
+constexpr MemOps kDevice{Device::cuda, pool_alloc, pool_free, device_memset_zero, mem_copy, mem_round, synchronize};
+
+}  // namespace
+
+const MemOps& device_memory() { return kDevice; }
 
 }  // namespace mt::cuda

@@ -1,0 +1,41 @@
+// MemOps: the few things code above the kernels does to raw memory — allocate (zeroed), free, zero,
+// copy, round to the compute precision, wait — for one kind of memory. Host memory is implemented
+// here; the CUDA backend supplies device memory (kernels/cuda/cuda_ops.h, cuda::device_memory()).
+//
+// An Arena is built on one MemOps and hands it out (Arena::mem()), so whoever owns a buffer from the
+// arena also knows how to zero and copy it: the ParamStore refreshes its compute copy with it, data
+// parallelism moves shards with it, and the model uploads its micro-batches with it. The struct holds
+// plain function pointers and no state, so it can be copied freely.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/dtype.h"
+#include "runtime/tensor.h"
+
+namespace mt {
+
+// Direction of a copy relative to the memory a MemOps describes ("device" = that memory; for host
+// memory every kind is a plain memcpy).
+enum class CopyKind : uint8_t { host_to_device, device_to_host, device_to_device };
+
+struct MemOps {
+  Device device = Device::cpu;
+  void* (*alloc)(size_t bytes) = nullptr;  // zero-filled; nullptr when out of memory
+  void (*free)(void* p) = nullptr;
+  void (*zero)(void* p, size_t bytes) = nullptr;
+  void (*copy)(void* dst, const void* src, size_t bytes, CopyKind kind) = nullptr;
+  // Rounds n floats in place to the values representable in `t` (no-op for f32).
+  void (*round)(float* x, int64_t n, DType t) = nullptr;
+  // Returns when all work queued on this memory is done (host: nothing to wait for).
+  void (*sync)() = nullptr;
+
+  void upload(void* dst, const void* src, size_t bytes) const { copy(dst, src, bytes, CopyKind::host_to_device); }
+  void download(void* dst, const void* src, size_t bytes) const { copy(dst, src, bytes, CopyKind::device_to_host); }
+  void move(void* dst, const void* src, size_t bytes) const { copy(dst, src, bytes, CopyKind::device_to_device); }
+};
+
+// Host memory: 64-byte aligned blocks, memcpy/memset, OpenMP rounding.
+const MemOps& host_memory();
+
+}  // namespace mt

@@ -14,6 +14,7 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/tolerances.h"
 #include "kernels/ops.h"
 #include "runtime/check.h"
 #include "runtime/dtype.h"
@@ -25,22 +26,7 @@ using mt::testing::max_rel_error;
 using mt::testing::random_floats;
 using mt::testing::test_seed;
 
-// Tolerance table: max |cuda - cpu| / max |cpu| over each output (tests/test_util.h). The backends
-// differ only by summation order (GEMMs, row and column reductions), by FMA contraction (nvcc
-// contracts, the CPU build does not) and by the CPU's polynomial exp; every entry sits one to two
-// orders of magnitude above those effects and far below what a wrong index or formula produces.
-namespace tol {
-constexpr double kExact = 0.0;       // encoder_fwd, add, scale: one IEEE operation per element
-constexpr double kEncoderBwd = 1e-6; // sums of a few rows
-constexpr double kLayerNorm = 1e-5;
-constexpr double kMatmul = 1e-5;
-constexpr double kGelu = 1e-5;
-constexpr double kAttentionFwd = 1e-5;
-constexpr double kAttentionBwd = 5e-5;  // three GEMMs and a softmax backward in a chain
-constexpr double kSoftmaxXent = 1e-5;
-constexpr double kAdamW = 1e-6;
-constexpr double kSumSquares = 1e-11;  // double accumulation of exact squares, different order
-}  // namespace tol
+namespace tol = ::mt::cuda::tol;  // kernels/cuda/tolerances.h
 
 // A device copy of a host vector, freed on scope exit.
 template <class T>

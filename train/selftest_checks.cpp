@@ -11,6 +11,7 @@
 #include <random>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/tolerances.h"
 #include "kernels/ops.h"
 #include "runtime/check.h"
 #include "runtime/dtype.h"
@@ -43,23 +44,7 @@ std::vector<OpCheckResult> run_op_check(const std::string&, uint64_t, bool) {
 
 namespace {
 
-// Tolerances for max |cuda - cpu| / max |cpu|. The backends differ only in summation order (GEMMs,
-// row and column reductions), in FMA contraction (nvcc contracts, the CPU build does not) and in the
-// CPU's polynomial exp; fp32 rounding of a K-term sum differs by about sqrt(K) * 2^-24 relative, about
-// 3e-6 at K = 3072. Each entry sits above that and orders of magnitude below what a wrong index, mask
-// or formula produces (errors of order 1).
-namespace tol {
-constexpr double kExact = 0.0;        // encoder_fwd, add, scale: one IEEE operation per element
-constexpr double kEncoderBwd = 1e-6;  // sums of a few rows
-constexpr double kLayerNorm = 1e-5;
-constexpr double kMatmul = 1e-5;
-constexpr double kGelu = 1e-5;
-constexpr double kAttentionFwd = 1e-5;
-constexpr double kAttentionBwd = 5e-5;  // three GEMMs and a softmax backward in a chain
-constexpr double kSoftmaxXent = 1e-5;
-constexpr double kAdamW = 1e-6;
-constexpr double kSumSquares = 1e-11;  // double accumulation of exact squares, different order
-}  // namespace tol
+namespace tol = ::mt::cuda::tol;  // kernels/cuda/tolerances.h
 
 const ops::Ctx kGpu{Device::cuda, nullptr};
 

@@ -224,9 +224,9 @@ void Comm::barrier() {
   do_barrier().wait();
 }
 
-std::unique_ptr<Comm> Comm::split(int color, int key, const std::string& name) {
+std::unique_ptr<Comm> Comm::split(int color, int key, const std::string& name, Arena* scratch) {
   MT_CHECK(color >= 0, "split of '%s' into '%s': color %d is negative", name_.c_str(), name.c_str(), color);
-  return do_split(color, key, name);
+  return do_split(color, key, name, scratch);
 }
 
 }  // namespace mt::parallel

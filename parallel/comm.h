@@ -47,6 +47,7 @@
 #include <span>
 #include <string>
 
+#include "runtime/arena.h"
 #include "runtime/check.h"
 #include "runtime/dtype.h"
 #include "runtime/tensor.h"
@@ -179,7 +180,9 @@ class Comm {
 
   // Collective: the ranks passing the same color form a new communicator, ranked by key (ties by
   // this communicator's rank). color >= 0. The new communicator starts with zero counters.
-  std::unique_ptr<Comm> split(int color, int key, const std::string& name);
+  // `scratch`: the arena the new communicator takes its staging buffers from (counted under
+  // MemCategory::comm; it must outlive the communicator); nullptr: as this communicator does.
+  std::unique_ptr<Comm> split(int color, int key, const std::string& name, Arena* scratch = nullptr);
 
  protected:
   Comm(int rank, int size, Device device, std::string name);
@@ -195,7 +198,7 @@ class Comm {
   virtual CommHandle do_send_recv(const void* send_buf, size_t send_count, int dst, void* recv_buf,
                                   size_t recv_count, int src, DType t, int tag) = 0;
   virtual CommHandle do_barrier() = 0;
-  virtual std::unique_ptr<Comm> do_split(int color, int key, const std::string& name) = 0;
+  virtual std::unique_ptr<Comm> do_split(int color, int key, const std::string& name, Arena* scratch) = 0;
 
  private:
   void tally(CommOp op, uint64_t payload, uint64_t sent);

@@ -58,7 +58,7 @@ Mesh::Mesh(const MeshLayout& layout, int world_size, int rank)
   coord_ = coord_of(rank);
 }
 
-Mesh::Mesh(const MeshLayout& layout, Comm& world) : Mesh(layout, world.size(), world.rank()) {
+Mesh::Mesh(const MeshLayout& layout, Comm& world, Arena* scratch) : Mesh(layout, world.size(), world.rank()) {
   // One split per dimension: the color names the group (the rank at coordinate 0 along d, unique
   // per group), the key orders it by the coordinate along d. Every rank makes the same calls in
   // the same order, as a collective requires.
@@ -66,7 +66,7 @@ Mesh::Mesh(const MeshLayout& layout, Comm& world) : Mesh(layout, world.size(), w
     MeshDim d = MeshDim(i);
     MeshCoord c0 = coord_;
     c0[d] = 0;
-    comms_[size_t(i)] = world.split(rank_of(c0), coord_[d], mesh_dim_name(d));
+    comms_[size_t(i)] = world.split(rank_of(c0), coord_[d], mesh_dim_name(d), scratch);
     MT_CHECK(comms_[size_t(i)]->size() == size(d) && comms_[size_t(i)]->rank() == coord_[d],
              "%s communicator has rank %d of %d, expected %d of %d", mesh_dim_name(d), comms_[size_t(i)]->rank(),
              comms_[size_t(i)]->size(), coord_[d], size(d));
@@ -74,7 +74,7 @@ Mesh::Mesh(const MeshLayout& layout, Comm& world) : Mesh(layout, world.size(), w
   MeshCoord c0 = coord_;
   c0.cp = 0;
   c0.dp = 0;
-  cp_dp_comm_ = world.split(rank_of(c0), coord_.dp * layout_.cp + coord_.cp, "cp_dp");
+  cp_dp_comm_ = world.split(rank_of(c0), coord_.dp * layout_.cp + coord_.cp, "cp_dp", scratch);
 }
 
 Mesh::~Mesh() = default;

@@ -54,7 +54,8 @@ class Mesh {
   Mesh(const MeshLayout& layout, int world_size, int rank);
   // Also splits `world` into the tp, cp, pp, dp and cp x dp communicators (collective on world).
   // Sub-communicators are named "tp", "cp", ... and count their own bytes.
-  Mesh(const MeshLayout& layout, Comm& world);
+  // `scratch`: the arena the sub-communicators take their staging buffers from (see Comm::split).
+  Mesh(const MeshLayout& layout, Comm& world, Arena* scratch = nullptr);
 
   Mesh(Mesh&&) noexcept = default;
   Mesh& operator=(Mesh&&) noexcept = default;

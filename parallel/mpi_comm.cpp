@@ -296,11 +296,11 @@ CommHandle MpiComm::do_barrier() {
   return CommHandle(std::move(op));
 }
 
-std::unique_ptr<Comm> MpiComm::do_split(int color, int key, const std::string& name) {
+std::unique_ptr<Comm> MpiComm::do_split(int color, int key, const std::string& name, Arena* scratch) {
   MPI_Comm sub = MPI_COMM_NULL;
   MT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
   // A child outlives nothing of ours except a caller-owned arena.
-  auto child = std::make_unique<MpiComm>(sub, name, own_arena_ ? nullptr : arena_);
+  auto child = std::make_unique<MpiComm>(sub, name, scratch ? scratch : (own_arena_ ? nullptr : arena_));
   MT_MPI_CHECK(MPI_Comm_free(&sub));
   return child;
 }

@@ -203,7 +203,7 @@ CommHandle NcclComm::do_barrier() {
   return {};
 }
 
-std::unique_ptr<Comm> NcclComm::do_split(int color, int key, const std::string& name) {
+std::unique_ptr<Comm> NcclComm::do_split(int color, int key, const std::string& name, Arena*) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
   ncclComm_t sub = nullptr;
   MT_NCCL_CHECK(ncclCommSplit(comm_, color, key, &sub, nullptr));

@@ -59,7 +59,7 @@ class NcclComm final : public Comm {
   CommHandle do_send_recv(const void* send_buf, size_t send_count, int dst, void* recv_buf, size_t recv_count,
                           int src, DType t, int tag) override;
   CommHandle do_barrier() override;
-  std::unique_ptr<Comm> do_split(int color, int key, const std::string& name) override;
+  std::unique_ptr<Comm> do_split(int color, int key, const std::string& name, Arena* scratch) override;
 
  private:
   // Takes ownership of an initialised NCCL communicator (from ncclCommSplit).

@@ -49,6 +49,8 @@ CommHandle SelfComm::do_send_recv(const void* send_buf, size_t send_count, int d
 
 CommHandle SelfComm::do_barrier() { return {}; }
 
-std::unique_ptr<Comm> SelfComm::do_split(int, int, const std::string& name) { return std::make_unique<SelfComm>(name); }
+std::unique_ptr<Comm> SelfComm::do_split(int, int, const std::string& name, Arena*) {
+  return std::make_unique<SelfComm>(name);
+}
 
 }  // namespace mt::parallel

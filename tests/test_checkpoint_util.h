@@ -43,7 +43,7 @@ class FakeComm final : public parallel::Comm {
                                        DType) override { no(); }
   parallel::CommHandle do_send_recv(const void*, size_t, int, void*, size_t, int, DType, int) override { no(); }
   parallel::CommHandle do_barrier() override { return {}; }
-  std::unique_ptr<Comm> do_split(int, int, const std::string&) override { no(); }
+  std::unique_ptr<Comm> do_split(int, int, const std::string&, Arena*) override { no(); }
 
  private:
   [[noreturn]] static void no() { fail("FakeComm: operation not simulated"); }

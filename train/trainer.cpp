@@ -64,7 +64,10 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world)
   // Every rank must run the same configuration; one clear message if not.
   parallel::check_same_across_ranks(world_, o_.to_json().dump(), "the resolved config");
   parallel::MeshLayout layout{o_.parallel.dp, o_.parallel.pp, o_.parallel.cp, o_.parallel.tp};
-  mesh_ = std::make_unique<parallel::Mesh>(parallel::resolve_layout(layout, world_.size()), world_);
+  // The host sub-communicators' staging buffers count as this run's comm memory (when the run's
+  // arena is host memory; a device arena cannot hold MPI's host buffers).
+  mesh_ = std::make_unique<parallel::Mesh>(parallel::resolve_layout(layout, world_.size()), world_,
+                                           arena_.device() == Device::cpu ? &arena_ : nullptr);
   parallel::Comm& dp = mesh_->dp_comm();
   if (o_.global_batch > 0) {
     const int per_step = dp.size() * o_.grad_accum;

@@ -96,8 +96,8 @@ class Trainer {
   TrainOptions o_;
   std::unique_ptr<parallel::Comm> own_world_;
   parallel::Comm& world_;
+  Arena arena_;  // before mesh_: the communicators return their buffers to it when destroyed
   std::unique_ptr<parallel::Mesh> mesh_;
-  Arena arena_;
   ParamStore store_;
   std::unique_ptr<model::GPT> gpt_;
   std::unique_ptr<parallel::DataParallel> dp_;

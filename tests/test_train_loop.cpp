@@ -262,3 +262,22 @@ TEST(NoiseScale, RecoversTraceAndSignalFromTwoBatchSizes) {
 
 }  // namespace
 }  // namespace mt::train
+
+namespace mt::train {
+namespace {
+
+// The resolved config a run writes (config.json) is a valid --config that resolves to itself.
+TEST(Options, WrittenConfigReloadsToTheSameOptions) {
+  const std::string dir = testing::make_temp_dir("mt_cfg");
+  TrainOptions o = parse_train_options({"model=gpt2", "model.n_layer=3", "precision=bf16", "recompute=selective",
+                                        "optim.schedule=linear", "data.doc_mask=true", "--zero", "2",
+                                        "ckpt.keep=5", "seed=18446744073709551557", "global_batch=16"});
+  std::ofstream(dir + "/config.json") << o.to_json().dump(2);
+  const TrainOptions back = parse_train_options({"--config", dir + "/config.json"});
+  EXPECT_EQ(back.to_json(), o.to_json());
+  EXPECT_EQ(back.seed, 18446744073709551557ull);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace mt::train

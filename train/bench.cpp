@@ -17,7 +17,7 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world) {
   bool has_data = false, has_steps = false;
   for (const std::string& a : args) {
     if (a.rfind("warmup=", 0) == 0) {
-      warmup = std::atoi(a.c_str() + 7);
+      warmup = parse_int("warmup", a.substr(7));
       if (warmup < 0) fail("warmup must not be negative");
       continue;
     }

@@ -59,10 +59,10 @@ int sample_main(const std::vector<std::string>& args) {
     else if (a == "--prompt") o.prompt = parse_ids(v);
     else if (a == "--text") text = v;
     else if (a == "--tokenizer") tokenizer_path = v;
-    else if (a == "--tokens") o.max_new_tokens = std::atoi(v.c_str());
-    else if (a == "--temperature") o.temperature = std::strtof(v.c_str(), nullptr);
-    else if (a == "--top_k" || a == "--top-k") o.top_k = std::atoi(v.c_str());
-    else if (a == "--seed") o.seed = std::strtoull(v.c_str(), nullptr, 10);
+    else if (a == "--tokens") o.max_new_tokens = mt::train::parse_int(a, v);
+    else if (a == "--temperature") o.temperature = float(mt::train::parse_number(a, v));
+    else if (a == "--top_k" || a == "--top-k") o.top_k = mt::train::parse_int(a, v);
+    else if (a == "--seed") o.seed = mt::train::parse_u64(a, v);
     else mt::fail("unknown sample flag '%s'", a.c_str());
   }
   if (o.model_path.empty()) mt::fail("sample needs --model <model.safetensors>");

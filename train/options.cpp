@@ -13,23 +13,6 @@ namespace mt::train {
 
 namespace {
 
-int to_int(const std::string& key, const std::string& v) {
-  char* end = nullptr;
-  errno = 0;
-  long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno || x < INT32_MIN || x > INT32_MAX)
-    fail("%s must be an integer (got '%s')", key.c_str(), v.c_str());
-  return int(x);
-}
-
-double to_double(const std::string& key, const std::string& v) {
-  char* end = nullptr;
-  errno = 0;
-  double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0' || errno) fail("%s must be a number (got '%s')", key.c_str(), v.c_str());
-  return x;
-}
-
 bool to_bool(const std::string& key, const std::string& v) {
   if (v == "1" || v == "true" || v == "on") return true;
   if (v == "0" || v == "false" || v == "off") return false;
@@ -53,51 +36,51 @@ const std::map<std::string, Setter>& setters() {
   static const std::map<std::string, Setter> table = {
       {"model", [](TrainOptions& o, auto&, auto& v) { o.model_preset = v; o.model = model::GPTConfig::preset(v); }},
       {"model.preset", [](TrainOptions& o, auto&, auto& v) { o.model_preset = v; o.model = model::GPTConfig::preset(v); }},
-      {"model.vocab_size", [](TrainOptions& o, auto& k, auto& v) { o.model.vocab_size = to_int(k, v); }},
-      {"model.block_size", [](TrainOptions& o, auto& k, auto& v) { o.model.block_size = to_int(k, v); }},
-      {"model.n_layer", [](TrainOptions& o, auto& k, auto& v) { o.model.n_layer = to_int(k, v); }},
-      {"model.n_head", [](TrainOptions& o, auto& k, auto& v) { o.model.n_head = to_int(k, v); }},
-      {"model.n_embd", [](TrainOptions& o, auto& k, auto& v) { o.model.n_embd = to_int(k, v); }},
+      {"model.vocab_size", [](TrainOptions& o, auto& k, auto& v) { o.model.vocab_size = parse_int(k, v); }},
+      {"model.block_size", [](TrainOptions& o, auto& k, auto& v) { o.model.block_size = parse_int(k, v); }},
+      {"model.n_layer", [](TrainOptions& o, auto& k, auto& v) { o.model.n_layer = parse_int(k, v); }},
+      {"model.n_head", [](TrainOptions& o, auto& k, auto& v) { o.model.n_head = parse_int(k, v); }},
+      {"model.n_embd", [](TrainOptions& o, auto& k, auto& v) { o.model.n_embd = parse_int(k, v); }},
       {"data.path", [](TrainOptions& o, auto&, auto& v) { o.data.path = v; }},
       {"data.val_path", [](TrainOptions& o, auto&, auto& v) { o.data.val_path = v; }},
       {"data.mode", [](TrainOptions& o, auto& k, auto& v) {
          if (v != "sequential" && v != "shuffled") fail("%s must be sequential or shuffled (got '%s')", k.c_str(), v.c_str());
          o.data.mode = v; }},
       {"data.doc_mask", [](TrainOptions& o, auto& k, auto& v) { o.data.doc_mask = to_bool(k, v); }},
-      {"data.prefetch", [](TrainOptions& o, auto& k, auto& v) { o.data.prefetch = to_int(k, v); }},
+      {"data.prefetch", [](TrainOptions& o, auto& k, auto& v) { o.data.prefetch = parse_int(k, v); }},
       {"data.mix", [](TrainOptions& o, auto&, auto& v) { o.data.mix = v; }},
-      {"optim.lr", [](TrainOptions& o, auto& k, auto& v) { o.optim.lr = float(to_double(k, v)); }},
-      {"optim.min_lr_ratio", [](TrainOptions& o, auto& k, auto& v) { o.optim.min_lr_ratio = float(to_double(k, v)); }},
-      {"optim.warmup_steps", [](TrainOptions& o, auto& k, auto& v) { o.optim.warmup_steps = to_int(k, v); }},
+      {"optim.lr", [](TrainOptions& o, auto& k, auto& v) { o.optim.lr = float(parse_number(k, v)); }},
+      {"optim.min_lr_ratio", [](TrainOptions& o, auto& k, auto& v) { o.optim.min_lr_ratio = float(parse_number(k, v)); }},
+      {"optim.warmup_steps", [](TrainOptions& o, auto& k, auto& v) { o.optim.warmup_steps = parse_int(k, v); }},
       {"optim.schedule", [](TrainOptions& o, auto&, auto& v) { o.optim.schedule = schedule_from_name(v); }},
-      {"optim.weight_decay", [](TrainOptions& o, auto& k, auto& v) { o.optim.weight_decay = float(to_double(k, v)); }},
-      {"optim.beta1", [](TrainOptions& o, auto& k, auto& v) { o.optim.beta1 = float(to_double(k, v)); }},
-      {"optim.beta2", [](TrainOptions& o, auto& k, auto& v) { o.optim.beta2 = float(to_double(k, v)); }},
-      {"optim.eps", [](TrainOptions& o, auto& k, auto& v) { o.optim.eps = float(to_double(k, v)); }},
-      {"optim.grad_clip", [](TrainOptions& o, auto& k, auto& v) { o.optim.grad_clip = float(to_double(k, v)); }},
+      {"optim.weight_decay", [](TrainOptions& o, auto& k, auto& v) { o.optim.weight_decay = float(parse_number(k, v)); }},
+      {"optim.beta1", [](TrainOptions& o, auto& k, auto& v) { o.optim.beta1 = float(parse_number(k, v)); }},
+      {"optim.beta2", [](TrainOptions& o, auto& k, auto& v) { o.optim.beta2 = float(parse_number(k, v)); }},
+      {"optim.eps", [](TrainOptions& o, auto& k, auto& v) { o.optim.eps = float(parse_number(k, v)); }},
+      {"optim.grad_clip", [](TrainOptions& o, auto& k, auto& v) { o.optim.grad_clip = float(parse_number(k, v)); }},
       {"ckpt.dir", [](TrainOptions& o, auto&, auto& v) { o.ckpt.dir = v; }},
-      {"ckpt.keep", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.keep = to_int(k, v); }},
+      {"ckpt.keep", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.keep = parse_int(k, v); }},
       {"ckpt.async", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.async = to_bool(k, v); }},
       {"ckpt.fault_phase", [](TrainOptions& o, auto&, auto& v) { o.ckpt.fault_phase = v; }},
-      {"ckpt.fault_step", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_step = to_int(k, v); }},
-      {"ckpt.fault_rank", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_rank = to_int(k, v); }},
-      {"loss_scale.init", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.init_scale = float(to_double(k, v)); }},
-      {"loss_scale.growth_interval", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.growth_interval = to_int(k, v); }},
-      {"parallel.dp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.dp = to_int(k, v); }},
-      {"parallel.tp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.tp = to_int(k, v); }},
-      {"parallel.pp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp = to_int(k, v); }},
-      {"parallel.cp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.cp = to_int(k, v); }},
-      {"parallel.zero", [](TrainOptions& o, auto& k, auto& v) { o.parallel.zero = to_int(k, v); }},
-      {"parallel.bucket_mb", [](TrainOptions& o, auto& k, auto& v) { o.parallel.bucket_mb = to_double(k, v); }},
-      {"parallel.sdc_every", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_every = to_int(k, v); }},
-      {"parallel.sdc_flip_step", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_flip_step = to_int(k, v); }},
-      {"parallel.sdc_flip_rank", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_flip_rank = to_int(k, v); }},
-      {"batch_size", [](TrainOptions& o, auto& k, auto& v) { o.batch_size = to_int(k, v); }},
-      {"global_batch", [](TrainOptions& o, auto& k, auto& v) { o.global_batch = to_int(k, v); }},
-      {"seq_len", [](TrainOptions& o, auto& k, auto& v) { o.seq_len = to_int(k, v); }},
-      {"grad_accum", [](TrainOptions& o, auto& k, auto& v) { o.grad_accum = to_int(k, v); }},
-      {"steps", [](TrainOptions& o, auto& k, auto& v) { o.steps = to_int(k, v); }},
-      {"seed", [](TrainOptions& o, auto& k, auto& v) { o.seed = uint64_t(to_double(k, v)); }},
+      {"ckpt.fault_step", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_step = parse_int(k, v); }},
+      {"ckpt.fault_rank", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_rank = parse_int(k, v); }},
+      {"loss_scale.init", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.init_scale = float(parse_number(k, v)); }},
+      {"loss_scale.growth_interval", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.growth_interval = parse_int(k, v); }},
+      {"parallel.dp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.dp = parse_int(k, v); }},
+      {"parallel.tp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.tp = parse_int(k, v); }},
+      {"parallel.pp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp = parse_int(k, v); }},
+      {"parallel.cp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.cp = parse_int(k, v); }},
+      {"parallel.zero", [](TrainOptions& o, auto& k, auto& v) { o.parallel.zero = parse_int(k, v); }},
+      {"parallel.bucket_mb", [](TrainOptions& o, auto& k, auto& v) { o.parallel.bucket_mb = parse_number(k, v); }},
+      {"parallel.sdc_every", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_every = parse_int(k, v); }},
+      {"parallel.sdc_flip_step", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_flip_step = parse_int(k, v); }},
+      {"parallel.sdc_flip_rank", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_flip_rank = parse_int(k, v); }},
+      {"batch_size", [](TrainOptions& o, auto& k, auto& v) { o.batch_size = parse_int(k, v); }},
+      {"global_batch", [](TrainOptions& o, auto& k, auto& v) { o.global_batch = parse_int(k, v); }},
+      {"seq_len", [](TrainOptions& o, auto& k, auto& v) { o.seq_len = parse_int(k, v); }},
+      {"grad_accum", [](TrainOptions& o, auto& k, auto& v) { o.grad_accum = parse_int(k, v); }},
+      {"steps", [](TrainOptions& o, auto& k, auto& v) { o.steps = parse_int(k, v); }},
+      {"seed", [](TrainOptions& o, auto& k, auto& v) { o.seed = parse_u64(k, v); }},
       {"precision", [](TrainOptions& o, auto& k, auto& v) {
          if (v != "fp32" && v != "bf16" && v != "fp16") fail("%s must be fp32, bf16 or fp16 (got '%s')", k.c_str(), v.c_str());
          o.precision = dtype_from_name(v); }},
@@ -106,12 +89,12 @@ const std::map<std::string, Setter>& setters() {
       {"out_dir", [](TrainOptions& o, auto&, auto& v) { o.out_dir = v; }},
       {"init_from", [](TrainOptions& o, auto&, auto& v) { o.init_from = v; }},
       {"resume", [](TrainOptions& o, auto&, auto& v) { o.resume = v; }},
-      {"save_every", [](TrainOptions& o, auto& k, auto& v) { o.save_every = to_int(k, v); }},
-      {"eval_every", [](TrainOptions& o, auto& k, auto& v) { o.eval_every = to_int(k, v); }},
-      {"eval_batches", [](TrainOptions& o, auto& k, auto& v) { o.eval_batches = to_int(k, v); }},
-      {"log_every", [](TrainOptions& o, auto& k, auto& v) { o.log_every = to_int(k, v); }},
-      {"threads", [](TrainOptions& o, auto& k, auto& v) { o.threads = to_int(k, v); }},
-      {"peak_flops", [](TrainOptions& o, auto& k, auto& v) { o.peak_flops = to_double(k, v); }},
+      {"save_every", [](TrainOptions& o, auto& k, auto& v) { o.save_every = parse_int(k, v); }},
+      {"eval_every", [](TrainOptions& o, auto& k, auto& v) { o.eval_every = parse_int(k, v); }},
+      {"eval_batches", [](TrainOptions& o, auto& k, auto& v) { o.eval_batches = parse_int(k, v); }},
+      {"log_every", [](TrainOptions& o, auto& k, auto& v) { o.log_every = parse_int(k, v); }},
+      {"threads", [](TrainOptions& o, auto& k, auto& v) { o.threads = parse_int(k, v); }},
+      {"peak_flops", [](TrainOptions& o, auto& k, auto& v) { o.peak_flops = parse_number(k, v); }},
   };
   return table;
 }
@@ -135,6 +118,32 @@ void flatten(const nlohmann::json& j, const std::string& prefix, std::vector<std
 }
 
 }  // namespace
+
+int parse_int(const std::string& key, const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno || x < INT32_MIN || x > INT32_MAX)
+    fail("%s must be an integer (got '%s')", key.c_str(), v.c_str());
+  return int(x);
+}
+
+uint64_t parse_u64(const std::string& key, const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+  if (v.empty() || v[0] == '-' || *end != '\0' || errno)
+    fail("%s must be a non-negative integer (got '%s')", key.c_str(), v.c_str());
+  return uint64_t(x);
+}
+
+double parse_number(const std::string& key, const std::string& v) {
+  char* end = nullptr;
+  errno = 0;
+  double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || errno) fail("%s must be a number (got '%s')", key.c_str(), v.c_str());
+  return x;
+}
 
 void apply_option(TrainOptions& o, const std::string& key, const std::string& value) {
   auto it = setters().find(key);

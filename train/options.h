@@ -103,6 +103,12 @@ struct TrainOptions {
 // forms for common keys (--steps, --precision, --recompute, --device, --out ...).
 TrainOptions parse_train_options(const std::vector<std::string>& args);
 
+// Strict conversions of option values, each failing with a message naming `key` (also used for the
+// flags of `bench` and `sample`).
+int parse_int(const std::string& key, const std::string& value);
+uint64_t parse_u64(const std::string& key, const std::string& value);
+double parse_number(const std::string& key, const std::string& value);
+
 // Applies one `key=value` (dotted key) to `o`; throws naming the key on an unknown key or bad value.
 void apply_option(TrainOptions& o, const std::string& key, const std::string& value);
 

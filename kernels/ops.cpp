@@ -1,4 +1,5 @@
-// Dispatch of every op in ops.h to its backend by ctx.device.
+// Dispatch of every op in ops.h to its backend by ctx.device, and the explicit instantiations for the
+// three storage types.
 #include "kernels/ops.h"
 
 #include "kernels/cpu/cpu_ops.h"
@@ -10,69 +11,156 @@
 namespace mt::ops {
 
 #ifdef MT_HAVE_CUDA
-#define MT_DISPATCH(cpu_call, cuda_call) \
-  do {                                \
+#define MT_DISPATCH(cpu_call, cuda_call)              \
+  do {                                                \
     if (ctx.device == Device::cuda) return cuda_call; \
-    return cpu_call;                  \
+    return cpu_call;                                  \
   } while (0)
 #else
-#define MT_DISPATCH(cpu_call, cuda_call) \
-  do {                                \
+#define MT_DISPATCH(cpu_call, cuda_call)                                                                \
+  do {                                                                                                  \
     MT_CHECK(ctx.device == Device::cpu, "this build has no CUDA backend (configure with MT_CUDA=ON)"); \
-    return cpu_call;                  \
+    return cpu_call;                                                                                    \
   } while (0)
 #endif
 
-void encoder_fwd(float* out, const int32_t* tokens, const int32_t* pos, const float* wte, const float* wpe, int B, int T, int C, const Ctx& ctx) {
-  MT_DISPATCH(cpu::encoder_fwd<float>(out, tokens, pos, wte, wpe, B, T, C), cuda::encoder_fwd(out, tokens, pos, wte, wpe, B, T, C, ctx));
+template <class S>
+void encoder_fwd(S* out, const int32_t* tokens, const int32_t* pos, const S* wte, const S* wpe, int B, int T, int C,
+                 const Ctx& ctx) {
+  MT_DISPATCH(cpu::encoder_fwd<S>(out, tokens, pos, wte, wpe, B, T, C),
+              cuda::encoder_fwd<S>(out, tokens, pos, wte, wpe, B, T, C, ctx));
 }
 
-void encoder_bwd(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, const int32_t* pos, int B, int T, int C, const Ctx& ctx) {
-  MT_DISPATCH(cpu::encoder_bwd<float>(dwte, dwpe, dout, tokens, pos, B, T, C), cuda::encoder_bwd(dwte, dwpe, dout, tokens, pos, B, T, C, ctx));
+template <class S>
+void encoder_bwd(float* dwte, float* dwpe, const S* dout, const int32_t* tokens, const int32_t* pos, int B, int T,
+                 int C, const Ctx& ctx) {
+  MT_DISPATCH(cpu::encoder_bwd<S>(dwte, dwpe, dout, tokens, pos, B, T, C),
+              cuda::encoder_bwd<S>(dwte, dwpe, dout, tokens, pos, B, T, C, ctx));
 }
 
-void layernorm_fwd(float* out, float* mean, float* rstd, const float* inp, const float* weight, const float* bias, int N, int C, const Ctx& ctx) {
-  MT_DISPATCH(cpu::layernorm_fwd<float>(out, mean, rstd, inp, weight, bias, N, C), cuda::layernorm_fwd(out, mean, rstd, inp, weight, bias, N, C, ctx));
+template <class S>
+void layernorm_fwd(S* out, float* mean, float* rstd, const S* inp, const S* weight, const S* bias, int N, int C,
+                   const Ctx& ctx) {
+  MT_DISPATCH(cpu::layernorm_fwd<S>(out, mean, rstd, inp, weight, bias, N, C),
+              cuda::layernorm_fwd<S>(out, mean, rstd, inp, weight, bias, N, C, ctx));
 }
 
-void layernorm_bwd(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, const float* mean, const float* rstd, int N, int C, const Ctx& ctx) {
-  MT_DISPATCH(cpu::layernorm_bwd<float>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C), cuda::layernorm_bwd(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, ctx));
+template <class S>
+void residual_layernorm_fwd(S* res, S* out, float* mean, float* rstd, const S* a, const S* b, const S* weight,
+                            const S* bias, int N, int C, const Ctx& ctx) {
+  MT_DISPATCH(cpu::residual_layernorm_fwd<S>(res, out, mean, rstd, a, b, weight, bias, N, C),
+              cuda::residual_layernorm_fwd<S>(res, out, mean, rstd, a, b, weight, bias, N, C, ctx));
 }
 
-void matmul_fwd(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC, const Ctx& ctx) {
-  MT_DISPATCH(cpu::matmul_fwd<float>(out, inp, weight, bias, N, IC, OC), cuda::matmul_fwd(out, inp, weight, bias, N, IC, OC, ctx));
+template <class S>
+void layernorm_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight,
+                   const float* mean, const float* rstd, int N, int C, bool accumulate, const Ctx& ctx) {
+  MT_DISPATCH(cpu::layernorm_bwd<S>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate),
+              cuda::layernorm_bwd<S>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate, ctx));
 }
 
-void matmul_bwd(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp, const float* weight, int N, int IC, int OC, const Ctx& ctx) {
-  MT_DISPATCH(cpu::matmul_bwd<float>(dinp, dweight, dbias, dout, inp, weight, N, IC, OC), cuda::matmul_bwd(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, ctx));
+template <class S>
+void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, const Ctx& ctx,
+                S* pre_gelu) {
+  MT_DISPATCH(cpu::matmul_fwd<S>(out, inp, weight, bias, N, IC, OC, pre_gelu),
+              cuda::matmul_fwd<S>(out, inp, weight, bias, N, IC, OC, ctx, pre_gelu));
 }
 
-void gelu_fwd(float* out, const float* inp, int64_t N, const Ctx& ctx) {
-  MT_DISPATCH(cpu::gelu_fwd<float>(out, inp, N), cuda::gelu_fwd(out, inp, N, ctx));
+template <class S>
+void matmul_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight, int N, int IC,
+                int OC, const Ctx& ctx, const S* pre_gelu) {
+  MT_DISPATCH(cpu::matmul_bwd<S>(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, pre_gelu),
+              cuda::matmul_bwd<S>(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, ctx, pre_gelu));
 }
 
-void gelu_bwd(float* dinp, const float* dout, const float* inp, int64_t N, const Ctx& ctx) {
-  MT_DISPATCH(cpu::gelu_bwd<float>(dinp, dout, inp, N), cuda::gelu_bwd(dinp, dout, inp, N, ctx));
+template <class S>
+void gelu_fwd(S* out, const S* inp, int64_t N, const Ctx& ctx) {
+  MT_DISPATCH(cpu::gelu_fwd<S>(out, inp, N), cuda::gelu_fwd<S>(out, inp, N, ctx));
 }
 
-void attention_fwd(float* out, float* att, const float* qkv, const int32_t* doc, int B, int T, int C, int NH, const Ctx& ctx) {
-  MT_DISPATCH(cpu::attention_fwd<float>(out, att, qkv, doc, B, T, C, NH), cuda::attention_fwd(out, att, qkv, doc, B, T, C, NH, ctx));
+template <class S>
+void gelu_bwd(S* dinp, const S* dout, const S* inp, int64_t N, const Ctx& ctx) {
+  MT_DISPATCH(cpu::gelu_bwd<S>(dinp, dout, inp, N), cuda::gelu_bwd<S>(dinp, dout, inp, N, ctx));
 }
 
-void attention_bwd(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att, const int32_t* doc, int B, int T, int C, int NH, const Ctx& ctx) {
-  MT_DISPATCH(cpu::attention_bwd<float>(dqkv, scratch, dout, qkv, att, doc, B, T, C, NH), cuda::attention_bwd(dqkv, scratch, dout, qkv, att, doc, B, T, C, NH, ctx));
+template <class S>
+void attention_fwd(S* out, S* att, const S* qkv, const int32_t* doc, int B, int T, int C, int NH, const Ctx& ctx) {
+  MT_DISPATCH(cpu::attention_fwd<S>(out, att, qkv, doc, B, T, C, NH),
+              cuda::attention_fwd<S>(out, att, qkv, doc, B, T, C, NH, ctx));
 }
 
-void add(float* out, const float* a, const float* b, int64_t N, const Ctx& ctx) {
-  MT_DISPATCH(cpu::add<float>(out, a, b, N), cuda::add(out, a, b, N, ctx));
+template <class S>
+void attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* att, const int32_t* doc, int B,
+                   int T, int C, int NH, const Ctx& ctx) {
+  MT_DISPATCH(cpu::attention_bwd<S>(dqkv, scratch, dout, qkv, att, doc, B, T, C, NH),
+              cuda::attention_bwd<S>(dqkv, scratch, dout, qkv, att, doc, B, T, C, NH, ctx));
 }
 
-void softmax_xent(float* losses, float* dlogits, const float* logits, const int32_t* targets, float dloss, int N, int V, int Vp, const Ctx& ctx) {
-  MT_DISPATCH(cpu::softmax_xent<float>(losses, dlogits, logits, targets, dloss, N, V, Vp), cuda::softmax_xent(losses, dlogits, logits, targets, dloss, N, V, Vp, ctx));
+template <class S>
+void flash_attention_fwd(S* out, float* lse, const S* qkv, const int32_t* doc, int B, int T, int C, int NH,
+                         const Ctx& ctx) {
+  MT_DISPATCH(cpu::flash_attention_fwd<S>(out, lse, qkv, doc, B, T, C, NH),
+              cuda::flash_attention_fwd<S>(out, lse, qkv, doc, B, T, C, NH, ctx));
 }
 
-void adamw(float* params, float* m, float* v, const float* grads, int64_t N, float lr, float beta1, float beta2, float eps, float weight_decay, int t, const Ctx& ctx) {
-  MT_DISPATCH(cpu::adamw<float>(params, m, v, grads, N, lr, beta1, beta2, eps, weight_decay, t), cuda::adamw(params, m, v, grads, N, lr, beta1, beta2, eps, weight_decay, t, ctx));
+template <class S>
+void flash_attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* out, const float* lse,
+                         const int32_t* doc, int B, int T, int C, int NH, const Ctx& ctx) {
+  MT_DISPATCH(cpu::flash_attention_bwd<S>(dqkv, scratch, dout, qkv, out, lse, doc, B, T, C, NH),
+              cuda::flash_attention_bwd<S>(dqkv, scratch, dout, qkv, out, lse, doc, B, T, C, NH, ctx));
+}
+
+template <class S>
+void add(S* out, const S* a, const S* b, int64_t N, const Ctx& ctx) {
+  MT_DISPATCH(cpu::add<S>(out, a, b, N), cuda::add<S>(out, a, b, N, ctx));
+}
+
+template <class S>
+void softmax_xent(float* losses, S* dlogits, const S* logits, const int32_t* targets, float dloss, int N, int V,
+                  int Vp, const Ctx& ctx) {
+  MT_DISPATCH(cpu::softmax_xent<S>(losses, dlogits, logits, targets, dloss, N, V, Vp),
+              cuda::softmax_xent<S>(losses, dlogits, logits, targets, dloss, N, V, Vp, ctx));
+}
+
+template <class D, class S>
+void convert(D* out, const S* in, int64_t N, const Ctx& ctx) {
+  MT_DISPATCH((cpu::convert<D, S>(out, in, N)), (cuda::convert<D, S>(out, in, N, ctx)));
+}
+
+#define MT_OPS_INSTANTIATE(S)                                                                                     \
+  template void encoder_fwd<S>(S*, const int32_t*, const int32_t*, const S*, const S*, int, int, int, const Ctx&); \
+  template void encoder_bwd<S>(float*, float*, const S*, const int32_t*, const int32_t*, int, int, int,           \
+                               const Ctx&);                                                                      \
+  template void layernorm_fwd<S>(S*, float*, float*, const S*, const S*, const S*, int, int, const Ctx&);         \
+  template void residual_layernorm_fwd<S>(S*, S*, float*, float*, const S*, const S*, const S*, const S*, int,    \
+                                          int, const Ctx&);                                                      \
+  template void layernorm_bwd<S>(S*, float*, float*, const S*, const S*, const S*, const float*, const float*,    \
+                                 int, int, bool, const Ctx&);                                                    \
+  template void matmul_fwd<S>(S*, const S*, const S*, const S*, int, int, int, const Ctx&, S*);                   \
+  template void matmul_bwd<S>(S*, float*, float*, const S*, const S*, const S*, int, int, int, const Ctx&,        \
+                              const S*);                                                                         \
+  template void gelu_fwd<S>(S*, const S*, int64_t, const Ctx&);                                                   \
+  template void gelu_bwd<S>(S*, const S*, const S*, int64_t, const Ctx&);                                         \
+  template void attention_fwd<S>(S*, S*, const S*, const int32_t*, int, int, int, int, const Ctx&);               \
+  template void attention_bwd<S>(S*, float*, const S*, const S*, const S*, const int32_t*, int, int, int, int,    \
+                                 const Ctx&);                                                                    \
+  template void flash_attention_fwd<S>(S*, float*, const S*, const int32_t*, int, int, int, int, const Ctx&);     \
+  template void flash_attention_bwd<S>(S*, float*, const S*, const S*, const S*, const float*, const int32_t*,    \
+                                       int, int, int, int, const Ctx&);                                          \
+  template void add<S>(S*, const S*, const S*, int64_t, const Ctx&);                                              \
+  template void softmax_xent<S>(float*, S*, const S*, const int32_t*, float, int, int, int, const Ctx&);          \
+  template void convert<S, float>(S*, const float*, int64_t, const Ctx&);
+MT_OPS_INSTANTIATE(float)
+MT_OPS_INSTANTIATE(bf16)
+MT_OPS_INSTANTIATE(f16)
+#undef MT_OPS_INSTANTIATE
+template void convert<float, bf16>(float*, const bf16*, int64_t, const Ctx&);
+template void convert<float, f16>(float*, const f16*, int64_t, const Ctx&);
+
+void adamw(float* params, float* m, float* v, const float* grads, int64_t N, float lr, float beta1, float beta2,
+           float eps, float weight_decay, int t, const Ctx& ctx) {
+  MT_DISPATCH(cpu::adamw<float>(params, m, v, grads, N, lr, beta1, beta2, eps, weight_decay, t),
+              cuda::adamw(params, m, v, grads, N, lr, beta1, beta2, eps, weight_decay, t, ctx));
 }
 
 double sum_squares(const float* x, int64_t N, const Ctx& ctx) {

@@ -25,6 +25,14 @@ const char* recompute_name(Recompute r) {
   return "?";
 }
 
+Attention attention_from_name(const std::string& s) {
+  if (s == "materialized") return Attention::materialized;
+  if (s == "flash") return Attention::flash;
+  fail("--attention must be materialized or flash (got '%s')", s.c_str());
+}
+
+const char* attention_name(Attention a) { return a == Attention::flash ? "flash" : "materialized"; }
+
 GPT::GPT(const GPTConfig& cfg, ParamStore& store) : cfg_(cfg), store_(store) {
   cfg_.validate();
   const int64_t C = cfg.n_embd, Vp = cfg.padded_vocab();
@@ -98,10 +106,6 @@ void GPT::init_weights(uint64_t seed) {
   fill(lnf_b_, 0.f);
   if (!on_host) store_.mem().upload(store_.master(), master, staging.size() * sizeof(float));
   if (store_.full_compute()) store_.refresh_compute();  // else the sharding engine derives compute
-}
-
-void GPT::store(float* x, int64_t n) {
-  if (store_.compute_dtype() != DType::f32) ops::round_to(x, n, store_.compute_dtype(), ctx_);
 }
 
 void GPT::check_batch(const MicroBatch& mb) const {

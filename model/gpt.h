@@ -9,6 +9,14 @@
 //   full       only each layer's input (N,C) is kept; backward re-runs the layer's forward first.
 // Activations come from the Arena under MemCategory::activations, so the saving is measured.
 //
+// Attention (Attention): `materialized` keeps the (B,NH,T,T) probabilities (subject to Recompute);
+// `flash` never forms them: an online-softmax kernel keeps only each query's log-sum-exp and backward
+// recomputes the probabilities tile by tile (Dao et al. 2022), so selective recompute is implied.
+//
+// Storage: activations and the weights forward/backward read have the store's compute dtype (fp32,
+// bf16 or fp16) on both backends; the model converts each unit's fp32 compute weights into a typed
+// copy when it acquires the unit. Parameter gradients are fp32.
+//
 // The classifier is fused with its backward and processed in row chunks: logits for a chunk are
 // computed, turned into loss and dlogits in place, and pushed back through the unembedding at once,
 // so the (N, Vp) logits are never materialised whole (as in llm.c's fused classifier).
@@ -27,6 +35,9 @@ namespace mt::model {
 enum class Recompute { none, selective, full };
 Recompute recompute_from_name(const std::string& s);  // throws naming --recompute
 const char* recompute_name(Recompute r);
+enum class Attention { materialized, flash };
+Attention attention_from_name(const std::string& s);  // throws naming --attention
+const char* attention_name(Attention a);
 
 // Indices of one layer's parameters in the ParamStore.
 struct LayerParams {
@@ -41,6 +52,9 @@ struct MicroBatch {
   const int32_t* positions = nullptr;  // nullptr: 0..T-1 in every row
   const int32_t* doc_ids = nullptr;    // nullptr: plain causal attention
 };
+
+template <class S>
+class Pass;
 
 class GPT {
  public:
@@ -64,6 +78,8 @@ class GPT {
 
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
+  void set_attention(Attention a) { attention_ = a; }
+  Attention attention() const { return attention_; }
   // Parameter units: 0 = embeddings (wte, wpe), 1 + l = layer l, L + 1 = final LayerNorm. The model
   // brackets every use of a unit with hooks->acquire/release and reports hooks->grads_ready(u) once
   // backward is done with it (order: L+1, L, ..., 1, 0). nullptr: no hooks (everything resident).
@@ -90,22 +106,19 @@ class GPT {
   int lnf_b() const { return lnf_b_; }
 
  private:
-  struct LayerActs;
-  struct Workspace;
+  template <class S>
+  friend class Pass;  // one forward/backward in storage type S (model/gpt_forward.cpp)
   enum class Mode { train, eval, last_logits };
   double run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits);
   void check_batch(const MicroBatch& mb) const;
-  void layer_forward(int l, const float* x, float* x_next, LayerActs& a, int B, int T, const int32_t* doc);
-  void layer_backward(int l, float* dx, const float* x, LayerActs& a, Workspace& w, int B, int T,
-                      const int32_t* doc);
-  double classifier(const float* lnf, float* dlnf, const int32_t* targets, float dloss, int N, bool grads);
-  void store(float* x, int64_t n);  // round to the compute precision where the GPU stores low precision
 
   GPTConfig cfg_;
   ParamStore& store_;
   std::vector<LayerParams> layers_;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   Recompute recompute_ = Recompute::none;
+  Attention attention_ = Attention::materialized;
+  Buffer typed_weights_;  // the compute weights in a 16-bit compute dtype (all units), params memory
   UnitHooks* hooks_ = nullptr;
   std::function<void(const char*)> phase_hook_;
   void acquire(int u, bool grads) {

@@ -1,8 +1,14 @@
-// GPT forward and backward. Shapes: B batch, T time, C channels, NH heads, N = B*T rows,
-// Vp padded vocabulary. Every op output is passed through store() where the GPU would store it in
-// the compute precision, activations and activation gradients alike; parameter gradients stay fp32.
+// GPT forward and backward in the run's storage type S (float, bf16 or f16; runtime/storage.h).
+// Shapes: B batch, T time, C channels, NH heads, N = B*T rows, Vp padded vocabulary. Activations and
+// activation gradients are S; parameter gradients, LayerNorm statistics, losses and the flash
+// attention's log-sum-exp are fp32. Each op rounds its output once, where the GPU stores it.
+//
+// Fused ops used here (kernels/ops.h): the attention residual with the second LayerNorm, GELU as the
+// epilogue of the first MLP matmul (and its derivative in the backward of the second), and the
+// residual gradient accumulated by the LayerNorm backward.
 #include <algorithm>
 #include <chrono>
+#include <type_traits>
 #include <vector>
 
 #include "model/gpt.h"
@@ -16,287 +22,350 @@ constexpr MemCategory kAct = MemCategory::activations;
 constexpr int kClassifierRows = 256;
 }  // namespace
 
-// The activations of one layer that backward reads. att is only allocated when it is kept.
-struct GPT::LayerActs {
-  Buffer ln1, ln1_mean, ln1_rstd;  // (N,C), (N), (N)
-  Buffer qkv;                      // (N,3C)
-  Buffer att;                      // (B,NH,T,T) softmax probabilities
-  Buffer atty;                     // (N,C) attention output before the projection
-  Buffer res2;                     // (N,C) residual after attention
-  Buffer ln2, ln2_mean, ln2_rstd;  // (N,C), (N), (N)
-  Buffer fch, fch_gelu;            // (N,4C) each
+template <class S>
+class Pass {
+ public:
+  Pass(GPT& m, const MicroBatch& mb)
+      : m_(m), s_(m.store_), ar_(*m.arena_), c_(m.ctx_), mb_(mb), B_(mb.B), T_(mb.T), C_(m.cfg_.n_embd),
+        NH_(m.cfg_.n_head), N_(mb.B * mb.T), NC_(int64_t(N_) * C_), flash_(m.attention_ == Attention::flash) {}
 
-  void alloc(Arena& a, int64_t N, int64_t C, int64_t att_elems, bool with_att) {
-    ln1 = a.alloc(kAct, size_t(N * C) * 4);
-    ln1_mean = a.alloc(kAct, size_t(N) * 4);
-    ln1_rstd = a.alloc(kAct, size_t(N) * 4);
-    qkv = a.alloc(kAct, size_t(N * 3 * C) * 4);
-    if (with_att) att = a.alloc(kAct, size_t(att_elems) * 4);
-    atty = a.alloc(kAct, size_t(N * C) * 4);
-    res2 = a.alloc(kAct, size_t(N * C) * 4);
-    ln2 = a.alloc(kAct, size_t(N * C) * 4);
-    ln2_mean = a.alloc(kAct, size_t(N) * 4);
-    ln2_rstd = a.alloc(kAct, size_t(N) * 4);
-    fch = a.alloc(kAct, size_t(N * 4 * C) * 4);
-    fch_gelu = a.alloc(kAct, size_t(N * 4 * C) * 4);
+  double run(float dloss, GPT::Mode mode, float* last_logits);
+
+ private:
+  // The activations of one layer that backward reads. att (materialized) or lse (flash) is only
+  // allocated when it is kept.
+  struct LayerActs {
+    Buffer ln1, ln1_mean, ln1_rstd;  // (N,C) S, (N), (N) fp32
+    Buffer qkv;                      // (N,3C)
+    Buffer att;                      // (B,NH,T,T) softmax probabilities (materialized)
+    Buffer lse;                      // (B,NH,T) fp32 log-sum-exp per query (flash)
+    Buffer atty;                     // (N,C) attention output before the projection
+    Buffer res2;                     // (N,C) residual after attention
+    Buffer ln2, ln2_mean, ln2_rstd;  // (N,C), (N), (N)
+    Buffer fch, fch_gelu;            // (N,4C) each: before and after GELU
+    bool allocated() const { return bool(ln1); }
+  };
+  // Buffers that live for one backward pass (or one forward, for the shared attention buffer).
+  struct Workspace {
+    Buffer att;          // (B,NH,T,T) probabilities when a layer did not keep its own
+    Buffer att_scratch;  // (B,NH,T,T) fp32 attention backward workspace (flash: (B,NH,T))
+    Buffer dln, datty, xnext;  // (N,C)
+    Buffer dqkv;               // (N,3C)
+    Buffer dfc;                // (N,4C)
+  };
+
+  Buffer act(int64_t elems) { return ar_.alloc(kAct, size_t(elems) * sizeof(S)); }
+  Buffer f32(int64_t elems) { return ar_.alloc(kAct, size_t(elems) * sizeof(float)); }
+  static S* p(const Buffer& b) { return static_cast<S*>(b.data()); }
+  int64_t att_elems() const { return int64_t(B_) * NH_ * T_ * T_; }
+  int64_t lse_elems() const { return int64_t(B_) * NH_ * T_; }
+  void alloc_layer(LayerActs& a, bool with_att);
+
+  // The weight entry i as the ops read it, in S.
+  const S* w(int i) const;
+  // Unit u's parameters (and gradient buffer) about to be used: the hooks materialise them, then a
+  // 16-bit run converts their fp32 compute copy into the typed weights.
+  void acquire(int u, bool grads);
+  float* g(int i) const { return s_.grad(i); }
+
+  void layer_forward(int l, const S* x, S* x_next, LayerActs& a, const int32_t* doc);
+  void layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& ws, const int32_t* doc);
+  double classifier(const S* lnf, S* dlnf, const int32_t* targets, float dloss, bool grads);
+  void last_logits(const S* lnf, float* out);
+
+  GPT& m_;
+  ParamStore& s_;
+  Arena& ar_;
+  const ops::Ctx& c_;
+  const MicroBatch& mb_;
+  const int B_, T_, C_, NH_, N_;
+  const int64_t NC_;
+  const bool flash_;
+};
+
+template <class S>
+void Pass<S>::alloc_layer(LayerActs& a, bool with_att) {
+  a.ln1 = act(NC_);
+  a.ln1_mean = f32(N_);
+  a.ln1_rstd = f32(N_);
+  a.qkv = act(3 * NC_);
+  if (with_att) {
+    if (flash_) a.lse = f32(lse_elems());
+    else a.att = act(att_elems());
   }
-  bool allocated() const { return bool(ln1); }
-};
+  a.atty = act(NC_);
+  a.res2 = act(NC_);
+  a.ln2 = act(NC_);
+  a.ln2_mean = f32(N_);
+  a.ln2_rstd = f32(N_);
+  a.fch = act(4 * NC_);
+  a.fch_gelu = act(4 * NC_);
+}
 
-// Buffers that live for one backward pass (or one forward, for the scratch attention).
-struct GPT::Workspace {
-  Buffer att;          // (B,NH,T,T) probabilities when a layer did not keep its own
-  Buffer att_scratch;  // (B,NH,T,T) attention backward workspace
-  Buffer dln, tmp, datty, xnext;  // (N,C)
-  Buffer dqkv;                    // (N,3C)
-  Buffer dfc1, dfc2;              // (N,4C)
-};
+template <class S>
+const S* Pass<S>::w(int i) const {
+  if constexpr (std::is_same_v<S, float>) {
+    return s_.compute(i);
+  } else {
+    return static_cast<const S*>(m_.typed_weights_.data()) + s_.entry(i).offset;
+  }
+}
 
-double GPT::forward_backward(const MicroBatch& mb, float dloss) { return run(mb, dloss, Mode::train, nullptr); }
-double GPT::forward_loss(const MicroBatch& mb) { return run(mb, 0.f, Mode::eval, nullptr); }
-void GPT::forward_last_logits(const MicroBatch& mb, float* logits) { run(mb, 0.f, Mode::last_logits, logits); }
+template <class S>
+void Pass<S>::acquire(int u, bool grads) {
+  m_.acquire(u, grads);
+  if constexpr (!std::is_same_v<S, float>) {
+    const ParamUnit& unit = s_.units()[size_t(u)];
+    const float* src = s_.full_compute() ? s_.compute() + unit.begin : s_.unit_compute(u);
+    MT_CHECK(src != nullptr, "unit %s has no compute weights after acquire", unit.name.c_str());
+    ops::convert(static_cast<S*>(m_.typed_weights_.data()) + unit.begin, src, unit.size(), c_);
+  }
+}
 
-void GPT::layer_forward(int l, const float* x, float* x_next, LayerActs& a, int B, int T, const int32_t* doc) {
-  const LayerParams& p = layers_[size_t(l)];
-  const int C = cfg_.n_embd, NH = cfg_.n_head, N = B * T;
-  const int64_t NC = int64_t(N) * C;
-  const ops::Ctx& c = ctx_;
-  const ParamStore& s = store_;
-  ops::layernorm_fwd(a.ln1.f32(), a.ln1_mean.f32(), a.ln1_rstd.f32(), x, s.compute(p.ln1_w), s.compute(p.ln1_b), N, C, c);
-  store(a.ln1.f32(), NC);
-  ops::matmul_fwd(a.qkv.f32(), a.ln1.f32(), s.compute(p.qkv_w), s.compute(p.qkv_b), N, C, 3 * C, c);
-  store(a.qkv.f32(), 3 * NC);
-  ops::attention_fwd(a.atty.f32(), a.att.f32(), a.qkv.f32(), doc, B, T, C, NH, c);
-  store(a.atty.f32(), NC);
-  store(a.att.f32(), int64_t(B) * NH * T * T);
-  ops::matmul_fwd(x_next, a.atty.f32(), s.compute(p.proj_w), s.compute(p.proj_b), N, C, C, c);
-  store(x_next, NC);
-  ops::add(a.res2.f32(), x, x_next, NC, c);
-  store(a.res2.f32(), NC);
-  ops::layernorm_fwd(a.ln2.f32(), a.ln2_mean.f32(), a.ln2_rstd.f32(), a.res2.f32(), s.compute(p.ln2_w),
-                     s.compute(p.ln2_b), N, C, c);
-  store(a.ln2.f32(), NC);
-  ops::matmul_fwd(a.fch.f32(), a.ln2.f32(), s.compute(p.fc_w), s.compute(p.fc_b), N, C, 4 * C, c);
-  store(a.fch.f32(), 4 * NC);
-  ops::gelu_fwd(a.fch_gelu.f32(), a.fch.f32(), 4 * NC, c);
-  store(a.fch_gelu.f32(), 4 * NC);
-  ops::matmul_fwd(x_next, a.fch_gelu.f32(), s.compute(p.fcproj_w), s.compute(p.fcproj_b), N, 4 * C, C, c);
-  store(x_next, NC);
-  ops::add(x_next, a.res2.f32(), x_next, NC, c);
-  store(x_next, NC);
+template <class S>
+void Pass<S>::layer_forward(int l, const S* x, S* x_next, LayerActs& a, const int32_t* doc) {
+  const LayerParams& lp = m_.layers_[size_t(l)];
+  const int C = C_, N = N_;
+  ops::layernorm_fwd(p(a.ln1), a.ln1_mean.f32(), a.ln1_rstd.f32(), x, w(lp.ln1_w), w(lp.ln1_b), N, C, c_);
+  ops::matmul_fwd(p(a.qkv), p(a.ln1), w(lp.qkv_w), w(lp.qkv_b), N, C, 3 * C, c_);
+  if (flash_) ops::flash_attention_fwd(p(a.atty), a.lse.f32(), p(a.qkv), doc, B_, T_, C, NH_, c_);
+  else ops::attention_fwd(p(a.atty), p(a.att), p(a.qkv), doc, B_, T_, C, NH_, c_);
+  ops::matmul_fwd(x_next, p(a.atty), w(lp.proj_w), w(lp.proj_b), N, C, C, c_);
+  // res2 = x + attention branch, and its LayerNorm, in one pass.
+  ops::residual_layernorm_fwd(p(a.res2), p(a.ln2), a.ln2_mean.f32(), a.ln2_rstd.f32(), x, x_next, w(lp.ln2_w),
+                              w(lp.ln2_b), N, C, c_);
+  ops::matmul_fwd(p(a.fch_gelu), p(a.ln2), w(lp.fc_w), w(lp.fc_b), N, C, 4 * C, c_, p(a.fch));  // GELU epilogue
+  ops::matmul_fwd(x_next, p(a.fch_gelu), w(lp.fcproj_w), w(lp.fcproj_b), N, 4 * C, C, c_);
+  ops::add(x_next, p(a.res2), x_next, NC_, c_);
 }
 
 // On entry dx holds dL/d(layer output); on exit dL/d(layer input).
-void GPT::layer_backward(int l, float* dx, const float* x, LayerActs& a, Workspace& w, int B, int T,
-                         const int32_t* doc) {
-  const LayerParams& p = layers_[size_t(l)];
-  const int C = cfg_.n_embd, NH = cfg_.n_head, N = B * T;
-  const int64_t NC = int64_t(N) * C;
-  const ops::Ctx& c = ctx_;
-  const ParamStore& s = store_;
-  // MLP: x_next = res2 + fcproj(gelu(fc(ln2(res2))))
-  ops::matmul_bwd(w.dfc1.f32(), store_.grad(p.fcproj_w), store_.grad(p.fcproj_b), dx, a.fch_gelu.f32(),
-                  s.compute(p.fcproj_w), N, 4 * C, C, c);
-  store(w.dfc1.f32(), 4 * NC);
-  ops::gelu_bwd(w.dfc2.f32(), w.dfc1.f32(), a.fch.f32(), 4 * NC, c);
-  store(w.dfc2.f32(), 4 * NC);
-  ops::matmul_bwd(w.dln.f32(), store_.grad(p.fc_w), store_.grad(p.fc_b), w.dfc2.f32(), a.ln2.f32(),
-                  s.compute(p.fc_w), N, C, 4 * C, c);
-  store(w.dln.f32(), NC);
-  ops::layernorm_bwd(w.tmp.f32(), store_.grad(p.ln2_w), store_.grad(p.ln2_b), w.dln.f32(), a.res2.f32(),
-                     s.compute(p.ln2_w), a.ln2_mean.f32(), a.ln2_rstd.f32(), N, C, c);
-  ops::add(dx, dx, w.tmp.f32(), NC, c);  // dres2 = residual path + LayerNorm path
-  store(dx, NC);
+template <class S>
+void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& ws, const int32_t* doc) {
+  const LayerParams& lp = m_.layers_[size_t(l)];
+  const int C = C_, N = N_;
+  // MLP: x_next = res2 + fcproj(gelu(fc(ln2(res2)))). The first backward applies GELU's derivative.
+  ops::matmul_bwd(p(ws.dfc), g(lp.fcproj_w), g(lp.fcproj_b), dx, p(a.fch_gelu), w(lp.fcproj_w), N, 4 * C, C, c_,
+                  p(a.fch));
+  ops::matmul_bwd(p(ws.dln), g(lp.fc_w), g(lp.fc_b), p(ws.dfc), p(a.ln2), w(lp.fc_w), N, C, 4 * C, c_);
+  // dres2 = residual path (already in dx) + LayerNorm path, accumulated by the LayerNorm backward.
+  ops::layernorm_bwd(dx, g(lp.ln2_w), g(lp.ln2_b), p(ws.dln), p(a.res2), w(lp.ln2_w), a.ln2_mean.f32(),
+                     a.ln2_rstd.f32(), N, C, true, c_);
   // Attention: res2 = x + proj(attn(qkv(ln1(x))))
-  ops::matmul_bwd(w.datty.f32(), store_.grad(p.proj_w), store_.grad(p.proj_b), dx, a.atty.f32(),
-                  s.compute(p.proj_w), N, C, C, c);
-  store(w.datty.f32(), NC);
-  const float* att = a.att.f32();
-  if (!a.att) {  // selective recompute: rebuild the probabilities from the saved qkv
-    ops::attention_fwd(w.tmp.f32(), w.att.f32(), a.qkv.f32(), doc, B, T, C, NH, c);
-    store(w.att.f32(), int64_t(B) * NH * T * T);
-    att = w.att.f32();
+  ops::matmul_bwd(p(ws.datty), g(lp.proj_w), g(lp.proj_b), dx, p(a.atty), w(lp.proj_w), N, C, C, c_);
+  if (flash_) {
+    ops::flash_attention_bwd(p(ws.dqkv), ws.att_scratch.f32(), p(ws.datty), p(a.qkv), p(a.atty), a.lse.f32(), doc,
+                             B_, T_, C, NH_, c_);
+  } else {
+    const S* att = p(a.att);
+    if (!a.att) {  // selective recompute: rebuild the probabilities from the saved qkv (dln is free now)
+      ops::attention_fwd(p(ws.dln), p(ws.att), p(a.qkv), doc, B_, T_, C, NH_, c_);
+      att = p(ws.att);
+    }
+    ops::attention_bwd(p(ws.dqkv), ws.att_scratch.f32(), p(ws.datty), p(a.qkv), att, doc, B_, T_, C, NH_, c_);
   }
-  ops::attention_bwd(w.dqkv.f32(), w.att_scratch.f32(), w.datty.f32(), a.qkv.f32(), att, doc, B, T, C, NH, c);
-  store(w.dqkv.f32(), 3 * NC);
-  ops::matmul_bwd(w.dln.f32(), store_.grad(p.qkv_w), store_.grad(p.qkv_b), w.dqkv.f32(), a.ln1.f32(),
-                  s.compute(p.qkv_w), N, C, 3 * C, c);
-  store(w.dln.f32(), NC);
-  ops::layernorm_bwd(w.tmp.f32(), store_.grad(p.ln1_w), store_.grad(p.ln1_b), w.dln.f32(), x,
-                     s.compute(p.ln1_w), a.ln1_mean.f32(), a.ln1_rstd.f32(), N, C, c);
-  ops::add(dx, dx, w.tmp.f32(), NC, c);
-  store(dx, NC);
+  ops::matmul_bwd(p(ws.dln), g(lp.qkv_w), g(lp.qkv_b), p(ws.dqkv), p(a.ln1), w(lp.qkv_w), N, C, 3 * C, c_);
+  ops::layernorm_bwd(dx, g(lp.ln1_w), g(lp.ln1_b), p(ws.dln), x, w(lp.ln1_w), a.ln1_mean.f32(), a.ln1_rstd.f32(), N,
+                     C, true, c_);
 }
 
-double GPT::classifier(const float* lnf, float* dlnf, const int32_t* targets, float dloss, int N, bool grads) {
-  const int C = cfg_.n_embd, V = cfg_.vocab_size, Vp = cfg_.padded_vocab();
+template <class S>
+double Pass<S>::classifier(const S* lnf, S* dlnf, const int32_t* targets, float dloss, bool grads) {
+  const int C = C_, N = N_, V = m_.cfg_.vocab_size, Vp = m_.cfg_.padded_vocab();
   const int rows = std::min(N, kClassifierRows);
-  Buffer logits = arena_->alloc(kAct, size_t(rows) * Vp * 4);
-  Buffer losses = arena_->alloc(kAct, size_t(N) * 4);
+  Buffer logits = act(int64_t(rows) * Vp);
+  Buffer losses = f32(N);
   for (int r0 = 0; r0 < N; r0 += rows) {
     const int n = std::min(rows, N - r0);
-    ops::matmul_fwd(logits.f32(), lnf + int64_t(r0) * C, store_.compute(wte_), nullptr, n, C, Vp, ctx_);
-    store(logits.f32(), int64_t(n) * Vp);
-    ops::softmax_xent(losses.f32() + r0, grads ? logits.f32() : nullptr, logits.f32(), targets + r0, dloss, n, V,
-                      Vp, ctx_);
+    ops::matmul_fwd(p(logits), lnf + int64_t(r0) * C, w(m_.wte_), static_cast<const S*>(nullptr), n, C, Vp, c_);
+    ops::softmax_xent(losses.f32() + r0, grads ? p(logits) : nullptr, p(logits), targets + r0, dloss, n, V, Vp, c_);
     if (grads) {
-      store(logits.f32(), int64_t(n) * Vp);
-      ops::matmul_bwd(dlnf + int64_t(r0) * C, store_.grad(wte_), nullptr, logits.f32(), lnf + int64_t(r0) * C,
-                      store_.compute(wte_), n, C, Vp, ctx_);
+      ops::matmul_bwd(dlnf + int64_t(r0) * C, g(m_.wte_), nullptr, p(logits), lnf + int64_t(r0) * C, w(m_.wte_), n,
+                      C, Vp, c_);
     }
   }
   // The per-row losses come back to the host once per micro-batch: on a device a synchronisation,
   // which the logged loss needs anyway.
   std::vector<float> host_losses(static_cast<size_t>(N));
-  arena_->mem().download(host_losses.data(), losses.f32(), size_t(N) * 4);
+  ar_.mem().download(host_losses.data(), losses.f32(), size_t(N) * 4);
   double sum = 0;  // fixed order: deterministic
   for (int i = 0; i < N; i++) sum += double(host_losses[size_t(i)]);
   return sum;
 }
+
+template <class S>
+void Pass<S>::last_logits(const S* lnf, float* out) {
+  const int C = C_, Vp = m_.cfg_.padded_vocab();
+  Buffer lg = act(Vp), lg32 = f32(Vp);
+  ops::matmul_fwd(p(lg), lnf + int64_t(T_ - 1) * C, w(m_.wte_), static_cast<const S*>(nullptr), 1, C, Vp, c_);
+  ops::convert(lg32.f32(), p(lg), Vp, c_);
+  ar_.mem().download(out, lg32.f32(), size_t(m_.cfg_.vocab_size) * 4);
+}
+
+template <class S>
+double Pass<S>::run(float dloss, GPT::Mode mode, float* last_logits_out) {
+  const int B = B_, T = T_, C = C_, L = m_.cfg_.n_layer, N = N_;
+  using clock = std::chrono::steady_clock;
+  const auto t_start = clock::now();
+  const bool train = mode == GPT::Mode::train;
+  // Which activations each layer keeps until backward. The flash path never keeps probabilities,
+  // only the (B,NH,T) log-sum-exp, so for it selective is the same as none.
+  const bool keep_layer = train && m_.recompute_ != Recompute::full;
+  const bool keep_att = train && (m_.recompute_ == Recompute::none || (flash_ && keep_layer));
+  const int emb = 0, fin = m_.final_unit();
+  if (train && m_.phase_hook_) m_.phase_hook_("forward");
+
+  // The ops read the micro-batch where the arena's memory is: on a device, upload the host arrays
+  // (check_batch has validated them on the host). On the CPU these are the caller's arrays.
+  std::vector<Buffer> uploads;
+  auto on_device = [&](const int32_t* host) -> const int32_t* {
+    if (!host || ar_.device() == Device::cpu) return host;
+    uploads.push_back(ar_.alloc(kAct, size_t(N) * 4));
+    ar_.mem().upload(uploads.back().data(), host, size_t(N) * 4);
+    return uploads.back().i32();
+  };
+  const int32_t* tokens = on_device(mb_.tokens);
+  const int32_t* targets = on_device(mb_.targets);
+  const int32_t* positions = on_device(mb_.positions);
+  const int32_t* doc = on_device(mb_.doc_ids);
+
+  std::vector<Buffer> xs(static_cast<size_t>(L) + 1);  // residual stream: xs[l] is layer l's input
+  std::vector<LayerActs> acts(static_cast<size_t>(L));
+  LayerActs scratch;
+  Workspace ws;
+  // A layer that does not keep its attention state borrows one shared buffer for it.
+  if (!keep_att) ws.att = flash_ ? f32(lse_elems()) : act(att_elems());
+  if (!keep_layer) alloc_layer(scratch, false);
+  auto borrow_att = [&](LayerActs& a) { std::swap(flash_ ? a.lse : a.att, ws.att); };
+
+  // Forward. In eval mode only the current residual is kept (xs[l] freed as soon as it is consumed).
+  xs[0] = act(NC_);
+  acquire(emb, false);
+  ops::encoder_fwd(p(xs[0]), tokens, positions, w(m_.wte_), w(m_.wpe_), B, T, C, c_);
+  m_.release(emb);
+  for (int l = 0; l < L; l++) {
+    LayerActs& a = keep_layer ? acts[size_t(l)] : scratch;
+    if (keep_layer) alloc_layer(a, keep_att);
+    xs[size_t(l) + 1] = act(NC_);
+    if (!keep_att) borrow_att(a);
+    acquire(GPT::layer_unit(l), false);
+    layer_forward(l, p(xs[size_t(l)]), p(xs[size_t(l) + 1]), a, doc);
+    m_.release(GPT::layer_unit(l));
+    if (!keep_att) borrow_att(a);
+    if (!train) xs[size_t(l)].reset();
+  }
+
+  // Final LayerNorm and the classifier.
+  const S* xL = p(xs[size_t(L)]);
+  Buffer lnf = act(NC_), lnf_mean = f32(N), lnf_rstd = f32(N);
+  acquire(fin, train);
+  ops::layernorm_fwd(p(lnf), lnf_mean.f32(), lnf_rstd.f32(), xL, w(m_.lnf_w_), w(m_.lnf_b_), N, C, c_);
+  if (mode == GPT::Mode::last_logits) {
+    m_.release(fin);
+    acquire(emb, false);
+    last_logits(p(lnf), last_logits_out);
+    m_.release(emb);
+    return 0.0;
+  }
+  Buffer dlnf;
+  if (train) dlnf = act(NC_);
+  acquire(emb, train);  // the tied unembedding; its gradient buffer stays until the encoder's backward
+  const double loss_sum = classifier(p(lnf), p(dlnf), targets, dloss, train);
+  m_.release(emb);
+  // Data parallelism may take the embeddings' remaining (sparse) gradient as rows, so that the large
+  // dense part can be reduced from here on, overlapping the whole backward.
+  UnitHooks* hooks = m_.hooks_;
+  const bool emb_rows = train && hooks && hooks->wants_row_grads(emb);
+  if (emb_rows) m_.grads_ready(emb);
+  const auto t_forward = clock::now();
+  m_.times_.forward += std::chrono::duration<double>(t_forward - t_start).count();
+  if (!train) {
+    m_.release(fin);
+    return loss_sum;
+  }
+
+  // Backward: reverse loop over the layers.
+  if (m_.phase_hook_) m_.phase_hook_("backward");
+  Buffer dx = act(NC_);
+  ops::layernorm_bwd(p(dx), g(m_.lnf_w_), g(m_.lnf_b_), p(dlnf), xL, w(m_.lnf_w_), lnf_mean.f32(), lnf_rstd.f32(), N,
+                     C, false, c_);
+  m_.release(fin);
+  m_.grads_ready(fin);
+  lnf.reset();
+  dlnf.reset();
+  ws.att_scratch = f32(flash_ ? lse_elems() : att_elems());
+  ws.dln = act(NC_);
+  ws.datty = act(NC_);
+  ws.dqkv = act(3 * NC_);
+  ws.dfc = act(4 * NC_);
+  if (!keep_layer) ws.xnext = act(NC_);
+  for (int l = L - 1; l >= 0; l--) {
+    xs[size_t(l) + 1].reset();
+    LayerActs& a = keep_layer ? acts[size_t(l)] : scratch;
+    acquire(GPT::layer_unit(l), true);
+    if (keep_layer) {
+      layer_backward(l, p(dx), p(xs[size_t(l)]), a, ws, doc);
+    } else {  // full recompute: re-run this layer's forward from its saved input, then its backward
+      borrow_att(a);
+      layer_forward(l, p(xs[size_t(l)]), p(ws.xnext), a, doc);
+      layer_backward(l, p(dx), p(xs[size_t(l)]), a, ws, doc);
+      borrow_att(a);
+    }
+    m_.release(GPT::layer_unit(l));
+    m_.grads_ready(GPT::layer_unit(l));
+    if (keep_layer) a = LayerActs();
+  }
+  if (emb_rows) {
+    // d wte[tokens[i]] += dx[i] and d wpe[positions[i]] += dx[i]: the encoder's backward, as rows.
+    // Host rows: data parallelism over several ranks runs on the CPU backend only.
+    std::vector<int32_t> pos(mb_.positions ? mb_.positions : nullptr, mb_.positions ? mb_.positions + N : nullptr);
+    if (!mb_.positions) {
+      pos.resize(size_t(N));
+      for (int i = 0; i < N; i++) pos[size_t(i)] = i % T;
+    }
+    Buffer dx32;
+    const float* rows = nullptr;
+    if constexpr (std::is_same_v<S, float>) {
+      rows = dx.f32();
+    } else {
+      dx32 = f32(NC_);
+      ops::convert(dx32.f32(), p(dx), NC_, c_);
+      rows = dx32.f32();
+    }
+    hooks->add_row_grads(emb, {UnitHooks::RowGrads{m_.wte_, mb_.tokens, rows, N, C},
+                               UnitHooks::RowGrads{m_.wpe_, pos.data(), rows, N, C}});
+  } else {
+    acquire(emb, true);
+    ops::encoder_bwd(g(m_.wte_), g(m_.wpe_), p(dx), tokens, positions, B, T, C, c_);
+    m_.release(emb);
+    m_.grads_ready(emb);
+  }
+  ar_.mem().sync();  // device kernels run asynchronously: time their completion, not their launch
+  m_.times_.backward += std::chrono::duration<double>(clock::now() - t_forward).count();
+  return loss_sum;
+}
+
+double GPT::forward_backward(const MicroBatch& mb, float dloss) { return run(mb, dloss, Mode::train, nullptr); }
+double GPT::forward_loss(const MicroBatch& mb) { return run(mb, 0.f, Mode::eval, nullptr); }
+void GPT::forward_last_logits(const MicroBatch& mb, float* logits) { run(mb, 0.f, Mode::last_logits, logits); }
 
 double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits) {
   MT_CHECK(arena_ != nullptr, "GPT::run without an arena (call set_arena)");
   MT_CHECK(store_.finalized(), "GPT::run before the ParamStore is finalized");
   check_batch(mb);
   if (mode != Mode::last_logits) MT_CHECK(mb.targets != nullptr, "loss requested without targets");
-  const int B = mb.B, T = mb.T, C = cfg_.n_embd, NH = cfg_.n_head, L = cfg_.n_layer, N = B * T;
-  const int64_t NC = int64_t(N) * C, att_elems = int64_t(B) * NH * T * T;
-  Arena& ar = *arena_;
-  using clock = std::chrono::steady_clock;
-  const auto t_start = clock::now();
-  const bool train = mode == Mode::train;
-  // Which activations each layer keeps until backward.
-  const bool keep_layer = train && recompute_ != Recompute::full;
-  const bool keep_att = train && recompute_ == Recompute::none;
-  const int emb = 0, fin = final_unit();
-  if (train && phase_hook_) phase_hook_("forward");
-
-  // The ops read the micro-batch where the arena's memory is: on a device, upload the host arrays
-  // (check_batch has validated them on the host). On the CPU these are the caller's arrays.
-  std::vector<Buffer> uploads;
-  auto on_device = [&](const int32_t* host) -> const int32_t* {
-    if (!host || ar.device() == Device::cpu) return host;
-    uploads.push_back(ar.alloc(kAct, size_t(N) * 4));
-    ar.mem().upload(uploads.back().data(), host, size_t(N) * 4);
-    return uploads.back().i32();
-  };
-  const int32_t* tokens = on_device(mb.tokens);
-  const int32_t* targets = on_device(mb.targets);
-  const int32_t* positions = on_device(mb.positions);
-  const int32_t* doc = on_device(mb.doc_ids);
-
-  std::vector<Buffer> xs(static_cast<size_t>(L) + 1);  // residual stream: xs[l] is layer l's input
-  std::vector<LayerActs> acts(static_cast<size_t>(L));
-  LayerActs scratch;
-  Workspace w;
-  if (!keep_att) w.att = ar.alloc(kAct, size_t(att_elems) * 4);
-  if (!keep_layer) scratch.alloc(ar, N, C, 0, false);
-
-  // Forward. In eval mode only the current residual is kept (xs[l] freed as soon as it is consumed).
-  xs[0] = ar.alloc(kAct, size_t(NC) * 4);
-  acquire(emb, false);
-  ops::encoder_fwd(xs[0].f32(), tokens, positions, store_.compute(wte_), store_.compute(wpe_), B, T, C, ctx_);
-  release(emb);
-  store(xs[0].f32(), NC);
-  for (int l = 0; l < L; l++) {
-    LayerActs& a = keep_layer ? acts[size_t(l)] : scratch;
-    if (keep_layer) a.alloc(ar, N, C, att_elems, keep_att);
-    xs[size_t(l) + 1] = ar.alloc(kAct, size_t(NC) * 4);
-    if (!keep_att) std::swap(a.att, w.att);  // borrow the shared probabilities buffer
-    acquire(layer_unit(l), false);
-    layer_forward(l, xs[size_t(l)].f32(), xs[size_t(l) + 1].f32(), a, B, T, doc);
-    release(layer_unit(l));
-    if (!keep_att) std::swap(a.att, w.att);
-    if (!train) xs[size_t(l)].reset();
+  const DType t = store_.compute_dtype();
+  if (t != DType::f32) {
+    // The typed weights: one 16-bit copy of the whole flat index space, filled unit by unit on acquire.
+    const size_t bytes = size_t(store_.total_numel()) * dtype_size(t);
+    if (typed_weights_.bytes() != bytes) typed_weights_ = arena_->alloc(MemCategory::params, bytes);
   }
-
-  // Final LayerNorm and the classifier.
-  const float* xL = xs[size_t(L)].f32();
-  Buffer lnf = ar.alloc(kAct, size_t(NC) * 4), lnf_mean = ar.alloc(kAct, size_t(N) * 4),
-         lnf_rstd = ar.alloc(kAct, size_t(N) * 4);
-  acquire(fin, train);
-  ops::layernorm_fwd(lnf.f32(), lnf_mean.f32(), lnf_rstd.f32(), xL, store_.compute(lnf_w_), store_.compute(lnf_b_), N,
-                     C, ctx_);
-  store(lnf.f32(), NC);
-  if (mode == Mode::last_logits) {
-    release(fin);
-    const int Vp = cfg_.padded_vocab();
-    Buffer lg = ar.alloc(kAct, size_t(Vp) * 4);
-    acquire(emb, false);
-    ops::matmul_fwd(lg.f32(), lnf.f32() + int64_t(T - 1) * C, store_.compute(wte_), nullptr, 1, C, Vp, ctx_);
-    release(emb);
-    ar.mem().download(last_logits, lg.f32(), size_t(cfg_.vocab_size) * 4);
-    return 0.0;
+  switch (t) {
+    case DType::f32: return Pass<float>(*this, mb).run(dloss, mode, last_logits);
+    case DType::bf16: return Pass<bf16>(*this, mb).run(dloss, mode, last_logits);
+    case DType::f16: return Pass<f16>(*this, mb).run(dloss, mode, last_logits);
+    default: fail("the model cannot compute in %s (expected f32, bf16 or f16)", dtype_name(t));
   }
-  Buffer dlnf;
-  if (train) dlnf = ar.alloc(kAct, size_t(NC) * 4);
-  acquire(emb, train);  // the tied unembedding; its gradient buffer stays until the encoder's backward
-  const double loss_sum = classifier(lnf.f32(), dlnf.f32(), targets, dloss, N, train);
-  release(emb);
-  // Data parallelism may take the embeddings' remaining (sparse) gradient as rows, so that the large
-  // dense part can be reduced from here on, overlapping the whole backward.
-  const bool emb_rows = train && hooks_ && hooks_->wants_row_grads(emb);
-  if (emb_rows) grads_ready(emb);
-  const auto t_forward = clock::now();
-  times_.forward += std::chrono::duration<double>(t_forward - t_start).count();
-  if (!train) {
-    release(fin);
-    return loss_sum;
-  }
-
-  // Backward: reverse loop over the layers.
-  if (phase_hook_) phase_hook_("backward");
-  Buffer dx = ar.alloc(kAct, size_t(NC) * 4);
-  ops::layernorm_bwd(dx.f32(), store_.grad(lnf_w_), store_.grad(lnf_b_), dlnf.f32(), xL, store_.compute(lnf_w_),
-                     lnf_mean.f32(), lnf_rstd.f32(), N, C, ctx_);
-  store(dx.f32(), NC);
-  release(fin);
-  grads_ready(fin);
-  lnf.reset();
-  dlnf.reset();
-  w.att_scratch = ar.alloc(kAct, size_t(att_elems) * 4);
-  w.dln = ar.alloc(kAct, size_t(NC) * 4);
-  w.tmp = ar.alloc(kAct, size_t(NC) * 4);
-  w.datty = ar.alloc(kAct, size_t(NC) * 4);
-  w.dqkv = ar.alloc(kAct, size_t(3 * NC) * 4);
-  w.dfc1 = ar.alloc(kAct, size_t(4 * NC) * 4);
-  w.dfc2 = ar.alloc(kAct, size_t(4 * NC) * 4);
-  if (!keep_layer) w.xnext = ar.alloc(kAct, size_t(NC) * 4);
-  for (int l = L - 1; l >= 0; l--) {
-    xs[size_t(l) + 1].reset();
-    LayerActs& a = keep_layer ? acts[size_t(l)] : scratch;
-    acquire(layer_unit(l), true);
-    if (keep_layer) {
-      layer_backward(l, dx.f32(), xs[size_t(l)].f32(), a, w, B, T, doc);
-    } else {  // full recompute: re-run this layer's forward from its saved input, then its backward
-      std::swap(a.att, w.att);
-      layer_forward(l, xs[size_t(l)].f32(), w.xnext.f32(), a, B, T, doc);
-      layer_backward(l, dx.f32(), xs[size_t(l)].f32(), a, w, B, T, doc);
-      std::swap(a.att, w.att);
-    }
-    release(layer_unit(l));
-    grads_ready(layer_unit(l));
-    if (keep_layer) a = LayerActs();
-  }
-  if (emb_rows) {
-    // d wte[tokens[i]] += dx[i] and d wpe[positions[i]] += dx[i]: the encoder's backward, as rows.
-    // Host rows: data parallelism over several ranks runs on the CPU backend only.
-    std::vector<int32_t> pos(mb.positions ? mb.positions : nullptr, mb.positions ? mb.positions + N : nullptr);
-    if (!mb.positions) {
-      pos.resize(size_t(N));
-      for (int i = 0; i < N; i++) pos[size_t(i)] = i % T;
-    }
-    hooks_->add_row_grads(emb, {UnitHooks::RowGrads{wte_, mb.tokens, dx.f32(), N, C},
-                                UnitHooks::RowGrads{wpe_, pos.data(), dx.f32(), N, C}});
-  } else {
-    acquire(emb, true);
-    ops::encoder_bwd(store_.grad(wte_), store_.grad(wpe_), dx.f32(), tokens, positions, B, T, C, ctx_);
-    release(emb);
-    grads_ready(emb);
-  }
-  ar.mem().sync();  // device kernels run asynchronously: time their completion, not their launch
-  times_.backward += std::chrono::duration<double>(clock::now() - t_forward).count();
-  return loss_sum;
 }
 
 }  // namespace mt::model

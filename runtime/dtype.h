@@ -1,8 +1,8 @@
 // Element types and the round-to-nearest-even conversions between fp32 and bf16/fp16.
 //
-// The CPU backend keeps low-precision values in fp32 storage after rounding them with round_bf16 /
-// round_f16 at exactly the points where the GPU stores bf16/fp16 (op outputs, compute weights), so
-// both backends see the same rounded numbers. NaN stays NaN; fp16 overflow becomes +-inf, as on GPU.
+// Both backends store bf16/fp16 activations as real 16-bit values (runtime/storage.h) converted with
+// these functions, so both see the same rounded numbers. NaN stays NaN; fp16 overflow becomes +-inf,
+// as on GPU.
 #pragma once
 #include <cstdint>
 #include <cstring>

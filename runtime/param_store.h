@@ -2,8 +2,9 @@
 // checkpoints work on contiguous ranges and never need to know the model.
 //
 //   master   fp32 weights the optimizer updates                                     (params)
-//   compute  the copy forward/backward read: on the CPU backend fp32 storage holding values rounded
-//            to the run's precision (bf16/fp16), identical to master in fp32 runs    (params)
+//   compute  the copy forward/backward read: fp32 storage holding values rounded to the run's
+//            precision (bf16/fp16; the model converts it to real 16-bit storage per unit when it
+//            uses the unit), identical to master in fp32 runs                        (params)
 //   grads    fp32 gradients, accumulated (+=) over micro-batches                     (grads)
 //
 // Parameters are grouped into UNITS (the embeddings, each transformer layer, the final norm): the

@@ -2,8 +2,9 @@
 # One command for a CUDA machine that has only the CUDA toolkit (nvcc, cuBLAS, maybe NCCL), CMake and a
 # C++ compiler: configures a build with what is there, builds minitrain, runs `minitrain selftest
 # --device cuda` (every CUDA op against its CPU twin), the GoogleTest GPU tests when GoogleTest is
-# available, and the GPT-2 benchmark at T=1024 in bf16 once the trainer has a CUDA path; then prints
-# one summary table, last. Finishes within 8 minutes (each step is capped with `timeout`).
+# available, and the GPT-2 benchmark at T=1024 in bf16 (flash attention at the largest micro-batch
+# of 32/16/8 that fits, then the materialised attention at that size); then prints one summary table,
+# last. Finishes within 8 minutes (each step is capped with `timeout`).
 #
 # What a bare machine lacks comes from .deps/, filled beforehand by scripts/gpu_deps.sh on a machine
 # with network access: nlohmann-json (required) and GoogleTest's sources (optional: without them the
@@ -194,19 +195,38 @@ if ((built)); then
 fi
 
 # ---- benchmark: GPT-2 (124M), T=1024, bf16 ----
+# Flash attention at the largest micro-batch that fits (tried from the top; an out-of-memory start
+# fails fast), then the materialised attention path at the same size for comparison.
 bench_row="not run (no build)"
-tok_s="not run" mfu="not run" hfu="not run" peak_mem="not run"
+tok_s="not run" mfu="not run" hfu="not run" peak_mem="not run" mat_row="not run"
+run_bench() {  # run_bench <out file> <batch> <attention>
+  capped 100 "$1" "$bin" bench model=gpt2 seq_len=1024 batch_size="$2" precision=bf16 device=cuda \
+    attention="$3" steps=10 warmup=3
+}
 if ((built)); then
-  say "running minitrain bench (gpt2, T=1024, bf16, device cuda)"
-  capped 150 "$build/bench.out" "$bin" bench model=gpt2 seq_len=1024 batch_size=8 precision=bf16 device=cuda \
-    steps=10 warmup=3
-  rc=$?
-  if [[ $rc == 0 ]] && grep -q '^| tokens/s' "$build/bench.out"; then
+  bench_b=0
+  for b in 32 16 8; do
+    say "running minitrain bench (gpt2, B=$b T=1024, bf16, flash attention, device cuda)"
+    run_bench "$build/bench.out" "$b" flash
+    rc=$?
+    if [[ $rc == 0 ]] && grep -q '^| tokens/s' "$build/bench.out"; then
+      bench_b=$b
+      break
+    fi
+    grep -qi 'out of memory' "$build/bench.out" || break  # another failure: do not retry smaller
+  done
+  if ((bench_b)); then
     bench_row="ok: $(bench_value config "$build/bench.out")"
     tok_s=$(bench_value 'tokens/s \(median\)' "$build/bench.out")
     mfu="$(bench_value MFU "$build/bench.out") of $(bench_value peak "$build/bench.out")"
     hfu=$(bench_value HFU "$build/bench.out")
     peak_mem=$(bench_value 'peak mem total' "$build/bench.out")
+    say "running minitrain bench (gpt2, B=$bench_b T=1024, bf16, materialized attention)"
+    if run_bench "$build/bench_mat.out" "$bench_b" materialized && grep -q '^| tokens/s' "$build/bench_mat.out"; then
+      mat_row="$(bench_value 'tokens/s \(median\)' "$build/bench_mat.out") tokens/s, MFU $(bench_value MFU "$build/bench_mat.out")"
+    else
+      mat_row="FAILED: $(last_line "$build/bench_mat.out")"
+    fi
   elif [[ $device == no ]]; then
     bench_row="not run: no CUDA device"
   elif [[ $rc == 124 || $rc == 137 ]]; then
@@ -253,6 +273,7 @@ table() {
   printf '| %-24s | %s |\n' "MFU" "$mfu"
   printf '| %-24s | %s |\n' "HFU" "$hfu"
   printf '| %-24s | %s |\n' "peak memory" "$peak_mem"
+  printf '| %-24s | %s |\n' "materialized attention" "$mat_row"
   printf '| %-24s | %s |\n' "total time" "$((SECONDS - deadline + 470)) s; log: $log"
 }
 table | tee -a "$log"

@@ -1,7 +1,7 @@
 // Determinism of the CPU reference: every op gives bitwise identical results when repeated, and the
 // ops whose reductions use a fixed split (parameter-gradient sums over rows, scatter-adds, softmax,
 // per-head attention, the built-in GEMM) give identical results for 1, 2 and 3 OpenMP threads.
-// When matmuls go to OpenBLAS (CPUs without a built-in SIMD kernel), its panels follow the thread
+// The bf16 instantiations keep the same properties. When matmuls go to OpenBLAS (CPUs without a built-in SIMD kernel), its panels follow the thread
 // count, so there only repeatability is promised.
 // Sizes are chosen above the kernels' threshold for going parallel.
 #include <gtest/gtest.h>
@@ -115,6 +115,50 @@ TEST_F(Determinism, MatmulIsRepeatableAndIndependentOfThreadCountWithTheBuiltinG
   } else {
     expect_thread_count_independent(run);
   }
+}
+
+// The 16-bit paths load into per-thread fp32 scratch and run the same fixed-order code, so they keep
+// the float path's thread-count independence (matmul: where the built-in GEMM runs).
+TEST_F(Determinism, Bf16PathsAreIndependentOfThreadCount) {
+  const int N = 257, IC = 129, OC = 191, B = 2, T = 100, C = 32, NH = 4;
+  auto to_bf16 = [](const std::vector<float>& v) {
+    std::vector<bf16> s(v.size());
+    for (size_t i = 0; i < v.size(); i++) s[i] = store_as<bf16>(v[i]);
+    return s;
+  };
+  auto widen = [](const std::vector<bf16>& s) {
+    std::vector<float> v(s.size());
+    for (size_t i = 0; i < s.size(); i++) v[i] = load(s[i]);
+    return v;
+  };
+  const auto inp = to_bf16(rand(sz(N) * IC)), w = to_bf16(rand(sz(OC) * IC)), b = to_bf16(rand(sz(OC))),
+             dout = to_bf16(rand(sz(N) * OC)), lnw = to_bf16(rand(sz(IC)));
+  const auto qkv = to_bf16(rand(sz(B) * T * 3 * C)), adout = to_bf16(rand(sz(B) * T * C));
+  std::vector<int32_t> doc(sz(B) * T);
+  for (size_t i = 0; i < doc.size(); i++) doc[i] = int32_t(i / 37);
+  auto run = [&] {
+    std::vector<bf16> out(sz(N) * OC), pre(out.size()), dinp(inp.size()), ln(inp.size()), dln(inp.size());
+    std::vector<float> dw(w.size(), 0.f), db(b.size(), 0.f), mean(sz(N)), rstd(sz(N)), dlnw(sz(IC), 0.f);
+    matmul_fwd<bf16>(out.data(), inp.data(), w.data(), b.data(), N, IC, OC, pre.data());
+    matmul_bwd<bf16>(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, IC, OC);
+    layernorm_fwd<bf16>(ln.data(), mean.data(), rstd.data(), inp.data(), lnw.data(), nullptr, N, IC);
+    layernorm_bwd<bf16>(dln.data(), dlnw.data(), nullptr, dinp.data(), inp.data(), lnw.data(), mean.data(),
+                        rstd.data(), N, IC, true);
+    std::vector<bf16> aout(adout.size()), att(sz(B) * NH * T * T), dqkv(qkv.size()), fout(adout.size()),
+        fdqkv(qkv.size());
+    std::vector<float> scratch(att.size()), lse(sz(B) * NH * T), fscratch(lse.size());
+    attention_fwd<bf16>(aout.data(), att.data(), qkv.data(), doc.data(), B, T, C, NH);
+    attention_bwd<bf16>(dqkv.data(), scratch.data(), adout.data(), qkv.data(), att.data(), doc.data(), B, T, C, NH);
+    flash_attention_fwd<bf16>(fout.data(), lse.data(), qkv.data(), doc.data(), B, T, C, NH);
+    flash_attention_bwd<bf16>(fdqkv.data(), fscratch.data(), adout.data(), qkv.data(), fout.data(), lse.data(),
+                              doc.data(), B, T, C, NH);
+    return Outputs{widen(out), widen(pre), widen(dinp), dw, db, widen(ln), widen(dln), dlnw, widen(aout),
+                   widen(att), widen(dqkv), widen(fout), lse, widen(fdqkv)};
+  };
+  const Outputs first = run(), second = run();
+  EXPECT_EQ(first, second);
+  if (std::string(gemm_backend()) == "OpenBLAS") GTEST_SKIP() << "matmuls run on OpenBLAS: repeatability only";
+  expect_thread_count_independent(run);
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ GPTConfig fixture_config(const SafetensorsFile& f) {
   return c;
 }
 
-void check_fixture(const std::string& file, Recompute recompute) {
+void check_fixture(const std::string& file, Recompute recompute, Attention attention = Attention::materialized) {
   const SafetensorsFile f = SafetensorsFile::read(kFixtures + file);
   const GPTConfig cfg = fixture_config(f);
   Arena arena;
@@ -39,6 +39,7 @@ void check_fixture(const std::string& file, Recompute recompute) {
   import_hf(gpt, store, kFixtures + file);
   gpt.set_arena(&arena);
   gpt.set_recompute(recompute);
+  gpt.set_attention(attention);
 
   const auto inputs = f.to_i32("inputs"), targets = f.to_i32("targets");
   std::vector<int32_t> docs, pos;
@@ -100,6 +101,11 @@ TEST(ModelFixture, DocumentMaskedLossAndGradientsMatchPyTorch) {
 TEST(ModelFixture, RecomputeModesGiveTheSameGradients) {
   check_fixture("gpt2_tiny.safetensors", Recompute::selective);
   check_fixture("gpt2_tiny_docmask.safetensors", Recompute::full);
+}
+
+TEST(ModelFixture, FlashAttentionMatchesPyTorch) {
+  check_fixture("gpt2_tiny.safetensors", Recompute::none, Attention::flash);
+  check_fixture("gpt2_tiny_docmask.safetensors", Recompute::full, Attention::flash);
 }
 
 TEST(ModelFixture, ForwardLossEqualsTrainingLoss) {

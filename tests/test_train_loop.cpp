@@ -217,6 +217,7 @@ TEST_F(TrainLoop, BadInputsFailWithAClearMessageAndWriteNothing) {
   expect_error([&] { parse_train_options({"model.n_embd=30", "model.n_head=4"}); }, "n_head");
   expect_error([&] { parse_train_options({"model.block_size=16", "seq_len=32"}); }, "block_size");
   expect_error([&] { parse_train_options({"precision=fp8"}); }, "precision");
+  expect_error([&] { parse_train_options({"--attention", "fast"}); }, "--attention");
   {
     std::ofstream(dir_ + "/bad.json") << "{\"steps\": 3,,}";
     expect_error([&] { parse_train_options({"--config", dir_ + "/bad.json"}); }, "bad.json");

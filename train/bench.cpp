@@ -78,14 +78,15 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world) {
   const double tok_s = double(tokens) / median;
   const double world_peak = peak.flops * (world ? world->size() : 1);
   const double mfu = tok_s * o.model.flops_per_token(o.seq_len) / world_peak;
-  const double hfu = tok_s * hardware_flops_per_token(o.model, o.seq_len, o.recompute) / world_peak;
+  const double hfu = tok_s * hardware_flops_per_token(o.model, o.seq_len, o.recompute, o.attention_kind()) / world_peak;
   const MemStats& m = tr.arena().stats();
   auto pct = [&](double x) { return 100.0 * x / sum.t_total; };
   std::printf("| %-22s | %s |\n", "minitrain bench", "value");
   std::printf("|------------------------|-------|\n");
   std::printf("| %-22s | %s (%.2fM params) |\n", "model", o.model_preset.c_str(), o.model.num_params() / 1e6);
-  std::printf("| %-22s | B=%d T=%d accum=%d %s recompute=%s threads=%d |\n", "config", o.batch_size, o.seq_len,
-              o.grad_accum, dtype_name(o.precision), model::recompute_name(o.recompute), threads);
+  std::printf("| %-22s | B=%d T=%d accum=%d %s recompute=%s attention=%s threads=%d |\n", "config", o.batch_size,
+              o.seq_len, o.grad_accum, dtype_name(o.precision), model::recompute_name(o.recompute),
+              model::attention_name(o.attention_kind()), threads);
   std::printf("| %-22s | %.1f |\n", "tokens/s (median)", tok_s);
   std::printf("| %-22s | %.1f |\n", "ms/step (median)", 1e3 * median);
   std::printf("| %-22s | %.1f%% |\n", "MFU", 100 * mfu);

@@ -24,12 +24,16 @@ void JsonlWriter::write(const nlohmann::json& j) {
   std::fflush(f_);
 }
 
-double hardware_flops_per_token(const model::GPTConfig& cfg, int T, model::Recompute r) {
+double hardware_flops_per_token(const model::GPTConfig& cfg, int T, model::Recompute r, model::Attention a) {
   const double C = cfg.n_embd, L = cfg.n_layer;
   double f = cfg.flops_per_token(T);
-  const double attn_fwd = 4.0 * L * C * T;
+  const double attn_fwd = 4.0 * L * C * T;  // Q K^T and P V
   if (r == model::Recompute::full) f += 2.0 * (12.0 * L * C * C) + attn_fwd;
-  if (r == model::Recompute::selective) f += attn_fwd;
+  if (a == model::Attention::flash) {
+    f += attn_fwd / 2;  // the flash backward recomputes Q K^T; there is no separate selective recompute
+  } else if (r == model::Recompute::selective) {
+    f += attn_fwd;
+  }
   return f;
 }
 
@@ -38,13 +42,13 @@ Peak calibrate_cpu_peak(int threads) {
   const int n = 1024;
   std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
   ops::Ctx ctx;
-  ops::matmul_fwd(c.data(), a.data(), b.data(), nullptr, n, n, n, ctx);  // warm-up
+  ops::matmul_fwd<float>(c.data(), a.data(), b.data(), nullptr, n, n, n, ctx);  // warm-up
   // Best of at least 8 repetitions and one second: the peak is what the GEMM reaches when it has
   // the cores to itself, so a momentarily busy machine must not lower it (MFU would read high).
   double best = 1e30, spent = 0;
   for (int rep = 0; rep < 8 || spent < 1.0; rep++) {
     auto t0 = std::chrono::steady_clock::now();
-    ops::matmul_fwd(c.data(), a.data(), b.data(), nullptr, n, n, n, ctx);
+    ops::matmul_fwd<float>(c.data(), a.data(), b.data(), nullptr, n, n, n, ctx);
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::min(best, t);
     spent += t;

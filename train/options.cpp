@@ -85,6 +85,9 @@ const std::map<std::string, Setter>& setters() {
          if (v != "fp32" && v != "bf16" && v != "fp16") fail("%s must be fp32, bf16 or fp16 (got '%s')", k.c_str(), v.c_str());
          o.precision = dtype_from_name(v); }},
       {"recompute", [](TrainOptions& o, auto&, auto& v) { o.recompute = model::recompute_from_name(v); }},
+      {"attention", [](TrainOptions& o, auto&, auto& v) {
+         if (v != "auto") model::attention_from_name(v);  // fails naming --attention
+         o.attention = v; }},
       {"device", [](TrainOptions& o, auto&, auto& v) { o.device = device_from_name(v); }},
       {"out_dir", [](TrainOptions& o, auto&, auto& v) { o.out_dir = v; }},
       {"init_from", [](TrainOptions& o, auto&, auto& v) { o.init_from = v; }},
@@ -253,10 +256,15 @@ nlohmann::json TrainOptions::to_json() const {
       {"loss_scale", {{"init", loss_scale.init_scale}, {"growth_interval", loss_scale.growth_interval}}},
       {"batch_size", batch_size}, {"global_batch", global_batch}, {"seq_len", seq_len}, {"grad_accum", grad_accum}, {"steps", steps},
       {"seed", seed}, {"precision", precision == DType::f32 ? "fp32" : precision == DType::bf16 ? "bf16" : "fp16"},
-      {"recompute", model::recompute_name(recompute)}, {"device", device_name(device)}, {"out_dir", out_dir},
+      {"recompute", model::recompute_name(recompute)}, {"attention", attention}, {"device", device_name(device)}, {"out_dir", out_dir},
       {"init_from", init_from}, {"resume", resume}, {"save_every", save_every}, {"eval_every", eval_every},
       {"eval_batches", eval_batches}, {"log_every", log_every}, {"threads", threads}, {"peak_flops", peak_flops},
   };
+}
+
+model::Attention TrainOptions::attention_kind() const {
+  if (attention == "auto") return device == Device::cuda ? model::Attention::flash : model::Attention::materialized;
+  return model::attention_from_name(attention);
 }
 
 }  // namespace mt::train

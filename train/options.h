@@ -82,6 +82,7 @@ struct TrainOptions {
   uint64_t seed = 1337;
   DType precision = DType::f32;
   model::Recompute recompute = model::Recompute::none;
+  std::string attention = "auto";  // materialized | flash | auto (flash on cuda, materialized on cpu)
   Device device = Device::cpu;
   std::string out_dir = "runs/default";
   std::string init_from;   // Hugging Face GPT-2 safetensors to initialise the weights from
@@ -96,6 +97,7 @@ struct TrainOptions {
 
   nlohmann::json to_json() const;
   void validate() const;
+  model::Attention attention_kind() const;  // `attention` with auto resolved for `device`
 };
 
 // Parses `args` (the arguments after `minitrain train`): `--config file.json`, `key=value`

@@ -88,6 +88,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world)
   gpt_->set_arena(&arena_);
   gpt_->set_ctx(ctx_);
   gpt_->set_recompute(o_.recompute);
+  gpt_->set_attention(o_.attention_kind());
   // Every rank initialises the same full weights, then keeps its shard.
   if (!o_.init_from.empty())
     model::import_hf(*gpt_, store_, o_.init_from);

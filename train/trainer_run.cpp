@@ -83,16 +83,16 @@ void Trainer::run() {
   const int threads = o_.threads > 0 ? o_.threads : omp_get_max_threads();
   const Peak peak = run_peak(o_, threads);
   const double flops_tok = o_.model.flops_per_token(o_.seq_len);
-  const double hw_flops_tok = hardware_flops_per_token(o_.model, o_.seq_len, o_.recompute);
+  const double hw_flops_tok = hardware_flops_per_token(o_.model, o_.seq_len, o_.recompute, o_.attention_kind());
   const double world_peak = peak.flops * world_.size();
   parallel::Comm& dp = mesh_->dp_comm();
   if (writer) {
     std::fprintf(stderr,
-                 "minitrain: %s (%.2fM params), B=%d T=%d accum=%d, %s, recompute=%s, %s zero=%d, %d steps -> %s\n"
+                 "minitrain: %s (%.2fM params), B=%d T=%d accum=%d, %s, recompute=%s, attention=%s, %s zero=%d, %d steps -> %s\n"
                  "minitrain: peak for MFU: %.1f GFLOP/s per rank (%s)\n",
                  o_.model_preset.c_str(), double(o_.model.num_params()) / 1e6, o_.batch_size, o_.seq_len,
                  o_.grad_accum, dtype_name(o_.precision), model::recompute_name(o_.recompute),
-                 mesh_->layout_str().c_str(), o_.parallel.zero, o_.steps, o_.out_dir.c_str(), peak.flops / 1e9,
+                 model::attention_name(o_.attention_kind()), mesh_->layout_str().c_str(), o_.parallel.zero, o_.steps, o_.out_dir.c_str(), peak.flops / 1e9,
                  peak.label.c_str());
     log.write({{"event", "start"}, {"config", o_.to_json()}, {"params", o_.model.num_params()},
                {"world_size", world_.size()}, {"flops_per_token", flops_tok}, {"peak_flops_per_rank", peak.flops},

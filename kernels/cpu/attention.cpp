@@ -4,22 +4,31 @@
 //   backward  dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = s dS K,  dK = s dS^T Q
 // (the softmax Jacobian applied row by row: dS_ij = P_ij (dP_ij - sum_k P_ik dP_ik)).
 // mask keeps (i, j) iff j <= i and, with doc ids, doc[i] == doc[j]; P is exactly 0 elsewhere, which
-// makes dS 0 there too.
+// makes dS 0 there too. This is the materialised path (P is saved for backward); flash_attention.cpp
+// is the one that keeps no T x T buffer.
+//
+// Storage: scores, softmax and all products run in A = acc_t<S>. P is stored in att rounded to S,
+// and O is computed from the stored P, as the GPU does (probabilities written in S, then P V), then
+// rounded once. The backward reads P from att; dS lives in the fp32 scratch. For float/double the
+// products read and write the caller's buffers in place (Q, K, V, dQKV through the row stride 3C, P
+// in att); for bf16/f16 each (b, h) pair's slices are loaded into fp32 scratch first and its results
+// rounded on the way out, with the same fp32 code in between.
 //
 // Work split: OpenMP over the B*NH independent (b, h) pairs; each pair runs on one thread and calls
 // gemm() from inside the parallel region, where it runs on the calling thread (no nested pools; see
 // gemm.cpp). With GPT-2's 48 pairs per batch that keeps every core busy without a fork and join per
-// small product, which threading each per-head GEMM would cost. The per-pair products read
-// Q, K, V and write dQKV in place through the row stride 3C, so nothing is copied. A pair's result
-// does not depend on which thread runs it, so the output is the same for any thread count.
+// small product, which threading each per-head GEMM would cost. A pair's result does not depend on
+// which thread runs it, so the output is the same for any thread count.
 //
 // Causality halves the work: rows are processed in blocks of kRowBlock, and a block of query rows
 // only multiplies the key columns up to its last row (the entries beyond are zero in P and dS).
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/load_store.h"
 #include "kernels/cpu/vec_math.h"
 #include "runtime/check.h"
 
@@ -48,84 +57,172 @@ void softmax_row(T* row, int i, int T_, const int32_t* doc) {
   std::fill(row + n, row + T_, T(0));
 }
 
+// The (T, hs) slices of one (b, h) pair as A matrices with their row strides: the caller's buffers
+// for float/double, loaded copies in `buf` (3 T hs values) for bf16/f16.
+template <class S>
+struct PairQKV {
+  const acc_t<S>*q, *k, *v;
+  int ld;
+  PairQKV(const S* q_s, int ld_s, int T_, int hs, int C, std::vector<acc_t<S>>& buf) {
+    if constexpr (kWide<S>) {
+      (void)T_;
+      (void)hs;
+      (void)buf;
+      q = q_s;
+      k = q_s + C;
+      v = q_s + 2 * C;
+      ld = ld_s;
+    } else {
+      const int64_t n = int64_t(T_) * hs;
+      load_rows(buf.data(), q_s, ld_s, T_, hs);
+      load_rows(buf.data() + n, q_s + C, ld_s, T_, hs);
+      load_rows(buf.data() + 2 * n, q_s + 2 * C, ld_s, T_, hs);
+      q = buf.data();
+      k = q + n;
+      v = q + 2 * n;
+      ld = hs;
+    }
+  }
+};
+
 }  // namespace
 
-template <class T>
-void attention_fwd(T* out, T* att, const T* qkv, const int32_t* doc, int B, int T_, int C, int NH) {
+template <class S>
+void attention_fwd(S* out, S* att, const S* qkv, const int32_t* doc, int B, int T_, int C, int NH) {
+  using A = acc_t<S>;
   MT_CHECK(NH > 0 && C % NH == 0, "attention: C = %d is not divisible by NH = %d", C, NH);
   const int hs = C / NH, ld = 3 * C;
-  const T scale = T(1) / std::sqrt(T(hs));
-#pragma omp parallel for schedule(static) if (parallel_worth(int64_t(B) * NH * T_ * T_ * hs))
-  for (int bh = 0; bh < B * NH; bh++) {
-    const int b = bh / NH, h = bh % NH;
-    const T* q = qkv + int64_t(b) * T_ * ld + h * hs;
-    const T* k = q + C;
-    const T* v = q + 2 * C;
-    T* P = att + int64_t(bh) * T_ * T_;
-    T* o = out + int64_t(b) * T_ * C + h * hs;
-    const int32_t* d = doc ? doc + int64_t(b) * T_ : nullptr;
-    for (int i0 = 0; i0 < T_; i0 += kRowBlock) {
-      const int i1 = std::min(T_, i0 + kRowBlock);
-      T* Pb = P + int64_t(i0) * T_;
-      gemm<T>(false, true, i1 - i0, i1, hs, scale, q + int64_t(i0) * ld, ld, k, ld, T(0), Pb, T_);
-      for (int i = i0; i < i1; i++) softmax_row(P + int64_t(i) * T_, i, T_, d);
-      gemm<T>(false, false, i1 - i0, hs, i1, T(1), Pb, T_, v, ld, T(0), o + int64_t(i0) * C, C);
+  const A scale = A(1) / std::sqrt(A(hs));
+#pragma omp parallel if (parallel_worth(int64_t(B) * NH * T_ * T_ * hs))
+  {
+    // bf16/f16 scratch: Q, K, V of the pair, one row block of P and of O.
+    const size_t narrow = kWide<S> ? 0 : 1;
+    std::vector<A> qkv_buf(narrow * 3 * size_t(T_) * size_t(hs));
+    std::vector<A> p_buf(narrow * size_t(kRowBlock) * size_t(T_)), o_buf(narrow * size_t(kRowBlock) * size_t(hs));
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+      const int b = bh / NH, h = bh % NH;
+      const PairQKV<S> in(qkv + int64_t(b) * T_ * ld + h * hs, ld, T_, hs, C, qkv_buf);
+      S* P = att + int64_t(bh) * T_ * T_;
+      S* o = out + int64_t(b) * T_ * C + h * hs;
+      const int32_t* d = doc ? doc + int64_t(b) * T_ : nullptr;
+      for (int i0 = 0; i0 < T_; i0 += kRowBlock) {
+        const int i1 = std::min(T_, i0 + kRowBlock);
+        A* Pb;
+        A* ob;
+        int ldo;
+        if constexpr (kWide<S>) {
+          Pb = P + int64_t(i0) * T_;
+          ob = o + int64_t(i0) * C;
+          ldo = C;
+        } else {
+          Pb = p_buf.data();
+          ob = o_buf.data();
+          ldo = hs;
+        }
+        gemm<A>(false, true, i1 - i0, i1, hs, scale, in.q + int64_t(i0) * in.ld, in.ld, in.k, in.ld, A(0), Pb, T_);
+        for (int i = i0; i < i1; i++) softmax_row(Pb + int64_t(i - i0) * T_, i, T_, d);
+        if constexpr (!kWide<S>) {
+          // P is stored rounded, and O is computed from P as stored.
+          for (int64_t e = 0; e < int64_t(i1 - i0) * T_; e++) {
+            const S p = store_as<S>(Pb[e]);
+            P[int64_t(i0) * T_ + e] = p;
+            Pb[e] = load(p);
+          }
+        }
+        gemm<A>(false, false, i1 - i0, hs, i1, A(1), Pb, T_, in.v, in.ld, A(0), ob, ldo);
+        if constexpr (!kWide<S>) store_rows(o + int64_t(i0) * C, C, ob, i1 - i0, hs);
+      }
     }
   }
 }
 
-template <class T>
-void attention_bwd(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, const int32_t* doc, int B, int T_,
-                   int C, int NH) {
+template <class S>
+void attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv, const S* att, const int32_t* doc, int B,
+                   int T_, int C, int NH) {
+  using A = acc_t<S>;
   MT_CHECK(NH > 0 && C % NH == 0, "attention: C = %d is not divisible by NH = %d", C, NH);
   (void)doc;  // the mask is already in att: P is zero wherever a token may not attend
   const int hs = C / NH, ld = 3 * C;
-  const T scale = T(1) / std::sqrt(T(hs));
-#pragma omp parallel for schedule(static) if (parallel_worth(int64_t(B) * NH * T_ * T_ * hs))
-  for (int bh = 0; bh < B * NH; bh++) {
-    const int b = bh / NH, h = bh % NH;
-    const int64_t qoff = int64_t(b) * T_ * ld + h * hs;
-    const T* q = qkv + qoff;
-    const T* k = q + C;
-    const T* v = q + 2 * C;
-    T* dq = dqkv + qoff;
-    T* dk = dq + C;
-    T* dv = dq + 2 * C;
-    const T* P = att + int64_t(bh) * T_ * T_;
-    T* dS = scratch + int64_t(bh) * T_ * T_;
-    const T* dO = dout + int64_t(b) * T_ * C + h * hs;
-    // dP = dO V^T, then dS = P * (dP - rowsum(P * dP)) in place; entries right of the diagonal are
-    // zeroed because the block products below read them.
-    for (int i0 = 0; i0 < T_; i0 += kRowBlock) {
-      const int i1 = std::min(T_, i0 + kRowBlock);
-      gemm<T>(false, true, i1 - i0, i1, hs, T(1), dO + int64_t(i0) * C, C, v, ld, T(0), dS + int64_t(i0) * T_, T_);
-      for (int i = i0; i < i1; i++) {
-        const T* p = P + int64_t(i) * T_;
-        T* g = dS + int64_t(i) * T_;
-        const T pg = dot_lanes(p, g, i + 1);
-        for (int j = 0; j <= i; j++) g[j] = p[j] * (g[j] - pg);
-        std::fill(g + i + 1, g + T_, T(0));
+  const A scale = A(1) / std::sqrt(A(hs));
+#pragma omp parallel if (parallel_worth(int64_t(B) * NH * T_ * T_ * hs))
+  {
+    // bf16/f16 scratch: Q, K, V, dO and dQ, dK, dV of the pair (T hs each), and P (T T).
+    const size_t narrow = kWide<S> ? 0 : 1, th = size_t(T_) * size_t(hs);
+    std::vector<A> qkv_buf(narrow * 3 * th), do_buf(narrow * th), dqkv_buf(narrow * 3 * th);
+    std::vector<A> p_buf(narrow * size_t(T_) * size_t(T_));
+#pragma omp for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+      const int b = bh / NH, h = bh % NH;
+      const int64_t qoff = int64_t(b) * T_ * ld + h * hs;
+      const PairQKV<S> in(qkv + qoff, ld, T_, hs, C, qkv_buf);
+      const int64_t ooff = int64_t(b) * T_ * C + h * hs;
+      const A *P, *dO;
+      A *dq, *dk, *dv;
+      int ldo, ldd;
+      if constexpr (kWide<S>) {
+        P = att + int64_t(bh) * T_ * T_;
+        dO = dout + ooff;
+        ldo = C;
+        dq = dqkv + qoff;
+        dk = dq + C;
+        dv = dq + 2 * C;
+        ldd = ld;
+      } else {
+        load_n(p_buf.data(), att + int64_t(bh) * T_ * T_, int64_t(T_) * T_);
+        load_rows(do_buf.data(), dout + ooff, C, T_, hs);
+        P = p_buf.data();
+        dO = do_buf.data();
+        ldo = hs;
+        dq = dqkv_buf.data();
+        dk = dq + th;
+        dv = dq + 2 * th;
+        ldd = hs;
       }
-    }
-    for (int i0 = 0; i0 < T_; i0 += kRowBlock) {
-      const int i1 = std::min(T_, i0 + kRowBlock);
-      // dQ rows i0..i1 need dS columns 0..i1.
-      gemm<T>(false, false, i1 - i0, hs, i1, scale, dS + int64_t(i0) * T_, T_, k, ld, T(0), dq + int64_t(i0) * ld, ld);
-      // dK and dV rows j0..j1 (= i0..i1) need query rows j0..T: the transposed column strip of dS / P.
-      const int64_t strip = int64_t(i0) * T_ + i0;
-      gemm<T>(true, false, i1 - i0, hs, T_ - i0, scale, dS + strip, T_, q + int64_t(i0) * ld, ld, T(0),
-              dk + int64_t(i0) * ld, ld);
-      gemm<T>(true, false, i1 - i0, hs, T_ - i0, T(1), P + strip, T_, dO + int64_t(i0) * C, C, T(0),
-              dv + int64_t(i0) * ld, ld);
+      A* dS = scratch + int64_t(bh) * T_ * T_;
+      // dP = dO V^T, then dS = P * (dP - rowsum(P * dP)) in place; entries right of the diagonal are
+      // zeroed because the block products below read them.
+      for (int i0 = 0; i0 < T_; i0 += kRowBlock) {
+        const int i1 = std::min(T_, i0 + kRowBlock);
+        gemm<A>(false, true, i1 - i0, i1, hs, A(1), dO + int64_t(i0) * ldo, ldo, in.v, in.ld, A(0),
+                dS + int64_t(i0) * T_, T_);
+        for (int i = i0; i < i1; i++) {
+          const A* p = P + int64_t(i) * T_;
+          A* g = dS + int64_t(i) * T_;
+          const A pg = dot_lanes(p, g, i + 1);
+          for (int j = 0; j <= i; j++) g[j] = p[j] * (g[j] - pg);
+          std::fill(g + i + 1, g + T_, A(0));
+        }
+      }
+      for (int i0 = 0; i0 < T_; i0 += kRowBlock) {
+        const int i1 = std::min(T_, i0 + kRowBlock);
+        // dQ rows i0..i1 need dS columns 0..i1.
+        gemm<A>(false, false, i1 - i0, hs, i1, scale, dS + int64_t(i0) * T_, T_, in.k, in.ld, A(0),
+                dq + int64_t(i0) * ldd, ldd);
+        // dK and dV rows j0..j1 (= i0..i1) need query rows j0..T: the transposed column strip of dS / P.
+        const int64_t strip = int64_t(i0) * T_ + i0;
+        gemm<A>(true, false, i1 - i0, hs, T_ - i0, scale, dS + strip, T_, in.q + int64_t(i0) * in.ld, in.ld, A(0),
+                dk + int64_t(i0) * ldd, ldd);
+        gemm<A>(true, false, i1 - i0, hs, T_ - i0, A(1), P + strip, T_, dO + int64_t(i0) * ldo, ldo, A(0),
+                dv + int64_t(i0) * ldd, ldd);
+      }
+      if constexpr (!kWide<S>) {
+        S* dst = dqkv + qoff;
+        store_rows(dst, ld, dq, T_, hs);
+        store_rows(dst + C, ld, dk, T_, hs);
+        store_rows(dst + 2 * C, ld, dv, T_, hs);
+      }
     }
   }
 }
 
-template void attention_fwd<float>(float*, float*, const float*, const int32_t*, int, int, int, int);
-template void attention_fwd<double>(double*, double*, const double*, const int32_t*, int, int, int, int);
-template void attention_bwd<float>(float*, float*, const float*, const float*, const float*, const int32_t*, int, int,
-                                   int, int);
-template void attention_bwd<double>(double*, double*, const double*, const double*, const double*, const int32_t*, int,
-                                    int, int, int);
+#define MT_ATTENTION_INSTANTIATE(S)                                                                             \
+  template void attention_fwd<S>(S*, S*, const S*, const int32_t*, int, int, int, int);                         \
+  template void attention_bwd<S>(S*, acc_t<S>*, const S*, const S*, const S*, const int32_t*, int, int, int, int);
+MT_ATTENTION_INSTANTIATE(float)
+MT_ATTENTION_INSTANTIATE(double)
+MT_ATTENTION_INSTANTIATE(bf16)
+MT_ATTENTION_INSTANTIATE(f16)
+#undef MT_ATTENTION_INSTANTIATE
 
 }  // namespace mt::cpu

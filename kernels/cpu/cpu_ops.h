@@ -1,37 +1,55 @@
-// The CPU reference backend, templated on the scalar type: float is what training runs, double is
-// what the finite-difference tests use. Semantics are exactly those documented in kernels/ops.h.
+// The CPU reference backend, templated on the storage type S: float, bf16 and f16 are what training
+// runs (runtime/storage.h), double is what the finite-difference tests use. Arithmetic is in
+// A = acc_t<S> (float, or double for double); low-precision values are rounded once, on store.
+// Semantics are exactly those documented in kernels/ops.h.
 #pragma once
 #include <cstdint>
 
+#include "runtime/storage.h"
+
 namespace mt::cpu {
 
-template <class T>
-void encoder_fwd(T* out, const int32_t* tokens, const int32_t* pos, const T* wte, const T* wpe, int B, int T_,
+template <class S>
+void encoder_fwd(S* out, const int32_t* tokens, const int32_t* pos, const S* wte, const S* wpe, int B, int T_,
                  int C);
-template <class T>
-void encoder_bwd(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, const int32_t* pos, int B, int T_, int C);
-template <class T>
-void layernorm_fwd(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias, int N, int C);
-template <class T>
-void layernorm_bwd(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, const T* mean,
-                   const T* rstd, int N, int C);
-template <class T>
-void matmul_fwd(T* out, const T* inp, const T* weight, const T* bias, int N, int IC, int OC);
-template <class T>
-void matmul_bwd(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight, int N, int IC, int OC);
-template <class T>
-void gelu_fwd(T* out, const T* inp, int64_t N);
-template <class T>
-void gelu_bwd(T* dinp, const T* dout, const T* inp, int64_t N);
-template <class T>
-void attention_fwd(T* out, T* att, const T* qkv, const int32_t* doc, int B, int T_, int C, int NH);
-template <class T>
-void attention_bwd(T* dqkv, T* scratch, const T* dout, const T* qkv, const T* att, const int32_t* doc, int B,
+template <class S>
+void encoder_bwd(acc_t<S>* dwte, acc_t<S>* dwpe, const S* dout, const int32_t* tokens, const int32_t* pos, int B,
+                 int T_, int C);
+template <class S>
+void layernorm_fwd(S* out, acc_t<S>* mean, acc_t<S>* rstd, const S* inp, const S* weight, const S* bias, int N,
+                   int C);
+template <class S>
+void residual_layernorm_fwd(S* res, S* out, acc_t<S>* mean, acc_t<S>* rstd, const S* a, const S* b,
+                            const S* weight, const S* bias, int N, int C);
+template <class S>
+void layernorm_bwd(S* dinp, acc_t<S>* dweight, acc_t<S>* dbias, const S* dout, const S* inp, const S* weight,
+                   const acc_t<S>* mean, const acc_t<S>* rstd, int N, int C, bool accumulate = false);
+template <class S>
+void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, S* pre_gelu = nullptr);
+template <class S>
+void matmul_bwd(S* dinp, acc_t<S>* dweight, acc_t<S>* dbias, const S* dout, const S* inp, const S* weight, int N,
+                int IC, int OC, const S* pre_gelu = nullptr);
+template <class S>
+void gelu_fwd(S* out, const S* inp, int64_t N);
+template <class S>
+void gelu_bwd(S* dinp, const S* dout, const S* inp, int64_t N);
+template <class S>
+void attention_fwd(S* out, S* att, const S* qkv, const int32_t* doc, int B, int T_, int C, int NH);
+template <class S>
+void attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv, const S* att, const int32_t* doc, int B,
                    int T_, int C, int NH);
-template <class T>
-void add(T* out, const T* a, const T* b, int64_t N);
-template <class T>
-void softmax_xent(T* losses, T* dlogits, const T* logits, const int32_t* targets, T dloss, int N, int V, int Vp);
+template <class S>
+void flash_attention_fwd(S* out, acc_t<S>* lse, const S* qkv, const int32_t* doc, int B, int T_, int C, int NH);
+template <class S>
+void flash_attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv, const S* out,
+                         const acc_t<S>* lse, const int32_t* doc, int B, int T_, int C, int NH);
+template <class S>
+void add(S* out, const S* a, const S* b, int64_t N);
+template <class S>
+void softmax_xent(acc_t<S>* losses, S* dlogits, const S* logits, const int32_t* targets, acc_t<S> dloss, int N,
+                  int V, int Vp);
+template <class D, class S>
+void convert(D* out, const S* in, int64_t N);
 template <class T>
 void adamw(T* params, T* m, T* v, const T* grads, int64_t N, T lr, T beta1, T beta2, T eps, T weight_decay, int t);
 template <class T>

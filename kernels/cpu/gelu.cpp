@@ -5,9 +5,11 @@
 //   gelu(x)  = x s,   s = 1 / (1 + exp(-2u))
 //   gelu'(x) = s + 2 x s (1 - s) du/dx,   du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
 // (from d tanh(u) = (1 - tanh^2) du and 1 - tanh^2 = 4 s (1 - s)).
+// Computed in A = acc_t<S> from the loaded input, rounded once on store.
 #include <algorithm>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/load_store.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace mt::cpu {
@@ -34,36 +36,44 @@ void sigmoid_2u(T* s, const T* x, int n) {
 }
 }  // namespace
 
-template <class T>
-void gelu_fwd(T* out, const T* inp, int64_t N) {
+template <class S>
+void gelu_fwd(S* out, const S* inp, int64_t N) {
+  using A = acc_t<S>;
 #pragma omp parallel for schedule(static) if (parallel_worth(N))
   for (int64_t i0 = 0; i0 < N; i0 += kBlock) {
     const int n = int(std::min<int64_t>(kBlock, N - i0));
-    T s[kBlock];
-    sigmoid_2u(s, inp + i0, n);
-    for (int j = 0; j < n; j++) out[i0 + j] = inp[i0 + j] * s[j];
+    A xs[kBlock], s[kBlock];
+    const A* x = loaded(inp + i0, xs, n);
+    sigmoid_2u(s, x, n);
+    for (int j = 0; j < n; j++) out[i0 + j] = store_as<S>(x[j] * s[j]);
   }
 }
 
-template <class T>
-void gelu_bwd(T* dinp, const T* dout, const T* inp, int64_t N) {
-  const T a = T(kSqrt2OverPi), b = T(kCubic);
+template <class S>
+void gelu_bwd(S* dinp, const S* dout, const S* inp, int64_t N) {
+  using A = acc_t<S>;
+  const A a = A(kSqrt2OverPi), b = A(kCubic);
 #pragma omp parallel for schedule(static) if (parallel_worth(N))
   for (int64_t i0 = 0; i0 < N; i0 += kBlock) {
     const int n = int(std::min<int64_t>(kBlock, N - i0));
-    T s[kBlock];
-    sigmoid_2u(s, inp + i0, n);
+    A xs[kBlock], s[kBlock];
+    const A* xb = loaded(inp + i0, xs, n);
+    sigmoid_2u(s, xb, n);
     for (int j = 0; j < n; j++) {
-      const T x = inp[i0 + j];
-      const T du = a * (T(1) + T(3) * b * x * x);
-      dinp[i0 + j] = dout[i0 + j] * (s[j] + T(2) * x * s[j] * (T(1) - s[j]) * du);
+      const A x = xb[j];
+      const A du = a * (A(1) + A(3) * b * x * x);
+      dinp[i0 + j] = store_as<S>(load(dout[i0 + j]) * (s[j] + A(2) * x * s[j] * (A(1) - s[j]) * du));
     }
   }
 }
 
-template void gelu_fwd<float>(float*, const float*, int64_t);
-template void gelu_fwd<double>(double*, const double*, int64_t);
-template void gelu_bwd<float>(float*, const float*, const float*, int64_t);
-template void gelu_bwd<double>(double*, const double*, const double*, int64_t);
+#define MT_GELU_INSTANTIATE(S)                                  \
+  template void gelu_fwd<S>(S*, const S*, int64_t);             \
+  template void gelu_bwd<S>(S*, const S*, const S*, int64_t);
+MT_GELU_INSTANTIATE(float)
+MT_GELU_INSTANTIATE(double)
+MT_GELU_INSTANTIATE(bf16)
+MT_GELU_INSTANTIATE(f16)
+#undef MT_GELU_INSTANTIATE
 
 }  // namespace mt::cpu

@@ -11,27 +11,52 @@
 
 namespace mt::cuda {
 
-void encoder_fwd(float* out, const int32_t* tokens, const int32_t* pos, const float* wte, const float* wpe,
-                 int B, int T, int C, const ops::Ctx& ctx);
-void encoder_bwd(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, const int32_t* pos,
-                 int B, int T, int C, const ops::Ctx& ctx);
-void layernorm_fwd(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                   const float* bias, int N, int C, const ops::Ctx& ctx);
-void layernorm_bwd(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                   const float* weight, const float* mean, const float* rstd, int N, int C, const ops::Ctx& ctx);
-void matmul_fwd(float* out, const float* inp, const float* weight, const float* bias, int N, int IC, int OC,
-                const ops::Ctx& ctx);
-void matmul_bwd(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                const float* weight, int N, int IC, int OC, const ops::Ctx& ctx);
-void gelu_fwd(float* out, const float* inp, int64_t N, const ops::Ctx& ctx);
-void gelu_bwd(float* dinp, const float* dout, const float* inp, int64_t N, const ops::Ctx& ctx);
-void attention_fwd(float* out, float* att, const float* qkv, const int32_t* doc, int B, int T, int C, int NH,
+// Storage type S: float, mt::bf16 or mt::f16 (instantiated for all three in the .cu files, which view
+// bf16/f16 as __nv_bfloat16/__half). Parameter gradients, statistics and losses are fp32.
+template <class S>
+void encoder_fwd(S* out, const int32_t* tokens, const int32_t* pos, const S* wte, const S* wpe, int B, int T, int C,
+                 const ops::Ctx& ctx);
+template <class S>
+void encoder_bwd(float* dwte, float* dwpe, const S* dout, const int32_t* tokens, const int32_t* pos, int B, int T,
+                 int C, const ops::Ctx& ctx);
+template <class S>
+void layernorm_fwd(S* out, float* mean, float* rstd, const S* inp, const S* weight, const S* bias, int N, int C,
                    const ops::Ctx& ctx);
-void attention_bwd(float* dqkv, float* scratch, const float* dout, const float* qkv, const float* att,
-                   const int32_t* doc, int B, int T, int C, int NH, const ops::Ctx& ctx);
-void add(float* out, const float* a, const float* b, int64_t N, const ops::Ctx& ctx);
-void softmax_xent(float* losses, float* dlogits, const float* logits, const int32_t* targets, float dloss, int N,
-                  int V, int Vp, const ops::Ctx& ctx);
+template <class S>
+void residual_layernorm_fwd(S* res, S* out, float* mean, float* rstd, const S* a, const S* b, const S* weight,
+                            const S* bias, int N, int C, const ops::Ctx& ctx);
+template <class S>
+void layernorm_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight,
+                   const float* mean, const float* rstd, int N, int C, bool accumulate, const ops::Ctx& ctx);
+template <class S>
+void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, const ops::Ctx& ctx,
+                S* pre_gelu);
+template <class S>
+void matmul_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight, int N, int IC,
+                int OC, const ops::Ctx& ctx, const S* pre_gelu);
+template <class S>
+void gelu_fwd(S* out, const S* inp, int64_t N, const ops::Ctx& ctx);
+template <class S>
+void gelu_bwd(S* dinp, const S* dout, const S* inp, int64_t N, const ops::Ctx& ctx);
+template <class S>
+void attention_fwd(S* out, S* att, const S* qkv, const int32_t* doc, int B, int T, int C, int NH,
+                   const ops::Ctx& ctx);
+template <class S>
+void attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* att, const int32_t* doc, int B,
+                   int T, int C, int NH, const ops::Ctx& ctx);
+template <class S>
+void flash_attention_fwd(S* out, float* lse, const S* qkv, const int32_t* doc, int B, int T, int C, int NH,
+                         const ops::Ctx& ctx);
+template <class S>
+void flash_attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* out, const float* lse,
+                         const int32_t* doc, int B, int T, int C, int NH, const ops::Ctx& ctx);
+template <class S>
+void add(S* out, const S* a, const S* b, int64_t N, const ops::Ctx& ctx);
+template <class S>
+void softmax_xent(float* losses, S* dlogits, const S* logits, const int32_t* targets, float dloss, int N, int V,
+                  int Vp, const ops::Ctx& ctx);
+template <class D, class S>
+void convert(D* out, const S* in, int64_t N, const ops::Ctx& ctx);
 void adamw(float* params, float* m, float* v, const float* grads, int64_t N, float lr, float beta1, float beta2,
            float eps, float weight_decay, int t, const ops::Ctx& ctx);
 double sum_squares(const float* x, int64_t N, const ops::Ctx& ctx);

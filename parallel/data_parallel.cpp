@@ -33,8 +33,15 @@ double all_reduce_sum_double(Comm& comm, double x) {
 }
 
 DataParallel::DataParallel(ParamStore& store, Comm& dp, Arena& arena, const DataParallelOptions& o,
-                           const ops::Ctx& ctx)
-    : store_(store), dp_(dp), arena_(arena), o_(o), ctx_(ctx), rank_(dp.rank()), size_(dp.size()) {
+                           const ops::Ctx& ctx, Comm* device_comm)
+    : store_(store),
+      dp_(dp),
+      tc_(device_comm ? *device_comm : dp),
+      arena_(arena),
+      o_(o),
+      ctx_(ctx),
+      rank_(dp.rank()),
+      size_(dp.size()) {
   if (o.zero < 0 || o.zero > 3) fail("--zero must be 0, 1, 2 or 3 (got %d)", o.zero);
   if (o.bucket_bytes == 0) fail("the gradient bucket size must be positive");
   MT_CHECK(store.finalized() && store.master(), "DataParallel needs a finalized store holding the full master");
@@ -42,11 +49,19 @@ DataParallel::DataParallel(ParamStore& store, Comm& dp, Arena& arena, const Data
            size_);
   MT_CHECK(store.full_grads() == (o.zero < 2) && store.full_compute() == (o.zero < 3),
            "ZeRO-%d needs %s storage", o.zero, storage_name(o.zero));
-  // The CUDA backend runs single-GPU for now: the multi-rank paths below move host memory and
-  // reduce through host communicators.
-  if (ctx.device != Device::cpu && (size_ > 1 || o.zero != 0))
-    fail("--device cuda supports one data-parallel rank and --zero 0 in this version (got dp=%d, --zero %d)", size_,
-         o.zero);
+  if (device_comm) {
+    MT_CHECK(device_comm->size() == size_ && device_comm->rank() == rank_,
+             "DataParallel: the device communicator (%d of %d) does not match dp (%d of %d)", device_comm->rank(),
+             device_comm->size(), rank_, size_);
+    MT_CHECK(device_comm->device() == ctx.device, "DataParallel: the device communicator works on %s, the ops on %s",
+             device_name(device_comm->device()), device_name(ctx.device));
+  }
+  // On a device every collective on gradients or parameters needs a device communicator (a host one
+  // would read device pointers); one rank at ZeRO-0 communicates nothing.
+  if (ctx.device != Device::cpu && tc_.device() != ctx.device && (size_ > 1 || o.zero != 0))
+    fail("--device %s with dp=%d and --zero %d needs NCCL for its collectives, and this build has none "
+         "(configure on a machine with nccl.h and libnccl)",
+         device_name(ctx.device), size_, o.zero);
   MT_CHECK(arena.device() == ctx.device, "DataParallel: the arena's memory (%s) is not the ops' device (%s)",
            device_name(arena.device()), device_name(ctx.device));
   const int U = store.num_units();
@@ -98,7 +113,9 @@ void DataParallel::begin_step() {
   staged_rows_.clear();
 }
 
-bool DataParallel::wants_row_grads(int u) { return u == 0 && last_micro_ && o_.zero <= 2 && size_ > 1; }
+bool DataParallel::wants_row_grads(int u) {
+  return u == 0 && last_micro_ && o_.zero <= 2 && size_ > 1 && ctx_.device == Device::cpu;
+}
 
 void DataParallel::add_row_grads(int u, const std::vector<RowGrads>& rows) {
   for (const RowGrads& g : rows) {
@@ -160,7 +177,7 @@ void DataParallel::complete(Pending& p) {
 void DataParallel::flush_bucket() {
   if (bucket_begin_ < 0) return;
   Pending p;
-  p.handle = dp_.all_reduce_async(store_.grads() + bucket_begin_, size_t(bucket_end_ - bucket_begin_), DType::f32,
+  p.handle = tc_.all_reduce_async(store_.grads() + bucket_begin_, size_t(bucket_end_ - bucket_begin_), DType::f32,
                                   ReduceOp::sum);
   pending_.push_back(std::move(p));
   stats_.reductions++;
@@ -188,7 +205,7 @@ void DataParallel::grads_ready(int u) {
     p.grads = std::move(unit_grads_[size_t(u)]);
     p.chunk = arena_.alloc(MemCategory::comm, size_t(chunk_size(u)) * 4);
     store_.set_unit_grads(u, nullptr);
-    p.handle = dp_.reduce_scatter_async(p.grads.f32(), p.chunk.f32(), size_t(chunk_size(u)), DType::f32, ReduceOp::sum);
+    p.handle = tc_.reduce_scatter_async(p.grads.f32(), p.chunk.f32(), size_t(chunk_size(u)), DType::f32, ReduceOp::sum);
     pending_.push_back(std::move(p));
     stats_.reductions++;
     // Each reduction in flight holds a whole unit's gradient buffer: bound how many, so ZeRO-3's
@@ -278,14 +295,14 @@ void DataParallel::publish_params() {
     float* mine = store_.unit_compute(u) + rank_ * cs;
     arena_.mem().move(mine, master_shard_ + shard_offset(u), size_t(cs) * 4);
     ops::round_to(mine, cs, t, ctx_);
-    hs.push_back(dp_.all_gather_async(mine, store_.unit_compute(u), size_t(cs), DType::f32));  // in place
+    hs.push_back(tc_.all_gather_async(mine, store_.unit_compute(u), size_t(cs), DType::f32));  // in place
   }
   for (CommHandle& h : hs) h.wait();
 }
 
 void DataParallel::start_gather(int u) {
   unit_params_[size_t(u)] = arena_.alloc(MemCategory::params, size_t(store_.units()[size_t(u)].size()) * 4);
-  gathers_[size_t(u)] = dp_.all_gather_async(compute_shard_buf_.f32() + shard_offset(u), unit_params_[size_t(u)].f32(),
+  gathers_[size_t(u)] = tc_.all_gather_async(compute_shard_buf_.f32() + shard_offset(u), unit_params_[size_t(u)].f32(),
                                              size_t(chunk_size(u)), DType::f32);
 }
 
@@ -323,8 +340,18 @@ void DataParallel::gather_full(const float* shard, float* full) {
     arena_.mem().download(full, shard, size_t(shard_numel_) * 4);
     return;
   }
+  if (arena_.device() == Device::cpu) {
+    for (int u = 0; u < store_.num_units(); u++)
+      dp_.all_gather(shard + shard_offset(u), full + store_.units()[size_t(u)].begin, size_t(chunk_size(u)),
+                     DType::f32);
+    return;
+  }
+  // On a device: gather on the device, then one download.
+  Buffer whole = arena_.alloc(MemCategory::comm, size_t(store_.total_numel()) * 4);
   for (int u = 0; u < store_.num_units(); u++)
-    dp_.all_gather(shard + shard_offset(u), full + store_.units()[size_t(u)].begin, size_t(chunk_size(u)), DType::f32);
+    tc_.all_gather(shard + shard_offset(u), whole.f32() + store_.units()[size_t(u)].begin, size_t(chunk_size(u)),
+                   DType::f32);
+  arena_.mem().download(full, whole.f32(), size_t(store_.total_numel()) * 4);
 }
 
 void DataParallel::take_shard(const float* full, float* shard) const {

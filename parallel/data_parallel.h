@@ -25,6 +25,12 @@
 // its unit is final (stages 0-1 group consecutive units into buckets of about bucket_bytes) and
 // overlaps the rest of backward; outstanding requests are polled at every unit boundary so MPI makes
 // progress.
+//
+// Devices. With the store and the ops on a GPU, gradient and parameter collectives go through a
+// device communicator (NcclComm: a communication stream ordered after the compute stream by events,
+// parallel/nccl_comm.h), so reductions overlap backward without host synchronisation; scalars
+// (norms, the overflow flag) and checkpoint gathers go through the host communicator `dp`. The
+// embeddings' row gradients are a host-memory optimisation and stay off on a device.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -67,7 +73,10 @@ class DataParallel final : public UnitHooks {
  public:
   // `store` is finalized with shard_multiple = dp.size() (materialize = zero < 3) and its full master
   // holds the initial weights, identical on every rank. From stage 1 on the full master is released.
-  DataParallel(ParamStore& store, Comm& dp, Arena& arena, const DataParallelOptions& o, const ops::Ctx& ctx);
+  // `device_comm` (same ranks as dp, on ctx.device) carries the gradient and parameter collectives when
+  // the buffers live on a GPU; it is required there unless dp has one rank and zero = 0.
+  DataParallel(ParamStore& store, Comm& dp, Arena& arena, const DataParallelOptions& o, const ops::Ctx& ctx,
+               Comm* device_comm = nullptr);
   ~DataParallel() override;
 
   int zero() const { return o_.zero; }
@@ -130,7 +139,8 @@ class DataParallel final : public UnitHooks {
   void complete(Pending& p);
 
   ParamStore& store_;
-  Comm& dp_;
+  Comm& dp_;  // host: scalars, row gradients, checkpoint gathers
+  Comm& tc_;  // tensors: gradient reductions and parameter gathers (dp_ on the CPU backend)
   Arena& arena_;
   DataParallelOptions o_;
   ops::Ctx ctx_;

@@ -11,7 +11,7 @@
 
 namespace mt::train {
 
-int bench_main(const std::vector<std::string>& args, parallel::Comm* world) {
+int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int local_rank) {
   int warmup = 2;
   std::vector<std::string> rest;
   bool has_data = false, has_steps = false;
@@ -31,7 +31,7 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world) {
   const int measured = o.steps;
   o.steps = measured + warmup;
   o.optim.warmup_steps = 0;
-  Trainer tr(o, world);
+  Trainer tr(o, world, local_rank);
   const bool print = !world || world->rank() == 0;
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
   const Peak peak = run_peak(o, threads);

@@ -11,6 +11,6 @@ namespace mt::train {
 // args: the same key=value / --flag options as `train`, plus warmup=<n> (untimed steps, default 2).
 // Under mpirun (world size > 1) it also measures how much gradient communication is exposed after
 // backward, next to the time the same reduction takes when nothing overlaps it. Rank 0 prints.
-int bench_main(const std::vector<std::string>& args, parallel::Comm* world = nullptr);
+int bench_main(const std::vector<std::string>& args, parallel::Comm* world = nullptr, int local_rank = -1);
 
 }  // namespace mt::train

@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
         // such an error once. A rank whose error was its own still reports it after a grace period.
         std::unique_ptr<mt::train::Trainer> t;
         try {
-          t = std::make_unique<mt::train::Trainer>(mt::train::parse_train_options(args), &w.comm());
+          t = std::make_unique<mt::train::Trainer>(mt::train::parse_train_options(args), &w.comm(), w.local_rank());
         } catch (const mt::parallel::CollectiveError&) {
           throw;
         } catch (const mt::Error& e) {
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
     }
     if (cmd == "bench") {
       mt::parallel::World world(&argc, &argv);
-      return mt::parallel::run_main(world, [&](mt::parallel::World& w) { return mt::train::bench_main(args, &w.comm()); });
+      return mt::parallel::run_main(world, [&](mt::parallel::World& w) { return mt::train::bench_main(args, &w.comm(), w.local_rank()); });
     }
     if (cmd == "sample") return sample_main(args);
     if (cmd == "selftest") return mt::train::selftest_main(args);

@@ -8,6 +8,9 @@
 
 #include "model/hf_io.h"
 #include "parallel/launch.h"
+#ifdef MT_HAVE_NCCL
+#include "parallel/nccl_comm.h"
+#endif
 #include "parallel/self_comm.h"
 #include "runtime/check.h"
 #include "train/selftest.h"
@@ -43,22 +46,23 @@ void NoiseScale::update(double g2_small, double g2_big, double b_small, double b
   count_++;
 }
 
-Trainer::Trainer(const TrainOptions& o, parallel::Comm* world)
+Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
     : o_(o),
       own_world_(world ? nullptr : std::make_unique<parallel::SelfComm>("world")),
       world_(world ? *world : *own_world_),
       arena_(run_memory(o.device)),
       scaler_(o.loss_scale, o.precision == DType::f16) {
   o_.validate();
+  (void)local_rank;  // used only by a CUDA build
   if (o_.threads > 0) omp_set_num_threads(o_.threads);
   if (o_.device == Device::cuda) {
     // Say which reason applies: no CUDA in this build, or no GPU here.
     const std::string why = cuda_unavailable_reason();
     if (!why.empty()) fail("--device cuda: %s", why.substr(why.find(':') + 2).c_str());
 #ifdef MT_HAVE_CUDA
-    // One GPU per process, before anything is allocated on it. The CUDA path runs one rank for now
-    // (DataParallel refuses more), so the world rank is the node-local rank.
-    cuda::set_device(world_.rank() % cuda::device_count());
+    // One GPU per process (one rank per GPU), chosen by the node-local rank, before anything is
+    // allocated on it.
+    cuda::set_device((local_rank >= 0 ? local_rank : world_.rank()) % cuda::device_count());
 #endif
   }
   // Every rank must run the same configuration; one clear message if not.
@@ -97,7 +101,13 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world)
   parallel::DataParallelOptions dpo;
   dpo.zero = o_.parallel.zero;
   dpo.bucket_bytes = size_t(o_.parallel.bucket_mb * 1024 * 1024);
-  dp_ = std::make_unique<parallel::DataParallel>(store_, dp, arena_, dpo, ctx_);
+#ifdef MT_HAVE_NCCL
+  // Gradient and parameter collectives on the GPU: NCCL over the dp group, bootstrapped by its host
+  // communicator, on a communication stream ordered after the compute stream.
+  if (o_.device == Device::cuda && (dp.size() > 1 || o_.parallel.zero != 0))
+    dp_device_comm_ = std::make_unique<parallel::NcclComm>(dp, static_cast<cudaStream_t>(ctx_.stream), "dp.nccl");
+#endif
+  dp_ = std::make_unique<parallel::DataParallel>(store_, dp, arena_, dpo, ctx_, dp_device_comm_.get());
   gpt_->set_unit_hooks(dp_.get());
   adam_ = std::make_unique<AdamW>(o_.optim, store_, dp_->segments(), arena_);
   micro_.resize(size_t(o_.grad_accum));
@@ -235,17 +245,22 @@ void Trainer::check_replicas() {
   // What every data-parallel replica must hold identically: the full compute parameters (stages
   // 0-2; ZeRO-3 replicates nothing across dp, so there is nothing to compare).
   if (o_.parallel.zero == 3) return;
-  // The CUDA backend runs one replica (nothing to compare), and its parameters are not host memory.
-  if (o_.device != Device::cpu) return;
   parallel::Comm& dp = mesh_->dp_comm();
+  if (dp.size() == 1) return;  // one replica: nothing to compare
+  std::vector<float> host;  // the parameters as host bytes (downloaded from a device)
+  if (o_.device != Device::cpu) {
+    host.resize(size_t(store_.total_numel()));
+    arena_.mem().download(host.data(), store_.compute(), host.size() * sizeof(float));
+  }
+  float* params = host.empty() ? store_.compute() : host.data();
   if (o_.parallel.sdc_flip_step == step_ && world_.rank() == o_.parallel.sdc_flip_rank) {
     // Fault injection: one flipped bit in one weight, as a cosmic ray or a bad HBM cell would.
-    uint32_t* w = reinterpret_cast<uint32_t*>(store_.compute() + store_.entry(gpt_->wte()).offset);
+    uint32_t* w = reinterpret_cast<uint32_t*>(params + store_.entry(gpt_->wte()).offset);
     *w ^= 1u << 20;
   }
   // FNV-1a over the bytes: cheap, and any flipped bit changes it.
   uint64_t h = 1469598103934665603ULL;
-  const unsigned char* p = reinterpret_cast<const unsigned char*>(store_.compute());
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(params);
   for (size_t i = 0, n = size_t(store_.total_numel()) * sizeof(float); i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
   std::vector<uint64_t> all(static_cast<size_t>(dp.size()));
   dp.all_gather(&h, all.data(), 4, DType::u16);

@@ -54,7 +54,8 @@ class Trainer {
  public:
   // Builds everything and checks every input; writes nothing. `world` is the communicator of all
   // ranks (nullptr: a one-rank world); the mesh and the data-parallel group are carved from it.
-  explicit Trainer(const TrainOptions& o, parallel::Comm* world = nullptr);
+  // `local_rank` (the rank within its node; -1: the world rank) picks the GPU for --device cuda.
+  explicit Trainer(const TrainOptions& o, parallel::Comm* world = nullptr, int local_rank = -1);
   ~Trainer();
 
   // The whole run: creates out_dir (refusing to overwrite another run unless resuming), writes the
@@ -98,6 +99,7 @@ class Trainer {
   parallel::Comm& world_;
   Arena arena_;  // before mesh_: the communicators return their buffers to it when destroyed
   std::unique_ptr<parallel::Mesh> mesh_;
+  std::unique_ptr<parallel::Comm> dp_device_comm_;  // NCCL over the dp group (cuda, dp > 1 or ZeRO)
   ParamStore store_;
   std::unique_ptr<model::GPT> gpt_;
   std::unique_ptr<parallel::DataParallel> dp_;

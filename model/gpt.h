@@ -91,6 +91,8 @@ class GPT {
   int final_unit() const { return cfg_.n_layer + 1; }
 
   // Wall time spent in forward (including the fused classifier) and backward since the last reset.
+  // On a device the host waits only once, for the losses after backward: there `forward` is the time
+  // to queue the forward and `backward` the rest of the micro-batch.
   struct PhaseTimes {
     double forward = 0, backward = 0;
   };

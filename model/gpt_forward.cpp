@@ -70,7 +70,9 @@ class Pass {
 
   void layer_forward(int l, const S* x, S* x_next, LayerActs& a, const int32_t* doc);
   void layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& ws, const int32_t* doc);
-  double classifier(const S* lnf, S* dlnf, const int32_t* targets, float dloss, bool grads);
+  // Fills `losses` (N, fp32) with the per-token losses and, if grads, dlnf and wte's gradient.
+  void classifier(float* losses, const S* lnf, S* dlnf, const int32_t* targets, float dloss, bool grads);
+  double sum_losses(const Buffer& losses);
   void last_logits(const S* lnf, float* out);
 
   GPT& m_;
@@ -170,26 +172,29 @@ void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& 
 }
 
 template <class S>
-double Pass<S>::classifier(const S* lnf, S* dlnf, const int32_t* targets, float dloss, bool grads) {
+void Pass<S>::classifier(float* losses, const S* lnf, S* dlnf, const int32_t* targets, float dloss, bool grads) {
   const int C = C_, N = N_, V = m_.cfg_.vocab_size, Vp = m_.cfg_.padded_vocab();
   const int rows = std::min(N, kClassifierRows);
   Buffer logits = act(int64_t(rows) * Vp);
-  Buffer losses = f32(N);
   for (int r0 = 0; r0 < N; r0 += rows) {
     const int n = std::min(rows, N - r0);
     ops::matmul_fwd(p(logits), lnf + int64_t(r0) * C, w(m_.wte_), static_cast<const S*>(nullptr), n, C, Vp, c_);
-    ops::softmax_xent(losses.f32() + r0, grads ? p(logits) : nullptr, p(logits), targets + r0, dloss, n, V, Vp, c_);
+    ops::softmax_xent(losses + r0, grads ? p(logits) : nullptr, p(logits), targets + r0, dloss, n, V, Vp, c_);
     if (grads) {
       ops::matmul_bwd(dlnf + int64_t(r0) * C, g(m_.wte_), nullptr, p(logits), lnf + int64_t(r0) * C, w(m_.wte_), n,
                       C, Vp, c_);
     }
   }
-  // The per-row losses come back to the host once per micro-batch: on a device a synchronisation,
-  // which the logged loss needs anyway.
-  std::vector<float> host_losses(static_cast<size_t>(N));
-  ar_.mem().download(host_losses.data(), losses.f32(), size_t(N) * 4);
+}
+
+// The per-row losses come back to the host once per micro-batch, after its backward has been
+// queued: on a device the step's one synchronisation, which the logged loss needs anyway.
+template <class S>
+double Pass<S>::sum_losses(const Buffer& losses) {
+  std::vector<float> host(static_cast<size_t>(N_));
+  ar_.mem().download(host.data(), losses.f32(), size_t(N_) * 4);
   double sum = 0;  // fixed order: deterministic
-  for (int i = 0; i < N; i++) sum += double(host_losses[size_t(i)]);
+  for (float x : host) sum += double(x);
   return sum;
 }
 
@@ -270,7 +275,8 @@ double Pass<S>::run(float dloss, GPT::Mode mode, float* last_logits_out) {
   Buffer dlnf;
   if (train) dlnf = act(NC_);
   acquire(emb, train);  // the tied unembedding; its gradient buffer stays until the encoder's backward
-  const double loss_sum = classifier(p(lnf), p(dlnf), targets, dloss, train);
+  Buffer losses = f32(N);
+  classifier(losses.f32(), p(lnf), p(dlnf), targets, dloss, train);
   m_.release(emb);
   // Data parallelism may take the embeddings' remaining (sparse) gradient as rows, so that the large
   // dense part can be reduced from here on, overlapping the whole backward.
@@ -281,7 +287,7 @@ double Pass<S>::run(float dloss, GPT::Mode mode, float* last_logits_out) {
   m_.times_.forward += std::chrono::duration<double>(t_forward - t_start).count();
   if (!train) {
     m_.release(fin);
-    return loss_sum;
+    return sum_losses(losses);
   }
 
   // Backward: reverse loop over the layers.
@@ -340,7 +346,7 @@ double Pass<S>::run(float dloss, GPT::Mode mode, float* last_logits_out) {
     m_.release(emb);
     m_.grads_ready(emb);
   }
-  ar_.mem().sync();  // device kernels run asynchronously: time their completion, not their launch
+  const double loss_sum = sum_losses(losses);  // waits for the whole backward on a device
   m_.times_.backward += std::chrono::duration<double>(clock::now() - t_forward).count();
   return loss_sum;
 }

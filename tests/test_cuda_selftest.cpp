@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -40,10 +41,17 @@ class CudaSelftest : public ::testing::TestWithParam<std::string> {
   }
 };
 
-TEST_P(CudaSelftest, CudaOpMatchesItsCpuTwinAtEveryShape) {
+TEST_P(CudaSelftest, CudaOpMatchesItsCpuTwinAtEveryShapeAndStorageType) {
   const std::vector<OpCheckResult> results = mt::train::run_op_check(GetParam(), mt::testing::test_seed());
   ASSERT_FALSE(results.empty());
   for (const OpCheckResult& r : results) EXPECT_TRUE(r.pass) << describe(r);
+  // Ops on activations are checked in every storage type; the rest work on fp32 only.
+  const std::set<std::string> fp32_ops = {"convert", "scale", "adamw", "sum_squares", "round_to", "all_finite"};
+  if (fp32_ops.count(GetParam()) == 0) {
+    std::set<std::string> dtypes;
+    for (const OpCheckResult& r : results) dtypes.insert(r.dtype);
+    EXPECT_EQ(dtypes, (std::set<std::string>{"f32", "bf16", "f16"}));
+  }
 }
 
 TEST_P(CudaSelftest, EveryComparisonFailsWhenADeviceResultIsCorrupted) {
@@ -58,11 +66,12 @@ INSTANTIATE_TEST_SUITE_P(EveryOp, CudaSelftest, ::testing::ValuesIn(mt::train::s
 
 TEST(Selftest, HasOneCheckForEveryOpOfTheInterface) {
   // The op list of kernels/ops.h; a new op needs a selftest check before it can run on a GPU unchecked.
-  const std::vector<std::string> ops = {"encoder_fwd", "encoder_bwd", "layernorm_fwd", "layernorm_bwd",
-                                        "matmul_fwd",  "matmul_bwd",  "gelu_fwd",      "gelu_bwd",
-                                        "attention_fwd", "attention_bwd", "add",       "scale",
-                                        "softmax_xent", "adamw",      "sum_squares",   "round_to",
-                                        "all_finite"};
+  const std::vector<std::string> ops = {
+      "encoder_fwd",   "encoder_bwd",   "layernorm_fwd",       "residual_layernorm_fwd", "layernorm_bwd",
+      "matmul_fwd",    "matmul_bwd",    "gelu_fwd",            "gelu_bwd",               "attention_fwd",
+      "attention_bwd", "flash_attention_fwd", "flash_attention_bwd", "add",              "softmax_xent",
+      "convert",       "scale",         "adamw",               "sum_squares",            "round_to",
+      "all_finite"};
   EXPECT_EQ(mt::train::selftest_check_names(), ops);
 }
 

@@ -8,6 +8,9 @@
 
 #include "runtime/check.h"
 #include "train/trainer.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
 
 namespace mt::train {
 
@@ -99,6 +102,15 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
       std::printf("| %-22s | %s |\n", (std::string("peak mem ") + mem_category_name(MemCategory(c))).c_str(),
                   format_bytes(m.peak[size_t(c)]).c_str());
   std::printf("| %-22s | %s |\n", "peak mem total", format_bytes(m.peak_total).c_str());
+#ifdef MT_HAVE_CUDA
+  if (o.device == Device::cuda) {
+    // The arena counts what the run asked for; the driver's figure adds the CUDA context, cuBLASLt's
+    // workspace and the blocks the stream-ordered pool keeps cached after the peak.
+    const cuda::DeviceMemoryInfo dm = cuda::device_memory_info();
+    std::printf("| %-22s | %s of %s (cudaMemGetInfo after the run) |\n", "device mem in use",
+                format_bytes(dm.used).c_str(), format_bytes(dm.total).c_str());
+  }
+#endif
   if (dp.size() > 1) {
     std::sort(waits.begin(), waits.end());
     std::sort(blocking.begin(), blocking.end());

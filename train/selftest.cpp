@@ -69,15 +69,15 @@ std::string cuda_unavailable_reason() {
 
 void print_selftest_header(FILE* out) {
   std::fprintf(out, "error: max |cuda - cpu| / max |cpu| over the output; whole numbers are mismatch counts\n");
-  std::fprintf(out, "| %-13s | %-16s | %-34s | %-8s | %-11s | %-9s | %-6s |\n", "op", "output", "shape", "dtype",
+  std::fprintf(out, "| %-22s | %-16s | %-34s | %-9s | %-11s | %-9s | %-6s |\n", "op", "output", "shape", "dtype",
                "max rel err", "tolerance", "result");
-  std::fprintf(out, "|---------------|------------------|------------------------------------|----------|"
+  std::fprintf(out, "|------------------------|------------------|------------------------------------|-----------|"
                     "-------------|-----------|--------|\n");
 }
 
 void print_selftest_row(FILE* out, const OpCheckResult& r) {
   const std::string tol = r.measure == "count" ? strfmt("%.0f", r.tolerance) : strfmt("%.0e", r.tolerance);
-  std::fprintf(out, "| %-13s | %-16s | %-34s | %-8s | %-11s | %-9s | %-6s |", r.op.c_str(), r.output.c_str(),
+  std::fprintf(out, "| %-22s | %-16s | %-34s | %-9s | %-11s | %-9s | %-6s |", r.op.c_str(), r.output.c_str(),
                r.shape.c_str(), r.dtype.c_str(), format_error(r).c_str(), tol.c_str(), r.pass ? "PASS" : "FAIL");
   if (!r.message.empty()) std::fprintf(out, " %s", one_line(r.message).c_str());
   std::fprintf(out, "\n");

@@ -1,6 +1,7 @@
 // `minitrain selftest --device cuda`: every op of kernels/ops.h run on the CUDA backend and on its CPU
 // twin (kernels/cpu) on the same fresh random inputs, at small odd/prime shapes and at GPT-2 sizes,
-// with one table row per output compared. The GoogleTest GPU tests (tests/test_cuda_selftest.cpp)
+// in each storage type (f32 and bf16 everywhere, f16 at the small shapes), with one table row per
+// output compared. The GoogleTest GPU tests (tests/test_cuda_selftest.cpp)
 // call the same checks, so the command and the test suite cannot drift apart.
 //
 // Error measure: max |cuda - cpu| / max |cpu| over one output (one number per output, so a single
@@ -22,8 +23,8 @@ struct OpCheckResult {
   std::string op;         // "matmul_bwd"
   std::string output;     // "dweight"
   std::string shape;      // "N=1024 IC=3072 OC=768"
-  std::string dtype;      // element type the op was run in: "f32" (the CUDA backend's storage), or the
-                          // target type of round_to
+  std::string dtype;      // the storage type S the op ran in ("f32", "bf16", "f16"); for convert the
+                          // conversion ("f32->bf16"), for round_to its target type
   double error = 0;       // max relative error, or a mismatch count when `measure` says so
   double tolerance = 0;
   bool pass = false;

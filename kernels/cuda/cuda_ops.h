@@ -71,6 +71,12 @@ void device_free(void* p);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
 void synchronize();
+// Memory in use on the current device as the driver sees it (cudaMemGetInfo: every allocation of
+// this process and others, the context, the pool's cached blocks), and the device's total.
+struct DeviceMemoryInfo {
+  size_t used = 0, total = 0;
+};
+DeviceMemoryInfo device_memory_info();
 
 // Device memory for the trainer (runtime/memory.h): blocks from the device's stream-ordered pool
 // (cudaMallocAsync), zeroed, copies and zeroing ordered on the default stream with the ops.

@@ -44,6 +44,12 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 
 void synchronize() { MT_CUDA_CHECK(cudaDeviceSynchronize()); }
 
+DeviceMemoryInfo device_memory_info() {
+  size_t free_bytes = 0, total = 0;
+  MT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  return {total - free_bytes, total};
+}
+
 void device_memset_zero(void* p, size_t bytes) {
   if (bytes) MT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
 }

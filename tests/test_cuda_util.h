@@ -1,0 +1,126 @@
+// Helpers shared by the GPU unit tests (tests/test_cuda_*.cpp): device copies of host vectors, the
+// storage-type conversions, comparisons against the CPU reference, and the fixtures that skip without
+// a CUDA device (CudaTest) or run once per storage type (CudaOps<S>, typed over float, bf16, f16).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/tolerances.h"
+#include "kernels/ops.h"
+#include "runtime/check.h"
+#include "runtime/dtype.h"
+#include "runtime/storage.h"
+#include "tests/test_util.h"
+
+namespace mt::testing {
+
+namespace tol = ::mt::cuda::tol;  // kernels/cuda/tolerances.h
+
+// A device copy of a host vector, freed on scope exit.
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(const std::vector<T>& host) : n_(host.size()) {
+    p_ = static_cast<T*>(mt::cuda::device_alloc(n_ * sizeof(T)));
+    mt::cuda::copy_to_device(p_, host.data(), n_ * sizeof(T));
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() {
+    try {
+      mt::cuda::device_free(p_);
+    } catch (const mt::Error&) {  // a failed free must not terminate the test binary
+    }
+  }
+  T* get() const { return p_; }
+  std::vector<T> host() const {
+    std::vector<T> v(n_);
+    mt::cuda::synchronize();
+    mt::cuda::copy_to_host(v.data(), p_, n_ * sizeof(T));
+    return v;
+  }
+
+ private:
+  size_t n_;
+  T* p_ = nullptr;
+};
+
+template <class S>
+std::vector<float> to_floats(const std::vector<S>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); i++) out[i] = mt::load(v[i]);
+  return out;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+inline std::vector<int32_t> random_ints(size_t n, int lo, int hi, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> d(lo, hi);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Packed documents: per batch row, ids 0, 1, 2, ... in runs of random length (possibly 1 token).
+inline std::vector<int32_t> random_docs(int B, int T, std::mt19937_64& rng) {
+  std::vector<int32_t> doc(size_t(B) * T);
+  std::uniform_int_distribution<int> run(1, std::max(1, T / 3));
+  for (int b = 0; b < B; b++) {
+    int id = 0, left = run(rng);
+    for (int t = 0; t < T; t++) {
+      if (left-- == 0) id++, left = run(rng) - 1;
+      doc[size_t(b) * T + t] = id;
+    }
+  }
+  return doc;
+}
+
+template <class S>
+::testing::AssertionResult close(const std::vector<S>& got, const std::vector<S>& want, double tolerance) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  const std::vector<float> g = to_floats(got), w = to_floats(want);
+  const double err = max_rel_error(g.data(), w.data(), g.size());
+  if (err <= tolerance) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max rel error " << err << " > tolerance " << tolerance;
+}
+
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (mt::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+  std::mt19937_64 rng{test_seed()};
+  const mt::ops::Ctx gpu{mt::Device::cuda, nullptr};
+};
+
+// Typed over the storage type S of activations and compute weights.
+template <class S>
+class CudaOps : public CudaTest {
+ protected:
+  std::vector<S> values(size_t n, float lo = -1.f, float hi = 1.f) {
+    const std::vector<float> f = random_floats(n, rng, lo, hi);
+    std::vector<S> out(n);
+    for (size_t i = 0; i < n; i++) out[i] = mt::store_as<S>(f[i]);
+    return out;
+  }
+  static double tol_of(const tol::Tolerance& t) { return t.of<S>(); }
+};
+
+struct StorageNames {
+  template <class S>
+  static std::string GetName(int) {
+    return mt::dtype_name(mt::dtype_of<S>());
+  }
+};
+using StorageTypes = ::testing::Types<float, bf16, f16>;
+
+}  // namespace mt::testing

@@ -220,7 +220,7 @@ if ((built)); then
     tok_s=$(bench_value 'tokens/s \(median\)' "$build/bench.out")
     mfu="$(bench_value MFU "$build/bench.out") of $(bench_value peak "$build/bench.out")"
     hfu=$(bench_value HFU "$build/bench.out")
-    peak_mem=$(bench_value 'peak mem total' "$build/bench.out")
+    peak_mem="$(bench_value 'peak mem total' "$build/bench.out") (arena); device: $(bench_value 'device mem in use' "$build/bench.out")"
     say "running minitrain bench (gpt2, B=$bench_b T=1024, bf16, materialized attention)"
     if run_bench "$build/bench_mat.out" "$bench_b" materialized && grep -q '^| tokens/s' "$build/bench_mat.out"; then
       mat_row="$(bench_value 'tokens/s \(median\)' "$build/bench_mat.out") tokens/s, MFU $(bench_value MFU "$build/bench_mat.out")"
@@ -274,6 +274,9 @@ table() {
   printf '| %-24s | %s |\n' "HFU" "$hfu"
   printf '| %-24s | %s |\n' "peak memory" "$peak_mem"
   printf '| %-24s | %s |\n' "materialized attention" "$mat_row"
+  local warnings
+  warnings=$(cat "$build"/bench*.out 2>/dev/null | grep -m2 'warning:' | cut -c1-150 | tr '\n' ' ')
+  printf '| %-24s | %s |\n' "warnings (bench)" "${warnings:-none}"
   printf '| %-24s | %s |\n' "total time" "$((SECONDS - deadline + 470)) s; log: $log"
 }
 table | tee -a "$log"

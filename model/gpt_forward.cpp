@@ -54,8 +54,10 @@ class Pass {
     Buffer dfc;                // (N,4C)
   };
 
-  Buffer act(int64_t elems) { return ar_.alloc(kAct, size_t(elems) * sizeof(S)); }
-  Buffer f32(int64_t elems) { return ar_.alloc(kAct, size_t(elems) * sizeof(float)); }
+  // Every activation buffer is written before it is read, so none is zero-filled (on the CPU they
+  // start as NaN, which any read-before-write would spread into the loss).
+  Buffer act(int64_t elems) { return ar_.alloc_uninitialized(kAct, size_t(elems) * sizeof(S)); }
+  Buffer f32(int64_t elems) { return ar_.alloc_uninitialized(kAct, size_t(elems) * sizeof(float)); }
   static S* p(const Buffer& b) { return static_cast<S*>(b.data()); }
   int64_t att_elems() const { return int64_t(B_) * NH_ * T_ * T_; }
   int64_t lse_elems() const { return int64_t(B_) * NH_ * T_; }

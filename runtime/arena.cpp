@@ -36,14 +36,24 @@ Arena::Arena() : Arena(host_memory()) {}
 
 Arena::Arena(const MemOps& mem) : alloc_(mem.alloc), free_(mem.free), mem_(mem) {}
 
-Arena::Arena(AllocFn alloc, FreeFn free) : alloc_(std::move(alloc)), free_(std::move(free)), mem_(host_memory()) {}
+Arena::Arena(AllocFn alloc, FreeFn free)
+    : alloc_(std::move(alloc)), free_(std::move(free)), mem_(host_memory()), custom_alloc_(true) {}
 
 Arena::~Arena() = default;
 
 Buffer Arena::alloc(MemCategory cat, size_t bytes) {
+  if (bytes == 0) return Buffer();
+  return take(cat, bytes, alloc_(bytes));
+}
+
+Buffer Arena::alloc_uninitialized(MemCategory cat, size_t bytes) {
+  if (bytes == 0) return Buffer();
+  // A custom allocator (the third constructor) has no uninitialised variant: it zero-fills.
+  return take(cat, bytes, mem_.alloc_uninit && !custom_alloc_ ? mem_.alloc_uninit(bytes) : alloc_(bytes));
+}
+
+Buffer Arena::take(MemCategory cat, size_t bytes, void* p) {
   Buffer b;
-  if (bytes == 0) return b;
-  void* p = alloc_(bytes);
   MT_CHECK(p != nullptr, "out of memory allocating %s for %s", format_bytes(bytes).c_str(), mem_category_name(cat));
   b.arena_ = this;
   b.ptr_ = p;

@@ -69,6 +69,9 @@ class Arena {
 
   // Allocates `bytes` (zero-filled) tagged with `cat`.
   Buffer alloc(MemCategory cat, size_t bytes);
+  // The same with unspecified contents (MemOps::alloc_uninit: no zero fill on a device, poisoned with
+  // NaN on the host), for buffers that are always written before they are read.
+  Buffer alloc_uninitialized(MemCategory cat, size_t bytes);
   // How to zero, copy and round this arena's blocks; mem().device says where they live.
   const MemOps& mem() const { return mem_; }
   Device device() const { return mem_.device; }
@@ -78,10 +81,12 @@ class Arena {
 
  private:
   friend class Buffer;
+  Buffer take(MemCategory cat, size_t bytes, void* p);  // accounts a fresh block (p: nullptr = out of memory)
   void release(void* p, size_t bytes, MemCategory cat);
   AllocFn alloc_;
   FreeFn free_;
   MemOps mem_;
+  bool custom_alloc_ = false;
   MemStats stats_;
 };
 

@@ -17,6 +17,14 @@ void* host_alloc(size_t n) {
   return p;
 }
 
+// Poisoned, not zeroed: see MemOps::alloc_uninit.
+void* host_alloc_poisoned(size_t n) {
+  const size_t rounded = (n + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (p) std::memset(p, 0xFF, rounded);
+  return p;
+}
+
 void host_free(void* p) { std::free(p); }
 
 void host_zero(void* p, size_t n) {
@@ -29,7 +37,8 @@ void host_copy(void* dst, const void* src, size_t n, CopyKind) {
 
 void host_sync() {}
 
-constexpr MemOps kHost{Device::cpu, host_alloc, host_free, host_zero, host_copy, round_inplace, host_sync};
+constexpr MemOps kHost{Device::cpu,  host_alloc,    host_free, host_zero,
+                       host_copy,    round_inplace, host_sync, host_alloc_poisoned};
 
 }  // namespace
 

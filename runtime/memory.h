@@ -29,6 +29,11 @@ struct MemOps {
   void (*round)(float* x, int64_t n, DType t) = nullptr;
   // Returns when all work queued on this memory is done (host: nothing to wait for).
   void (*sync)() = nullptr;
+  // A block whose contents are unspecified, for buffers every reader writes first (activations):
+  // a device skips the zero fill. Host memory fills it with 0xFF bytes instead, a NaN in every float
+  // type, so that on the CPU any kernel reading such a buffer before writing it poisons the loss and
+  // fails the tests. nullptr: `alloc`.
+  void* (*alloc_uninit)(size_t bytes) = nullptr;
 
   void upload(void* dst, const void* src, size_t bytes) const { copy(dst, src, bytes, CopyKind::host_to_device); }
   void download(void* dst, const void* src, size_t bytes) const { copy(dst, src, bytes, CopyKind::device_to_host); }

@@ -82,18 +82,24 @@ namespace {
 
 // Stream-ordered on the default stream, like every op launched with a null ctx.stream: a block freed
 // after the ops that read it is only reused by work queued after them.
-void* pool_alloc(size_t bytes) {
+// The same without the zero fill (MemOps::alloc_uninit): activations are written before they are read.
+void* pool_alloc_uninit(size_t bytes) {
   if (bytes == 0) return nullptr;
   void* p = nullptr;
   const cudaError_t err = cudaMallocAsync(&p, bytes, 0);
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();
-    return nullptr;  // the arena reports what it was allocating
+    return nullptr;
   }
   if (err != cudaSuccess)
     detail::throw_status("CUDA", "cudaMallocAsync(&p, bytes, 0)", __FILE__, __LINE__, long(err),
                          cudaGetErrorString(err));
-  device_memset_zero(p, bytes);
+  return p;
+}
+
+void* pool_alloc(size_t bytes) {
+  void* p = pool_alloc_uninit(bytes);
+  if (p) device_memset_zero(p, bytes);
   return p;
 }
 
@@ -113,7 +119,8 @@ void mem_copy(void* dst, const void* src, size_t bytes, CopyKind kind) {
 
 void mem_round(float* x, int64_t n, DType t) { cuda::round_to(x, n, t, ops::Ctx{Device::cuda, nullptr}); }
 
-constexpr MemOps kDevice{Device::cuda, pool_alloc, pool_free, device_memset_zero, mem_copy, mem_round, synchronize};
+constexpr MemOps kDevice{Device::cuda, pool_alloc, pool_free,   device_memset_zero, mem_copy,
+                         mem_round,    synchronize, pool_alloc_uninit};
 
 }  // namespace
 

@@ -1,7 +1,7 @@
 // `minitrain selftest --device cuda`: every op of kernels/ops.h run on the CUDA backend and on its CPU
 // twin (kernels/cpu) on the same fresh random inputs, at small odd/prime shapes and at GPT-2 sizes,
-// in each storage type (f32 and bf16 everywhere, f16 at the small shapes), with one table row per
-// output compared. The GoogleTest GPU tests (tests/test_cuda_selftest.cpp)
+// in each storage type (f32 and bf16 everywhere, f16 at the small shapes), then one whole training
+// step of a small GPT on both backends (fp32 and bf16), with one table row per output compared. The GoogleTest GPU tests (tests/test_cuda_selftest.cpp)
 // call the same checks, so the command and the test suite cannot drift apart.
 //
 // Error measure: max |cuda - cpu| / max |cpu| over one output (one number per output, so a single

@@ -70,6 +70,13 @@ void* device_alloc(size_t bytes);
 void device_free(void* p);
 void copy_to_device(void* dst, const void* src, size_t bytes);
 void copy_to_host(void* dst, const void* src, size_t bytes);
+// The calling thread's current device, and making `index` current for it (cudaSetDevice only: for
+// helper threads of a process whose main thread ran set_device).
+int current_device();
+void use_device(int index);
+// Page-locked host memory (cudaHostAlloc), for staging buffers that device-to-host copies fill.
+void* pinned_alloc(size_t bytes);
+void pinned_free(void* p);  // does not throw (used from destructors)
 void synchronize();
 // Memory in use on the current device as the driver sees it (cudaMemGetInfo: every allocation of
 // this process and others, the context, the pool's cached blocks), and the device's total.

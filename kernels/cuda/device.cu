@@ -44,6 +44,24 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 
 void synchronize() { MT_CUDA_CHECK(cudaDeviceSynchronize()); }
 
+int current_device() {
+  int d = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+void use_device(int index) { MT_CUDA_CHECK(cudaSetDevice(index)); }
+
+void* pinned_alloc(size_t bytes) {
+  void* p = nullptr;
+  if (bytes) MT_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+  return p;
+}
+
+void pinned_free(void* p) {
+  if (p) (void)cudaFreeHost(p);
+}
+
 DeviceMemoryInfo device_memory_info() {
   size_t free_bytes = 0, total = 0;
   MT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));

@@ -2,7 +2,8 @@
 // gradient accumulation, the dp-rank run's loss curve and final weights match a single-rank run of
 // the same global batch; ZeRO-3 holds less parameter memory; the communication counted per step
 // equals the theoretical volume of each stage; a state saved under one layout resumes under another;
-// a flipped bit on one replica is caught by the SDC check.
+// tensor collectives go over the device communicator when one is given (NCCL's place on GPUs); a
+// flipped bit on one replica is caught by the SDC check.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <random>
 
 #include "data/shard.h"
+#include "model/gpt.h"
 #include "parallel/data_parallel.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/test_util.h"
@@ -235,6 +237,79 @@ TEST(DataParallel, StateSavedUnderOneLayoutResumesUnderAnother) {
   if (group->rank() == 0)
     std::printf("resume dp=4 zero=3 -> dp=%d zero=%d: max rel loss err %.2e\n", gd, go.parallel.zero, gerr);
   EXPECT_LE(gerr, 1e-5);
+}
+
+// On GPUs the gradient and parameter collectives go over a device communicator (NCCL) and only scalars
+// over the host one. The same split on CPUs, with a second MPI communicator of the dp group standing
+// in for NCCL: it must carry every gradient and parameter byte of the formula, the host communicator
+// none of them (only scalars and the embeddings' rows, a host-only optimisation), and the reduced
+// gradients must be bitwise those of the one-communicator run.
+TEST(DataParallel, TensorCollectivesGoOverTheDeviceCommunicator) {
+  parallel::Comm& world = mpi_world().comm();
+  const int D = world.size(), r = world.rank();
+  model::GPTConfig cfg;
+  cfg.vocab_size = 64;
+  cfg.block_size = 16;
+  cfg.n_layer = 2;
+  cfg.n_head = 4;
+  cfg.n_embd = 32;
+  const int B = 2, T = 16;
+  std::mt19937_64 rng(shared_seed() + uint64_t(r));  // a different micro-batch on every rank
+  std::vector<int32_t> tokens(size_t(B * T)), targets(size_t(B * T));
+  for (auto& t : tokens) t = int32_t(rng() % 63);
+  for (auto& t : targets) t = int32_t(rng() % 63);
+  const model::MicroBatch mb{B, T, tokens.data(), targets.data(), nullptr, nullptr};
+  // One step's reduced gradient shard, and the communicators' byte counters.
+  struct Run {
+    std::vector<float> grads;
+    parallel::CommCounters host, tensors;
+  };
+  auto run = [&](int zero, bool separate) {
+    std::unique_ptr<parallel::Comm> host = world.split(0, r, "host");
+    std::unique_ptr<parallel::Comm> tensors = separate ? world.split(0, r, "tensors") : nullptr;
+    Arena arena;
+    ParamStore store;
+    model::GPT gpt(cfg, store);
+    store.finalize(arena, DType::f32, D, parallel::storage_for_zero(zero));
+    gpt.init_weights(5);
+    gpt.set_arena(&arena);
+    parallel::DataParallelOptions o;
+    o.zero = zero;
+    o.bucket_bytes = 4096;  // several buckets
+    parallel::DataParallel dp(store, *host, arena, o, ops::Ctx{}, tensors.get());
+    gpt.set_unit_hooks(&dp);
+    dp.begin_step();
+    dp.set_last_micro(true);
+    gpt.forward_backward(mb, 1.f / float(B * T * D));
+    dp.finish_grads();
+    EXPECT_TRUE(dp.grads_finite());
+    (void)dp.grad_sum_squares();
+    dp.publish_params();
+    Run res;
+    res.grads.assign(dp.grad_shard(), dp.grad_shard() + dp.shard_numel());
+    res.host = host->counters();
+    if (tensors) res.tensors = tensors->counters();
+    return res;
+  };
+  for (int zero = 0; zero <= 3; zero++) {
+    const Run one = run(zero, false), two = run(zero, true);
+    ASSERT_EQ(one.grads.size(), two.grads.size());
+    EXPECT_EQ(0, std::memcmp(one.grads.data(), two.grads.data(), one.grads.size() * 4)) << "zero=" << zero;
+    using parallel::CommOp;
+    // The host communicator keeps only its scalars (the overflow flag's all-reduce; norms, and the
+    // embeddings' rows, as all-gathers); every gradient and parameter byte moved to the second one.
+    const uint64_t flag = zero >= 1 ? parallel::all_reduce_sent_bytes(1, 4, D, r) : 0;
+    EXPECT_EQ(two.host[CommOp::all_reduce].sent_bytes, flag) << "zero=" << zero << ": only the overflow flag";
+    EXPECT_EQ(two.tensors[CommOp::all_reduce].sent_bytes + flag, one.host[CommOp::all_reduce].sent_bytes)
+        << "zero=" << zero;
+    EXPECT_EQ(two.tensors[CommOp::reduce_scatter].sent_bytes, one.host[CommOp::reduce_scatter].sent_bytes)
+        << "zero=" << zero;
+    EXPECT_EQ(two.host[CommOp::reduce_scatter].sent_bytes, 0u) << "zero=" << zero;
+    EXPECT_EQ(two.host[CommOp::all_gather].sent_bytes + two.tensors[CommOp::all_gather].sent_bytes,
+              one.host[CommOp::all_gather].sent_bytes)
+        << "zero=" << zero;
+    if (D > 1 && zero >= 1) EXPECT_GT(two.tensors[CommOp::all_gather].sent_bytes, 0u) << "parameters gathered there";
+  }
 }
 
 TEST(DataParallel, SdcCheckNamesTheCorruptedReplica) {

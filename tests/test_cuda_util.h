@@ -70,18 +70,9 @@ inline std::vector<int32_t> random_ints(size_t n, int lo, int hi, std::mt19937_6
   return v;
 }
 
-// Packed documents: per batch row, ids 0, 1, 2, ... in runs of random length (possibly 1 token).
+// Packed documents (tests/test_util.h).
 inline std::vector<int32_t> random_docs(int B, int T, std::mt19937_64& rng) {
-  std::vector<int32_t> doc(size_t(B) * T);
-  std::uniform_int_distribution<int> run(1, std::max(1, T / 3));
-  for (int b = 0; b < B; b++) {
-    int id = 0, left = run(rng);
-    for (int t = 0; t < T; t++) {
-      if (left-- == 0) id++, left = run(rng) - 1;
-      doc[size_t(b) * T + t] = id;
-    }
-  }
-  return doc;
+  return ::mt::testing::random_doc_ids(B, T, rng);
 }
 
 template <class S>

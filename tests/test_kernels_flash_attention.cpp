@@ -37,22 +37,6 @@ struct Shape {
   int B, T, C, NH;
 };
 
-// Contiguous document ids with random lengths per batch row (the first document at least 2 tokens).
-std::vector<int32_t> rand_docs(int B, int T, std::mt19937_64& rng) {
-  std::vector<int32_t> d(sz(B) * T);
-  std::uniform_int_distribution<int> len(1, std::max(2, T / 3));
-  for (int b = 0; b < B; b++) {
-    int id = 0, left = std::max(2, len(rng));
-    for (int t = 0; t < T; t++) {
-      if (left-- == 0) {
-        id++;
-        left = len(rng) - 1;
-      }
-      d[sz(b) * T + sz(t)] = id;
-    }
-  }
-  return d;
-}
 
 template <class T>
 double rel(const std::vector<T>& a, const std::vector<T>& b) {
@@ -65,7 +49,7 @@ TEST_P(FlashVsMaterialised, ForwardLseAndBackwardAgreeInFloat) {
   const auto [s, with_doc] = GetParam();
   const int B = s.B, T = s.T, C = s.C, NH = s.NH, hs = C / NH;
   std::mt19937_64 rng(mt::testing::test_seed());
-  auto docs = rand_docs(B, T, rng);
+  auto docs = testing::random_doc_ids(B, T, rng);
   const int32_t* doc = with_doc ? docs.data() : nullptr;
   auto qkv = mt::testing::random_floats(sz(B) * T * 3 * C, rng, -2.f, 2.f);
   auto dout = mt::testing::random_floats(sz(B) * T * C, rng);
@@ -125,7 +109,7 @@ TEST(FlashAttention, BackwardMatchesFiniteDifferencesInDouble) {
     for (bool with_doc : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "T = " << s.T << (with_doc ? ", doc ids" : ", causal"));
       const int B = s.B, T = s.T, C = s.C, NH = s.NH;
-      auto docs = rand_docs(B, T, rng);
+      auto docs = testing::random_doc_ids(B, T, rng);
       const int32_t* doc = with_doc ? docs.data() : nullptr;
       auto qkv = mt::testing::random_doubles(sz(B) * T * 3 * C, rng, -2, 2);
       auto R = mt::testing::random_doubles(sz(B) * T * C, rng);
@@ -160,7 +144,7 @@ TEST(FlashAttention, ResultsAreIndependentOfThreadCount) {
   const int B = 2, T = 100, C = 32, NH = 4;
   auto qkv = mt::testing::random_floats(sz(B) * T * 3 * C, rng, -2.f, 2.f);
   auto dout = mt::testing::random_floats(sz(B) * T * C, rng);
-  auto docs = rand_docs(B, T, rng);
+  auto docs = testing::random_doc_ids(B, T, rng);
   auto run = [&] {
     std::vector<float> out(dout.size()), lse(sz(B) * NH * T), dqkv(qkv.size()), scratch(lse.size());
     flash_attention_fwd<float>(out.data(), lse.data(), qkv.data(), docs.data(), B, T, C, NH);
@@ -186,7 +170,7 @@ TEST(FlashAttention, ResultsAreIndependentOfThreadCount) {
 template <class S>
 void expect_close_to_float(double u, std::mt19937_64& rng) {
   const int B = 2, T = 70, C = 16, NH = 2;
-  auto docs = rand_docs(B, T, rng);
+  auto docs = testing::random_doc_ids(B, T, rng);
   auto qkv = mt::testing::random_floats(sz(B) * T * 3 * C, rng, -2.f, 2.f);
   auto dout = mt::testing::random_floats(sz(B) * T * C, rng);
   std::vector<S> qkv_s(qkv.size()), dout_s(dout.size());

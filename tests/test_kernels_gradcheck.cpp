@@ -85,21 +85,7 @@ class KernelGradcheck : public ::testing::Test {
   }
   // Contiguous document ids 0, 0, 1, 1, 1, 2, ... with random lengths, per batch row. The first
   // document has at least two tokens so that some token attends to more than itself.
-  std::vector<int32_t> rand_docs(int B, int T) {
-    std::vector<int32_t> d(sz(B) * T);
-    std::uniform_int_distribution<int> len(1, std::max(2, T / 3));
-    for (int b = 0; b < B; b++) {
-      int id = 0, left = std::max(2, len(rng));
-      for (int t = 0; t < T; t++) {
-        if (left-- == 0) {
-          id++;
-          left = len(rng) - 1;
-        }
-        d[sz(b) * T + sz(t)] = id;
-      }
-    }
-    return d;
-  }
+  std::vector<int32_t> rand_docs(int B, int T) { return testing::random_doc_ids(B, T, rng); }
 };
 
 TEST_F(KernelGradcheck, EncoderScattersIntoTokenAndPositionRowsWithExplicitPositions) {

@@ -18,6 +18,22 @@ uint64_t test_seed() {
   return seed;
 }
 
+std::vector<int32_t> random_doc_ids(int B, int T, std::mt19937_64& rng) {
+  std::vector<int32_t> d(static_cast<size_t>(B) * size_t(T));
+  std::uniform_int_distribution<int> len(1, std::max(2, T / 3));
+  for (int b = 0; b < B; b++) {
+    int id = 0, left = std::max(2, len(rng));
+    for (int t = 0; t < T; t++) {
+      if (left-- == 0) {
+        id++;
+        left = len(rng) - 1;
+      }
+      d[size_t(b) * size_t(T) + size_t(t)] = id;
+    }
+  }
+  return d;
+}
+
 std::vector<float> random_floats(size_t n, std::mt19937_64& rng, float lo, float hi) {
   std::uniform_real_distribution<float> d(lo, hi);
   std::vector<float> v(n);

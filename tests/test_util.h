@@ -17,6 +17,10 @@ std::vector<double> random_doubles(size_t n, std::mt19937_64& rng, double lo = -
 double max_rel_error(const float* a, const float* b, size_t n, double floor = 1e-12);
 double max_rel_error(const double* a, const double* b, size_t n, double floor = 1e-12);
 
+// Packed-document ids for a (B, T) batch: per row 0, 1, 2, ... in runs of random length up to T/3,
+// the first run at least two tokens long (so some token attends to more than itself).
+std::vector<int32_t> random_doc_ids(int B, int T, std::mt19937_64& rng);
+
 // A fresh empty directory under the system temp dir, removed by the caller if wanted.
 std::string make_temp_dir(const std::string& prefix);
 

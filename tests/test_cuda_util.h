@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_array.h"
 #include "kernels/cuda/tolerances.h"
 #include "kernels/ops.h"
 #include "runtime/check.h"
@@ -22,41 +23,8 @@ namespace mt::testing {
 
 namespace tol = ::mt::cuda::tol;  // kernels/cuda/tolerances.h
 
-// A device copy of a host vector, freed on scope exit.
-template <class T>
-class DeviceArray {
- public:
-  explicit DeviceArray(const std::vector<T>& host) : n_(host.size()) {
-    p_ = static_cast<T*>(mt::cuda::device_alloc(n_ * sizeof(T)));
-    mt::cuda::copy_to_device(p_, host.data(), n_ * sizeof(T));
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() {
-    try {
-      mt::cuda::device_free(p_);
-    } catch (const mt::Error&) {  // a failed free must not terminate the test binary
-    }
-  }
-  T* get() const { return p_; }
-  std::vector<T> host() const {
-    std::vector<T> v(n_);
-    mt::cuda::synchronize();
-    mt::cuda::copy_to_host(v.data(), p_, n_ * sizeof(T));
-    return v;
-  }
-
- private:
-  size_t n_;
-  T* p_ = nullptr;
-};
-
-template <class S>
-std::vector<float> to_floats(const std::vector<S>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); i++) out[i] = mt::load(v[i]);
-  return out;
-}
+using ::mt::cuda::DeviceArray;  // kernels/cuda/device_array.h
+using ::mt::cuda::to_floats;
 
 template <class T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {

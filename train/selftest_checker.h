@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/device_array.h"
 #include "kernels/ops.h"
 #include "runtime/check.h"
 #include "runtime/storage.h"
@@ -20,49 +21,9 @@ namespace mt::train::selftest_detail {
 
 inline const ops::Ctx kGpu{Device::cuda, nullptr};
 
-// A device copy of a host vector, freed on scope exit.
-template <class T>
-class DeviceArray {
- public:
-  explicit DeviceArray(const std::vector<T>& host) : n_(host.size()) {
-    p_ = static_cast<T*>(cuda::device_alloc(n_ * sizeof(T)));
-    cuda::copy_to_device(p_, host.data(), n_ * sizeof(T));
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  // A failed free is not thrown from here: whatever broke the device is reported by the check itself.
-  ~DeviceArray() {
-    try {
-      cuda::device_free(p_);
-    } catch (const Error&) {
-    }
-  }
-  T* get() const { return p_; }
-  std::vector<T> host() const {
-    std::vector<T> v(n_);
-    cuda::synchronize();
-    cuda::copy_to_host(v.data(), p_, n_ * sizeof(T));
-    return v;
-  }
-
- private:
-  size_t n_;
-  T* p_ = nullptr;
-};
-
-// Values rounded to storage type S (round to nearest even), and S values loaded back into fp32.
-template <class S>
-std::vector<S> to_storage(const std::vector<float>& v) {
-  std::vector<S> out(v.size());
-  for (size_t i = 0; i < v.size(); i++) out[i] = store_as<S>(v[i]);
-  return out;
-}
-template <class S>
-std::vector<float> to_floats(const std::vector<S>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); i++) out[i] = load(v[i]);
-  return out;
-}
+using cuda::DeviceArray;  // kernels/cuda/device_array.h
+using cuda::to_floats;
+using cuda::to_storage;
 
 // The storage types every typed check runs in are f32, bf16 and f16; f16 only at the small shapes
 // (`big` marks the GPT-2-sized ones), which keeps the selftest inside its time budget.

@@ -28,9 +28,11 @@ struct AttnShape { int B, T, C, NH; };
 const AttnShape kAttnShapes[] = {{1, 1, 4, 1}, {2, 7, 12, 3}, {3, 33, 40, 5}, {2, 64, 64, 4}, {1, 130, 96, 2},
                                  {2, 19, 5, 5}};
 // The flash tiles are 64 rows: T = 64, 70, 129, 200 end on or past a tile boundary; hs = 1, 48 (two
-// 32-lane chunks, the second partial), 96 and 128 (the limit).
-const AttnShape kFlashShapes[] = {{1, 1, 4, 1},  {2, 7, 12, 3},  {2, 64, 64, 4}, {3, 70, 40, 5},
-                                  {2, 19, 5, 5}, {1, 129, 48, 1}, {2, 200, 96, 1}, {2, 70, 256, 2}};
+// 32-lane chunks, the second partial), 96 and 128 (the limit). In bf16/fp16, hs = 32 and 64 run the
+// tensor-core kernels both ways and hs = 128 forward (flash_attention_mma.cu); the rest the SIMT ones.
+const AttnShape kFlashShapes[] = {{1, 1, 4, 1},    {2, 7, 12, 3},    {2, 64, 64, 4},  {3, 70, 40, 5},
+                                  {2, 19, 5, 5},   {1, 129, 48, 1},  {2, 200, 96, 1}, {2, 70, 256, 2},
+                                  {2, 200, 128, 2}, {1, 1, 64, 1},   {3, 65, 64, 2},  {1, 257, 768, 12}};
 
 std::string label(const AttnShape& s, bool docs) {
   return mt::strfmt("B=%d T=%d C=%d NH=%d docs=%d", s.B, s.T, s.C, s.NH, int(docs));

@@ -23,8 +23,10 @@ struct AttnShape { int B, T, C, NH; bool docs, big; };
 const AttnShape kAttnShapes[] = {{2, 7, 12, 3, false, false}, {3, 33, 40, 5, true, false},
                                  {1, 1024, 768, 12, false, true}};
 // The flash kernels' tiles are 64 rows: T = 70 and 130 end in a partial tile, hs = 128 is their limit.
-const AttnShape kFlashShapes[] = {{2, 7, 12, 3, false, false}, {3, 70, 40, 5, true, false},
-                                  {2, 130, 256, 2, true, false}, {1, 1024, 768, 12, false, true}};
+// In bf16/fp16 hs = 64 runs the tensor-core kernels (flash_attention_mma.cu), hs = 128 their forward.
+const AttnShape kFlashShapes[] = {{2, 7, 12, 3, false, false},  {3, 70, 40, 5, true, false},
+                                  {3, 130, 128, 2, true, false}, {2, 130, 256, 2, true, false},
+                                  {1, 1024, 768, 12, false, true}};
 
 std::string label(const AttnShape& s) {
   return strfmt("B=%d T=%d C=%d NH=%d%s", s.B, s.T, s.C, s.NH, s.docs ? " docs" : "");

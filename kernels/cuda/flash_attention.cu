@@ -1,8 +1,9 @@
 // Flash attention (Dao et al. 2022), FlashAttention-2's loop order (Dao 2023): causal, optionally
 // document-masked multi-head attention without a T x T buffer, on storage type S with fp32 math.
 //
-// This first version is plain fp32 SIMT arithmetic on tiles staged in shared memory (converted from S
-// on load); tensor cores come after it has been measured. Head sizes up to kMaxHeadSize (128).
+// These kernels are plain fp32 SIMT arithmetic on tiles staged in shared memory (converted from S on
+// load), for head sizes up to kMaxHeadSize (128). They run for fp32 storage and wherever the
+// tensor-core kernels (flash_attention_mma.cu: bf16/fp16, head size 32/64/128) do not take the call.
 //
 // Forward, one thread block per (64-query block, head, batch row). With s_ij = q_i . k_j / sqrt(hs)
 // (-inf where masked), the block walks the key blocks 0 .. its diagonal (blocks wholly above the
@@ -25,10 +26,12 @@
 // hs + 1 floats per row (conflict-free shared memory banks for even hs).
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/flash_attention_mma.cuh"
 #include "kernels/cuda/storage.cuh"
 
 namespace mt::cuda {
@@ -453,6 +456,9 @@ void flash_attention_fwd(S* out, float* lse, const S* qkv, const int32_t* doc, i
   auto* o = dev_ptr(out);
   const auto* x = dev_ptr(qkv);
   cudaStream_t stream = stream_of(ctx);
+  if constexpr (!std::is_same_v<S, float>) {
+    if (flash_mma::takes_fwd(s.hs, o, x)) return flash_mma::fwd(o, lse, x, doc, B, T, C, NH, stream);
+  }
   switch ((s.hs + kWarp - 1) / kWarp) {
     case 1: launch_fwd<dev_t<S>, 1>(o, lse, x, doc, s, stream); break;
     case 2: launch_fwd<dev_t<S>, 2>(o, lse, x, doc, s, stream); break;
@@ -474,6 +480,9 @@ void flash_attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, c
   auto* g = dev_ptr(dqkv);
   const auto* dy = dev_ptr(dout);
   const auto* x = dev_ptr(qkv);
+  if constexpr (!std::is_same_v<S, float>) {
+    if (flash_mma::takes_bwd(s.hs, g, dy, x)) return flash_mma::bwd(g, dy, x, lse, scratch, doc, B, T, C, NH, stream);
+  }
   switch ((s.hs + kWarp - 1) / kWarp) {
     case 1: launch_bwd<dev_t<S>, 1>(g, dy, x, lse, scratch, doc, s, stream); break;
     case 2: launch_bwd<dev_t<S>, 2>(g, dy, x, lse, scratch, doc, s, stream); break;

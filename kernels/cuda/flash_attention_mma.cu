@@ -1,0 +1,118 @@
+// Flash attention on tensor cores (mma.sync m16n8k16, kernels/cuda/mma.cuh) for bf16/fp16 storage:
+// the same algorithm, masks and outputs as the fp32 SIMT kernels of flash_attention.cu, which remain
+// the path for fp32 storage, other head sizes and devices below compute capability 8.0.
+//
+// Block shape: 4 warps, 64 rows (queries, or keys for dK/dV); warp w owns rows 16w .. 16w+15 and
+// computes its 16 x 64 score tile against a 64-row tile of the other side with 8 m16n8 accumulator
+// tiles. The score tiles stay in registers: they are masked, exponentiated and rounded to the storage
+// type there, and fed back as A fragments of the next product (mma::a_from_acc), as FlashAttention-2
+// does. Operand tiles are staged in shared memory in the storage type, rows padded by 8 elements so
+// the fragment loads are free of bank conflicts.
+//
+// Forward: S = Q K^T, online softmax in base 2 (scores scaled by log2(e)/sqrt(hs); lse converted back
+// to natural log on store), O += P V with P rounded to 16 bits. Each lane keeps partial row sums of P;
+// the quad (4 lanes sharing a row) adds them once at the end.
+// Backward, deterministic and without atomics (as the SIMT kernels): one kernel per key block owns
+// dK, dV (S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q), one per query block owns dQ
+// (S = Q K^T, dP = dO V^T, dQ += dS K), where P = exp(S/sqrt(hs) - lse) and dS = P (dP - D). P and dS
+// are rounded to 16 bits as the multiplicands of the last products; all sums are fp32.
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/flash_attention_mma.cuh"
+#include "kernels/cuda/flash_attention_mma_kernels.cuh"
+#include "kernels/cuda/storage.cuh"
+
+namespace mt::cuda::flash_mma {
+namespace {
+
+using namespace kernels;
+
+// Opts the kernel in to more than the default 48 KiB of dynamic shared memory where it needs that.
+template <class Kernel>
+void prepare_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+dim3 grid_of(int B, int T, int NH) { return dim3(ceil_div(T, kTile), unsigned(NH), unsigned(B)); }
+
+template <class D, int HS>
+void launch_fwd(D* out, float* lse, const D* qkv, const int32_t* doc, int B, int T, int C, int NH, cudaStream_t st) {
+  constexpr size_t smem = fwd_smem<D, HS>();
+  prepare_smem(fwd_kernel<D, HS>, smem);
+  const float scale_log2 = kLog2e / std::sqrt(float(HS));
+  fwd_kernel<D, HS><<<grid_of(B, T, NH), kThreads, smem, st>>>(out, lse, qkv, doc, T, C, NH, scale_log2);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+template <class D, int HS>
+void launch_bwd(D* dqkv, const D* dout, const D* qkv, const float* lse, const float* dsum, const int32_t* doc, int B,
+                int T, int C, int NH, cudaStream_t st) {
+  constexpr size_t smem = bwd_smem<D, HS>();
+  const float scale = 1.f / std::sqrt(float(HS)), scale_log2 = kLog2e * scale;
+  prepare_smem(dkdv_kernel<D, HS>, smem);
+  dkdv_kernel<D, HS><<<grid_of(B, T, NH), kThreads, smem, st>>>(dqkv, dout, qkv, lse, dsum, doc, T, C, NH, scale,
+                                                                scale_log2);
+  MT_CUDA_CHECK_LAUNCH();
+  prepare_smem(dq_kernel<D, HS>, smem);
+  dq_kernel<D, HS><<<grid_of(B, T, NH), kThreads, smem, st>>>(dqkv, dout, qkv, lse, dsum, doc, T, C, NH, scale,
+                                                              scale_log2);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+bool aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
+
+bool tensor_cores_available() {
+  int dev = 0, major = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return major >= 8;
+}
+
+}  // namespace
+
+bool takes_fwd(int hs, const void* out, const void* qkv) {
+  return (hs == 32 || hs == 64 || hs == 128) && aligned16({out, qkv}) && tensor_cores_available();
+}
+
+bool takes_bwd(int hs, const void* dqkv, const void* dout, const void* qkv) {
+  return (hs == 32 || hs == 64) && aligned16({dqkv, dout, qkv}) && tensor_cores_available();
+}
+
+template <class D>
+void fwd(D* out, float* lse, const D* qkv, const int32_t* doc, int B, int T, int C, int NH, cudaStream_t stream) {
+  switch (C / NH) {
+    case 32: launch_fwd<D, 32>(out, lse, qkv, doc, B, T, C, NH, stream); break;
+    case 64: launch_fwd<D, 64>(out, lse, qkv, doc, B, T, C, NH, stream); break;
+    case 128: launch_fwd<D, 128>(out, lse, qkv, doc, B, T, C, NH, stream); break;
+    default: MT_CHECK(false, "flash_attention_fwd: no tensor-core kernel for head size %d", C / NH);
+  }
+}
+
+template <class D>
+void bwd(D* dqkv, const D* dout, const D* qkv, const float* lse, const float* dsum, const int32_t* doc, int B, int T,
+         int C, int NH, cudaStream_t stream) {
+  switch (C / NH) {
+    case 32: launch_bwd<D, 32>(dqkv, dout, qkv, lse, dsum, doc, B, T, C, NH, stream); break;
+    case 64: launch_bwd<D, 64>(dqkv, dout, qkv, lse, dsum, doc, B, T, C, NH, stream); break;
+    default: MT_CHECK(false, "flash_attention_bwd: no tensor-core kernel for head size %d", C / NH);
+  }
+}
+
+#define MT_FLASH_MMA_INSTANTIATE(D)                                                                        \
+  template void fwd<D>(D*, float*, const D*, const int32_t*, int, int, int, int, cudaStream_t);           \
+  template void bwd<D>(D*, const D*, const D*, const float*, const float*, const int32_t*, int, int, int, int, \
+                       cudaStream_t);
+MT_FLASH_MMA_INSTANTIATE(__nv_bfloat16)
+MT_FLASH_MMA_INSTANTIATE(__half)
+#undef MT_FLASH_MMA_INSTANTIATE
+
+}  // namespace mt::cuda::flash_mma

@@ -1,0 +1,398 @@
+// The tensor-core flash attention kernels (see flash_attention_mma.cu for the algorithm), in a header
+// so that the same source builds twice: by nvcc for the GPU, and by the host compiler against
+// warp_emulation.h, which runs every CUDA thread of a block as a host thread and emulates mma.sync and
+// the warp shuffles (tests/test_flash_mma_emulated.cpp checks the kernels against the CPU twin on
+// machines without a GPU).
+#pragma once
+#include <math.h>
+
+#include <cstdint>
+
+#if !defined(__CUDACC__)
+#include "kernels/cuda/warp_emulation.h"
+#define MT_DYNAMIC_SHARED(T, name) T* name = ::mt::cuda::emu::dynamic_shared<T>()
+#else
+#define MT_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
+
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/storage.cuh"
+
+namespace mt::cuda::flash_mma::kernels {
+
+using mma::Lane;
+
+constexpr int kTile = 64;                // rows per block, columns per score tile
+constexpr int kWarps = 4;                // 16 rows each
+constexpr int kLanes = 32;
+constexpr int kThreads = kWarps * kLanes;
+constexpr int kColTiles = kTile / 8;     // m16n8 accumulator tiles across a score tile
+constexpr int kColSteps = kTile / 16;    // k16 steps across a score tile
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr unsigned kFull = 0xffffffffu;
+
+// Shared row stride in elements: 16 bytes past a multiple of 128, so the 8 rows a fragment load
+// touches start in different bank quads.
+template <int HS>
+constexpr int kLd = HS + 8;
+
+// Rows t0 .. t0+63 (row stride ld_src elements) of a head slice into a shared tile; rows past T are
+// zero. 16-byte loads: the launchers check the alignment.
+template <int HS, class D>
+__device__ inline void load_rows(D* dst, const D* src, int64_t ld_src, int t0, int T) {
+  constexpr int kChunks = HS / 8;
+  for (int idx = int(threadIdx.x); idx < kTile * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = (idx - r * kChunks) * 8;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (t0 + r < T) v = *reinterpret_cast<const uint4*>(src + int64_t(t0 + r) * ld_src + c);
+    *reinterpret_cast<uint4*>(dst + r * kLd<HS> + c) = v;
+  }
+}
+
+// Document ids of rows t0 .. t0+63 (0 for all without a mask, -1 past T).
+__device__ inline void load_docs(int* dst, const int32_t* doc, int t0, int T) {
+  for (int r = int(threadIdx.x); r < kTile; r += kThreads) dst[r] = t0 + r < T ? (doc ? doc[t0 + r] : 0) : -1;
+}
+
+// Query i may attend to key j (both inside the sequence).
+__device__ inline bool visible(int i, int j, int T, int doc_i, int doc_j) {
+  return j <= i && i < T && doc_i == doc_j;
+}
+
+// Stores two fp32 values as neighbouring elements of D, rounded as every other kernel rounds.
+template <class D>
+__device__ inline void store_pair(D* p, float a, float b) {
+  *reinterpret_cast<uint32_t*>(p) = mma::pack_bits(mma::bits16(store_as<D>(a)), mma::bits16(store_as<D>(b)));
+}
+
+// Max and sum over the 4 lanes of a quad (the lanes holding one row of a C tile).
+__device__ inline float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(kFull, v, 1));
+  return fmaxf(v, __shfl_xor_sync(kFull, v, 2));
+}
+__device__ inline float quad_sum(float v) {
+  v += __shfl_xor_sync(kFull, v, 1);
+  return v + __shfl_xor_sync(kFull, v, 2);
+}
+
+template <class D, int HS>
+__global__ void __launch_bounds__(kThreads)
+    fwd_kernel(D* out, float* lse, const D* qkv, const int32_t* doc, int T, int C, int NH, float scale_log2) {
+  constexpr int LD = kLd<HS>, KS = HS / 16, NT = HS / 8;
+  MT_DYNAMIC_SHARED(uint4, smem_raw);
+  D* Qs = reinterpret_cast<D*>(smem_raw);
+  D* Ks = Qs + kTile * LD;
+  D* Vs = Ks + kTile * LD;
+  int* kdoc = reinterpret_cast<int*>(Vs + kTile * LD);
+  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kTile;  // the longest rows start first
+  const int h = int(blockIdx.y), b = int(blockIdx.z);
+  const int r0 = int(threadIdx.x) / kLanes * 16;
+  const Lane ln(int(threadIdx.x) % kLanes);
+  const int64_t ld = 3 * int64_t(C);
+  const D* head = qkv + int64_t(b) * T * ld + int64_t(h) * HS;
+  const int32_t* bdoc = doc ? doc + int64_t(b) * T : nullptr;
+
+  load_rows<HS>(Qs, head, ld, q0, T);
+  __syncthreads();
+  uint32_t qf[KS][4];
+#pragma unroll
+  for (int kk = 0; kk < KS; kk++) mma::load_a(qf[kk], Qs, LD, r0, kk * 16, ln);
+  // This lane's rows: r = 0 is row g of the warp's 16, r = 1 is row g + 8.
+  const int row[2] = {q0 + r0 + ln.g, q0 + r0 + ln.g + 8};
+  int rdoc[2];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[NT][4] = {};
+#pragma unroll
+  for (int r = 0; r < 2; r++) rdoc[r] = row[r] < T ? (bdoc ? bdoc[row[r]] : 0) : -1;
+
+  const int q_last = min(q0 + kTile, T) - 1;
+  for (int k0 = 0; k0 <= q_last; k0 += kTile) {  // causal: key tiles past the diagonal are skipped
+    __syncthreads();                               // the previous K, V tiles are consumed
+    load_rows<HS>(Ks, head + C, ld, k0, T);
+    load_rows<HS>(Vs, head + 2 * C, ld, k0, T);
+    load_docs(kdoc, bdoc, k0, T);
+    __syncthreads();
+
+    float s[kColTiles][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+#pragma unroll
+      for (int n = 0; n < kColTiles; n++) {
+        uint32_t bk[2];
+        mma::load_b_nmajor(bk, Ks, LD, n * 8, kk * 16, ln);
+        mma::mma<D>(s[n], qf[kk], bk);
+      }
+    }
+    // Every key of the tile precedes every row of the warp: no mask to evaluate.
+    const bool unmasked = !bdoc && k0 + kTile - 1 <= q0 + r0;
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int n = 0; n < kColTiles; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = e >> 1, jj = n * 8 + 2 * ln.t + (e & 1);
+        float v = s[n][e] * scale_log2;
+        if (!unmasked && !visible(row[r], k0 + jj, T, rdoc[r], kdoc[jj])) v = -INFINITY;
+        s[n][e] = v;
+        mx[r] = fmaxf(mx[r], v);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      mx[r] = quad_max(mx[r]);
+      // A row that has seen no key yet has m = -inf, l = 0 and o = 0: its rescale factor is 0.
+      alpha[r] = mx[r] == -INFINITY ? 0.f : exp2f(m[r] - mx[r]);
+      m[r] = mx[r];
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int n = 0; n < kColTiles; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = e >> 1;
+        const float p = s[n][e] == -INFINITY ? 0.f : exp2f(s[n][e] - m[r]);
+        s[n][e] = p;
+        l[r] += p;
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int j = 0; j < kColSteps; j++) {
+      uint32_t pa[4];
+      mma::a_from_acc<D>(pa, s[2 * j], s[2 * j + 1]);
+#pragma unroll
+      for (int n = 0; n < NT; n++) {
+        uint32_t bv[2];
+        mma::load_b_kmajor(bv, Vs, LD, n * 8, j * 16, ln);
+        mma::mma<D>(o[n], pa, bv);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const float sum = quad_sum(l[r]);
+    if (row[r] >= T) continue;
+    const float inv = 1.f / sum;  // sum >= 1: every query sees itself
+    D* y = out + (int64_t(b) * T + row[r]) * C + int64_t(h) * HS + 2 * ln.t;
+#pragma unroll
+    for (int n = 0; n < NT; n++) store_pair(y + n * 8, o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    if (ln.t == 0) lse[(int64_t(b) * NH + h) * T + row[r]] = (m[r] + log2f(sum)) * kLn2;
+  }
+}
+
+// dK, dV of the 64 keys of one block, looping over the query tiles from its diagonal on.
+template <class D, int HS>
+__global__ void __launch_bounds__(kThreads)
+    dkdv_kernel(D* dqkv, const D* dout, const D* qkv, const float* lse, const float* dsum, const int32_t* doc,
+                int T, int C, int NH, float scale, float scale_log2) {
+  constexpr int LD = kLd<HS>, KS = HS / 16, NT = HS / 8;
+  MT_DYNAMIC_SHARED(uint4, smem_raw);
+  D* Ks = reinterpret_cast<D*>(smem_raw);
+  D* Vs = Ks + kTile * LD;
+  D* Qs = Vs + kTile * LD;
+  D* dOs = Qs + kTile * LD;
+  float* lse_s = reinterpret_cast<float*>(dOs + kTile * LD);  // log2 units
+  float* dsum_s = lse_s + kTile;
+  int* qdoc = reinterpret_cast<int*>(dsum_s + kTile);
+  const int k0 = int(blockIdx.x) * kTile;  // the first key blocks see the most queries and start first
+  const int h = int(blockIdx.y), b = int(blockIdx.z);
+  const int r0 = int(threadIdx.x) / kLanes * 16;
+  const Lane ln(int(threadIdx.x) % kLanes);
+  const int64_t ld = 3 * int64_t(C);
+  const D* head = qkv + int64_t(b) * T * ld + int64_t(h) * HS;
+  const D* dhead = dout + int64_t(b) * T * C + int64_t(h) * HS;
+  const int64_t stat0 = (int64_t(b) * NH + h) * T;
+  const int32_t* bdoc = doc ? doc + int64_t(b) * T : nullptr;
+
+  load_rows<HS>(Ks, head + C, ld, k0, T);
+  load_rows<HS>(Vs, head + 2 * C, ld, k0, T);
+  __syncthreads();
+  uint32_t kf[KS][4], vf[KS][4];
+#pragma unroll
+  for (int kk = 0; kk < KS; kk++) {
+    mma::load_a(kf[kk], Ks, LD, r0, kk * 16, ln);
+    mma::load_a(vf[kk], Vs, LD, r0, kk * 16, ln);
+  }
+  const int key[2] = {k0 + r0 + ln.g, k0 + r0 + ln.g + 8};
+  int kd[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) kd[r] = key[r] < T ? (bdoc ? bdoc[key[r]] : 0) : -2;  // never a query's id
+  float dk[NT][4] = {}, dv[NT][4] = {};
+
+  for (int q0 = k0; q0 < T; q0 += kTile) {  // causal: queries before the key block see none of it
+    __syncthreads();
+    load_rows<HS>(Qs, head, ld, q0, T);
+    load_rows<HS>(dOs, dhead, C, q0, T);
+    load_docs(qdoc, bdoc, q0, T);
+    for (int r = int(threadIdx.x); r < kTile; r += kThreads) {
+      const bool in = q0 + r < T;
+      lse_s[r] = in ? lse[stat0 + q0 + r] * kLog2e : 0.f;
+      dsum_s[r] = in ? dsum[stat0 + q0 + r] : 0.f;
+    }
+    __syncthreads();
+
+    float st[kColTiles][4] = {}, dpt[kColTiles][4] = {};  // rows: keys, columns: queries
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+#pragma unroll
+      for (int n = 0; n < kColTiles; n++) {
+        uint32_t bq[2], bo[2];
+        mma::load_b_nmajor(bq, Qs, LD, n * 8, kk * 16, ln);
+        mma::mma<D>(st[n], kf[kk], bq);
+        mma::load_b_nmajor(bo, dOs, LD, n * 8, kk * 16, ln);
+        mma::mma<D>(dpt[n], vf[kk], bo);
+      }
+    }
+    // Every key of the warp precedes every (real) query of the tile: no mask to evaluate.
+    const bool unmasked = !bdoc && k0 + r0 + 15 <= q0 && q0 + kTile <= T;
+#pragma unroll
+    for (int n = 0; n < kColTiles; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = e >> 1, ii = n * 8 + 2 * ln.t + (e & 1);
+        const bool vis = unmasked || visible(q0 + ii, key[r], T, qdoc[ii], kd[r]);
+        const float p = vis ? exp2f(st[n][e] * scale_log2 - lse_s[ii]) : 0.f;
+        st[n][e] = p;
+        dpt[n][e] = p * (dpt[n][e] - dsum_s[ii]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kColSteps; j++) {
+      uint32_t pa[4], da[4];
+      mma::a_from_acc<D>(pa, st[2 * j], st[2 * j + 1]);
+      mma::a_from_acc<D>(da, dpt[2 * j], dpt[2 * j + 1]);
+#pragma unroll
+      for (int n = 0; n < NT; n++) {
+        uint32_t bo[2], bq[2];
+        mma::load_b_kmajor(bo, dOs, LD, n * 8, j * 16, ln);
+        mma::mma<D>(dv[n], pa, bo);
+        mma::load_b_kmajor(bq, Qs, LD, n * 8, j * 16, ln);
+        mma::mma<D>(dk[n], da, bq);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    if (key[r] >= T) continue;
+    D* row = dqkv + (int64_t(b) * T + key[r]) * ld + int64_t(h) * HS + 2 * ln.t;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      store_pair(row + C + n * 8, dk[n][2 * r] * scale, dk[n][2 * r + 1] * scale);
+      store_pair(row + 2 * C + n * 8, dv[n][2 * r], dv[n][2 * r + 1]);
+    }
+  }
+}
+
+// dQ of the 64 queries of one block, looping over the key tiles up to its diagonal.
+template <class D, int HS>
+__global__ void __launch_bounds__(kThreads)
+    dq_kernel(D* dqkv, const D* dout, const D* qkv, const float* lse, const float* dsum, const int32_t* doc, int T,
+              int C, int NH, float scale, float scale_log2) {
+  constexpr int LD = kLd<HS>, KS = HS / 16, NT = HS / 8;
+  MT_DYNAMIC_SHARED(uint4, smem_raw);
+  D* Qs = reinterpret_cast<D*>(smem_raw);
+  D* dOs = Qs + kTile * LD;
+  D* Ks = dOs + kTile * LD;
+  D* Vs = Ks + kTile * LD;
+  int* kdoc = reinterpret_cast<int*>(Vs + kTile * LD);
+  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kTile;  // the longest rows start first
+  const int h = int(blockIdx.y), b = int(blockIdx.z);
+  const int r0 = int(threadIdx.x) / kLanes * 16;
+  const Lane ln(int(threadIdx.x) % kLanes);
+  const int64_t ld = 3 * int64_t(C);
+  const D* head = qkv + int64_t(b) * T * ld + int64_t(h) * HS;
+  const int64_t stat0 = (int64_t(b) * NH + h) * T;
+  const int32_t* bdoc = doc ? doc + int64_t(b) * T : nullptr;
+
+  load_rows<HS>(Qs, head, ld, q0, T);
+  load_rows<HS>(dOs, dout + int64_t(b) * T * C + int64_t(h) * HS, C, q0, T);
+  __syncthreads();
+  uint32_t qf[KS][4], of[KS][4];
+#pragma unroll
+  for (int kk = 0; kk < KS; kk++) {
+    mma::load_a(qf[kk], Qs, LD, r0, kk * 16, ln);
+    mma::load_a(of[kk], dOs, LD, r0, kk * 16, ln);
+  }
+  const int row[2] = {q0 + r0 + ln.g, q0 + r0 + ln.g + 8};
+  int rdoc[2];
+  float rlse[2], rdsum[2], dq[NT][4] = {};
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const bool in = row[r] < T;
+    rdoc[r] = in ? (bdoc ? bdoc[row[r]] : 0) : -1;
+    rlse[r] = in ? lse[stat0 + row[r]] * kLog2e : 0.f;
+    rdsum[r] = in ? dsum[stat0 + row[r]] : 0.f;
+  }
+
+  const int q_last = min(q0 + kTile, T) - 1;
+  for (int k0 = 0; k0 <= q_last; k0 += kTile) {
+    __syncthreads();
+    load_rows<HS>(Ks, head + C, ld, k0, T);
+    load_rows<HS>(Vs, head + 2 * C, ld, k0, T);
+    load_docs(kdoc, bdoc, k0, T);
+    __syncthreads();
+
+    float s[kColTiles][4] = {}, dp[kColTiles][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+#pragma unroll
+      for (int n = 0; n < kColTiles; n++) {
+        uint32_t bk[2], bv[2];
+        mma::load_b_nmajor(bk, Ks, LD, n * 8, kk * 16, ln);
+        mma::mma<D>(s[n], qf[kk], bk);
+        mma::load_b_nmajor(bv, Vs, LD, n * 8, kk * 16, ln);
+        mma::mma<D>(dp[n], of[kk], bv);
+      }
+    }
+    const bool unmasked = !bdoc && k0 + kTile - 1 <= q0 + r0;
+#pragma unroll
+    for (int n = 0; n < kColTiles; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = e >> 1, jj = n * 8 + 2 * ln.t + (e & 1);
+        const bool vis = unmasked || visible(row[r], k0 + jj, T, rdoc[r], kdoc[jj]);
+        const float p = vis ? exp2f(s[n][e] * scale_log2 - rlse[r]) : 0.f;
+        s[n][e] = p * (dp[n][e] - rdsum[r]);  // dS
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kColSteps; j++) {
+      uint32_t da[4];
+      mma::a_from_acc<D>(da, s[2 * j], s[2 * j + 1]);
+#pragma unroll
+      for (int n = 0; n < NT; n++) {
+        uint32_t bk[2];
+        mma::load_b_kmajor(bk, Ks, LD, n * 8, j * 16, ln);
+        mma::mma<D>(dq[n], da, bk);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    if (row[r] >= T) continue;
+    D* y = dqkv + (int64_t(b) * T + row[r]) * ld + int64_t(h) * HS + 2 * ln.t;
+#pragma unroll
+    for (int n = 0; n < NT; n++) store_pair(y + n * 8, dq[n][2 * r] * scale, dq[n][2 * r + 1] * scale);
+  }
+}
+
+// Shared bytes of each kernel.
+template <class D, int HS>
+constexpr size_t fwd_smem() {
+  return size_t(3) * kTile * kLd<HS> * sizeof(D) + kTile * sizeof(int);
+}
+template <class D, int HS>
+constexpr size_t bwd_smem() {
+  return size_t(4) * kTile * kLd<HS> * sizeof(D) + 3 * kTile * sizeof(float);
+}
+
+
+}  // namespace mt::cuda::flash_mma::kernels

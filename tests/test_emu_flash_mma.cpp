@@ -1,0 +1,189 @@
+// The tensor-core flash attention kernels (kernels/cuda/flash_attention_mma_kernels.cuh), built by the
+// host compiler and run on the warp emulator (kernels/cuda/warp_emulation.h), against the CPU twin
+// (kernels/cpu/flash_attention.cpp) in bf16 and fp16: every head size the kernels take, partial tiles,
+// one token, tiles wholly below the diagonal (the unmasked fast path), and packed documents.
+//
+// This checks the kernels' indexing, masks, fragment handling and online softmax without a GPU; the
+// GPU tests (tests/test_cuda_attention.cpp) and `minitrain selftest` check the same kernels on the
+// device. Tolerances are the GPU's (kernels/cuda/tolerances.h): the emulated mma sums in a different
+// order from the tensor cores, but rounds P and dS to 16 bits exactly as they do.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/flash_attention_mma_kernels.cuh"
+#include "kernels/cuda/tolerances.h"
+#include "runtime/storage.h"
+#include "tests/test_util.h"
+
+namespace {
+
+using mt::bf16;
+using mt::f16;
+using mt::testing::max_rel_error;
+namespace fk = mt::cuda::flash_mma::kernels;
+namespace tol = mt::cuda::tol;
+
+template <class S>
+class FlashMmaEmulated : public ::testing::Test {
+ protected:
+  std::mt19937_64 rng{mt::testing::test_seed()};
+};
+using StorageTypes = ::testing::Types<bf16, f16>;
+TYPED_TEST_SUITE(FlashMmaEmulated, StorageTypes);
+
+struct Shape {
+  int B, T, C, NH;
+  bool docs;
+};
+// hs = C / NH = 64 (GPT-2's), 32 and 128 (forward only); T = 1, 70 and 130 end in partial tiles,
+// T = 192 has whole tiles below the diagonal.
+const Shape kShapes[] = {{1, 1, 64, 1, false},  {2, 70, 128, 2, false}, {1, 130, 64, 1, true},
+                         {1, 192, 64, 1, false}, {2, 65, 64, 2, true},  {1, 70, 256, 2, true}};
+
+std::string label(const Shape& s) {
+  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " C=" + std::to_string(s.C) +
+         " NH=" + std::to_string(s.NH) + (s.docs ? " docs" : "");
+}
+
+template <class S>
+std::vector<S> to_storage(const std::vector<float>& x) {
+  std::vector<S> out(x.size());
+  for (size_t i = 0; i < x.size(); i++) out[i] = mt::store_as<S>(x[i]);
+  return out;
+}
+template <class S>
+std::vector<float> to_floats(const S* x, size_t n) {
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; i++) out[i] = mt::load(x[i]);
+  return out;
+}
+
+// max |a - b| / max |b| over the rows' columns [c0, c0 + width) of (rows, ld) matrices, the
+// denominator at least `floor`.
+template <class S>
+double part_error(const std::vector<S>& a, const std::vector<S>& b, int rows, int ld, int c0, int width,
+                  double floor) {
+  std::vector<float> x, y;
+  for (int r = 0; r < rows; r++)
+    for (int c = c0; c < c0 + width; c++) {
+      x.push_back(mt::load(a[size_t(r) * ld + c]));
+      y.push_back(mt::load(b[size_t(r) * ld + c]));
+    }
+  return max_rel_error(x.data(), y.data(), x.size(), floor);
+}
+
+template <class D, int HS>
+struct Run {
+  static void fwd(D* out, float* lse, const D* qkv, const int32_t* doc, const Shape& s) {
+    const dim3 grid(unsigned((s.T + fk::kTile - 1) / fk::kTile), unsigned(s.NH), unsigned(s.B));
+    const float scale_log2 = fk::kLog2e / std::sqrt(float(HS));
+    mt::cuda::emu::launch(grid, fk::kThreads, fk::fwd_smem<D, HS>(), fk::fwd_kernel<D, HS>, out, lse, qkv, doc, s.T,
+                          s.C, s.NH, scale_log2);
+  }
+  static void bwd(D* dqkv, const D* dout, const D* qkv, const float* lse, const float* dsum, const int32_t* doc,
+                  const Shape& s) {
+    const dim3 grid(unsigned((s.T + fk::kTile - 1) / fk::kTile), unsigned(s.NH), unsigned(s.B));
+    const float scale = 1.f / std::sqrt(float(HS)), scale_log2 = fk::kLog2e * scale;
+    mt::cuda::emu::launch(grid, fk::kThreads, fk::bwd_smem<D, HS>(), fk::dkdv_kernel<D, HS>, dqkv, dout, qkv, lse,
+                          dsum, doc, s.T, s.C, s.NH, scale, scale_log2);
+    mt::cuda::emu::launch(grid, fk::kThreads, fk::bwd_smem<D, HS>(), fk::dq_kernel<D, HS>, dqkv, dout, qkv, lse, dsum,
+                          doc, s.T, s.C, s.NH, scale, scale_log2);
+  }
+};
+
+template <class D>
+void run_fwd(D* out, float* lse, const D* qkv, const int32_t* doc, const Shape& s) {
+  switch (s.C / s.NH) {
+    case 32: return Run<D, 32>::fwd(out, lse, qkv, doc, s);
+    case 64: return Run<D, 64>::fwd(out, lse, qkv, doc, s);
+    case 128: return Run<D, 128>::fwd(out, lse, qkv, doc, s);
+  }
+  FAIL() << "no forward kernel for head size " << s.C / s.NH;
+}
+template <class D>
+void run_bwd(D* dqkv, const D* dout, const D* qkv, const float* lse, const float* dsum, const int32_t* doc,
+             const Shape& s) {
+  switch (s.C / s.NH) {
+    case 32: return Run<D, 32>::bwd(dqkv, dout, qkv, lse, dsum, doc, s);
+    case 64: return Run<D, 64>::bwd(dqkv, dout, qkv, lse, dsum, doc, s);
+  }
+  FAIL() << "no backward kernel for head size " << s.C / s.NH;
+}
+
+TYPED_TEST(FlashMmaEmulated, ForwardMatchesTheCpuTwin) {
+  using S = TypeParam;
+  using D = mt::cuda::dev_t<S>;
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(label(s));
+    const size_t nqkv = size_t(s.B) * s.T * 3 * s.C, nout = size_t(s.B) * s.T * s.C, nlse = size_t(s.B) * s.NH * s.T;
+    // Scores of order 10 before scaling: sharp and flat rows both occur.
+    const auto qkv = to_storage<S>(mt::testing::random_floats(nqkv, this->rng, -2.f, 2.f));
+    const auto doc = mt::testing::random_doc_ids(s.B, s.T, this->rng);
+    const int32_t* d = s.docs ? doc.data() : nullptr;
+    std::vector<S> ref(nout);
+    std::vector<float> ref_lse(nlse);
+    mt::cpu::flash_attention_fwd<S>(ref.data(), ref_lse.data(), qkv.data(), d, s.B, s.T, s.C, s.NH);
+
+    std::vector<S> out(nout);
+    std::memset(out.data(), 0xff, nout * sizeof(S));  // NaN: an unwritten output fails
+    std::vector<float> lse(nlse, NAN);
+    run_fwd(reinterpret_cast<D*>(out.data()), lse.data(), reinterpret_cast<const D*>(qkv.data()), d, s);
+
+    const auto o = to_floats(out.data(), nout), r = to_floats(ref.data(), nout);
+    EXPECT_LE(max_rel_error(o.data(), r.data(), nout), tol::kFlashFwd.of<S>());
+    EXPECT_LE(max_rel_error(lse.data(), ref_lse.data(), nlse), tol::kFlashLse.of<S>());
+  }
+}
+
+TYPED_TEST(FlashMmaEmulated, BackwardMatchesTheCpuTwin) {
+  using S = TypeParam;
+  using D = mt::cuda::dev_t<S>;
+  for (const Shape& s : kShapes) {
+    if (s.C / s.NH > 64) continue;  // no tensor-core backward at head size 128 (the SIMT kernels run)
+    SCOPED_TRACE(label(s));
+    const size_t nqkv = size_t(s.B) * s.T * 3 * s.C, nout = size_t(s.B) * s.T * s.C, nlse = size_t(s.B) * s.NH * s.T;
+    const auto qkv = to_storage<S>(mt::testing::random_floats(nqkv, this->rng, -2.f, 2.f));
+    const auto dout = to_storage<S>(mt::testing::random_floats(nout, this->rng));
+    const auto doc = mt::testing::random_doc_ids(s.B, s.T, this->rng);
+    const int32_t* d = s.docs ? doc.data() : nullptr;
+    // Both sides start from the CPU forward's out and lse, as on the GPU tests.
+    std::vector<S> out(nout), ref(nqkv);
+    std::vector<float> lse(nlse), scratch(nlse);
+    mt::cpu::flash_attention_fwd<S>(out.data(), lse.data(), qkv.data(), d, s.B, s.T, s.C, s.NH);
+    mt::cpu::flash_attention_bwd<S>(ref.data(), scratch.data(), dout.data(), qkv.data(), out.data(), lse.data(), d,
+                                    s.B, s.T, s.C, s.NH);
+
+    // D = rowsum(dO * O) per (b, h, query), as flash_attention.cu's dsum kernel computes it.
+    const int hs = s.C / s.NH;
+    std::vector<float> dsum(nlse);
+    for (int b = 0; b < s.B; b++)
+      for (int h = 0; h < s.NH; h++)
+        for (int i = 0; i < s.T; i++) {
+          float acc = 0.f;
+          const size_t off = (size_t(b) * s.T + i) * s.C + size_t(h) * hs;
+          for (int e = 0; e < hs; e++) acc += mt::load(dout[off + e]) * mt::load(out[off + e]);
+          dsum[(size_t(b) * s.NH + h) * s.T + i] = acc;
+        }
+    std::vector<S> dqkv(nqkv);
+    std::memset(dqkv.data(), 0xff, nqkv * sizeof(S));  // NaN: an unwritten gradient fails
+    run_bwd(reinterpret_cast<D*>(dqkv.data()), reinterpret_cast<const D*>(dout.data()),
+            reinterpret_cast<const D*>(qkv.data()), lse.data(), dsum.data(), d, s);
+
+    // A part whose exact value is zero (dQ, dK at T = 1: dS = dP - D = 0) holds rounding noise of the
+    // summation order on both sides; it is measured against 1e-3 of the largest gradient instead.
+    double largest = 0.0;
+    for (const S& x : ref) largest = std::max(largest, double(std::fabs(mt::load(x))));
+    const int rows = s.B * s.T;
+    const char* part[3] = {"dQ", "dK", "dV"};
+    for (int p = 0; p < 3; p++)
+      EXPECT_LE(part_error(dqkv, ref, rows, 3 * s.C, p * s.C, s.C, 1e-3 * largest), tol::kFlashBwd.of<S>())
+          << part[p];
+  }
+}
+
+}  // namespace

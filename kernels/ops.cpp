@@ -3,26 +3,59 @@
 #include "kernels/ops.h"
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/op_timer.h"
 #include "runtime/check.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
 #endif
 
 namespace mt::ops {
+namespace {
+
+// Brackets one op with the Ctx's timer, if it has one (kernels/op_timer.h).
+class OpScope {
+ public:
+  OpScope(const Ctx& ctx, const char* op, double flops) : timer_(ctx.timer) {
+    if (timer_) timer_->begin(op, flops);
+  }
+  ~OpScope() {
+    if (!timer_) return;
+    try {
+      timer_->end();
+    } catch (...) {  // a failed mark loses a timing, not the op's result
+    }
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  OpTimer* timer_;
+};
+
+// Model FLOPs of causal attention over (B, NH, T) with head size hs: 2 products (Q K^T, P V) of
+// T (T + 1) / 2 visible pairs each, 2 FLOPs per multiply-add; the backward has 4 such products.
+double attention_flops(int B, int T, int C, int NH) {
+  return 2.0 * B * NH * (double(T) * (T + 1) / 2) * 2.0 * (NH > 0 ? C / NH : 0);
+}
+
+}  // namespace
 
 #ifdef MT_HAVE_CUDA
-#define MT_DISPATCH(cpu_call, cuda_call)              \
+#define MT_DISPATCH_FLOPS(flops, cpu_call, cuda_call) \
   do {                                                \
+    const OpScope mt_op_scope_(ctx, __func__, flops); \
     if (ctx.device == Device::cuda) return cuda_call; \
     return cpu_call;                                  \
   } while (0)
 #else
-#define MT_DISPATCH(cpu_call, cuda_call)                                                                \
+#define MT_DISPATCH_FLOPS(flops, cpu_call, cuda_call)                                                   \
   do {                                                                                                  \
     MT_CHECK(ctx.device == Device::cpu, "this build has no CUDA backend (configure with MT_CUDA=ON)"); \
+    const OpScope mt_op_scope_(ctx, __func__, flops);                                                   \
     return cpu_call;                                                                                    \
   } while (0)
 #endif
+#define MT_DISPATCH(cpu_call, cuda_call) MT_DISPATCH_FLOPS(0.0, cpu_call, cuda_call)
 
 template <class S>
 void encoder_fwd(S* out, const int32_t* tokens, const int32_t* pos, const S* wte, const S* wpe, int B, int T, int C,
@@ -62,14 +95,15 @@ void layernorm_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S
 template <class S>
 void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, const Ctx& ctx,
                 S* pre_gelu) {
-  MT_DISPATCH(cpu::matmul_fwd<S>(out, inp, weight, bias, N, IC, OC, pre_gelu),
+  MT_DISPATCH_FLOPS(2.0 * N * IC * OC, cpu::matmul_fwd<S>(out, inp, weight, bias, N, IC, OC, pre_gelu),
               cuda::matmul_fwd<S>(out, inp, weight, bias, N, IC, OC, ctx, pre_gelu));
 }
 
 template <class S>
 void matmul_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight, int N, int IC,
                 int OC, const Ctx& ctx, const S* pre_gelu) {
-  MT_DISPATCH(cpu::matmul_bwd<S>(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, pre_gelu),
+  MT_DISPATCH_FLOPS((dinp ? 4.0 : 2.0) * N * IC * OC,
+                    cpu::matmul_bwd<S>(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, pre_gelu),
               cuda::matmul_bwd<S>(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, ctx, pre_gelu));
 }
 
@@ -85,28 +119,30 @@ void gelu_bwd(S* dinp, const S* dout, const S* inp, int64_t N, const Ctx& ctx) {
 
 template <class S>
 void attention_fwd(S* out, S* att, const S* qkv, const int32_t* doc, int B, int T, int C, int NH, const Ctx& ctx) {
-  MT_DISPATCH(cpu::attention_fwd<S>(out, att, qkv, doc, B, T, C, NH),
+  MT_DISPATCH_FLOPS(attention_flops(B, T, C, NH), cpu::attention_fwd<S>(out, att, qkv, doc, B, T, C, NH),
               cuda::attention_fwd<S>(out, att, qkv, doc, B, T, C, NH, ctx));
 }
 
 template <class S>
 void attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* att, const int32_t* doc, int B,
                    int T, int C, int NH, const Ctx& ctx) {
-  MT_DISPATCH(cpu::attention_bwd<S>(dqkv, scratch, dout, qkv, att, doc, B, T, C, NH),
+  MT_DISPATCH_FLOPS(2 * attention_flops(B, T, C, NH),
+                    cpu::attention_bwd<S>(dqkv, scratch, dout, qkv, att, doc, B, T, C, NH),
               cuda::attention_bwd<S>(dqkv, scratch, dout, qkv, att, doc, B, T, C, NH, ctx));
 }
 
 template <class S>
 void flash_attention_fwd(S* out, float* lse, const S* qkv, const int32_t* doc, int B, int T, int C, int NH,
                          const Ctx& ctx) {
-  MT_DISPATCH(cpu::flash_attention_fwd<S>(out, lse, qkv, doc, B, T, C, NH),
+  MT_DISPATCH_FLOPS(attention_flops(B, T, C, NH), cpu::flash_attention_fwd<S>(out, lse, qkv, doc, B, T, C, NH),
               cuda::flash_attention_fwd<S>(out, lse, qkv, doc, B, T, C, NH, ctx));
 }
 
 template <class S>
 void flash_attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* out, const float* lse,
                          const int32_t* doc, int B, int T, int C, int NH, const Ctx& ctx) {
-  MT_DISPATCH(cpu::flash_attention_bwd<S>(dqkv, scratch, dout, qkv, out, lse, doc, B, T, C, NH),
+  MT_DISPATCH_FLOPS(2 * attention_flops(B, T, C, NH),
+                    cpu::flash_attention_bwd<S>(dqkv, scratch, dout, qkv, out, lse, doc, B, T, C, NH),
               cuda::flash_attention_bwd<S>(dqkv, scratch, dout, qkv, out, lse, doc, B, T, C, NH, ctx));
 }
 

@@ -22,9 +22,12 @@
 
 namespace mt::ops {
 
+class OpTimer;  // kernels/op_timer.h
+
 struct Ctx {
   Device device = Device::cpu;
-  void* stream = nullptr;  // cudaStream_t on the CUDA backend
+  void* stream = nullptr;    // cudaStream_t on the CUDA backend
+  OpTimer* timer = nullptr;  // profiling runs: every op is timed (kernels/op_timer.h)
 };
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[pos[b,t],:]; pos == nullptr means pos[b,t] = t.

@@ -199,6 +199,7 @@ fi
 # fails fast), then the materialised attention path at the same size for comparison.
 bench_row="not run (no build)"
 tok_s="not run" mfu="not run" hfu="not run" peak_mem="not run" mat_row="not run" large_row="not run"
+profile_row="not run"
 run_bench() {  # run_bench <out file> <batch> <attention> [model]
   capped 100 "$1" "$bin" bench model="${4:-gpt2}" seq_len=1024 batch_size="$2" precision=bf16 device=cuda \
     attention="$3" steps=10 warmup=3
@@ -226,6 +227,15 @@ if ((built)); then
       mat_row="$(bench_value 'tokens/s \(median\)' "$build/bench_mat.out") tokens/s, MFU $(bench_value MFU "$build/bench_mat.out")"
     else
       mat_row="FAILED: $(last_line "$build/bench_mat.out")"
+    fi
+    # Where the time goes: the same run with every op timed by CUDA events (its tokens/s are not quoted).
+    say "running minitrain bench (gpt2, B=$bench_b, flash, profile_ops=1)"
+    if capped 60 "$build/profile.out" "$bin" bench model=gpt2 seq_len=1024 batch_size="$bench_b" precision=bf16 \
+         device=cuda attention=flash steps=2 warmup=1 profile_ops=1 && grep -q '^| op (profile_ops=1)' "$build/profile.out"; then
+      profile_row=$(sed -n '/^| op (profile_ops=1)/,$p' "$build/profile.out" | sed -n '3,5p' |
+        awk -F' *[|] *' '{printf "%s%s %s (%s)", (NR > 1 ? ", " : ""), $2, $5, $6}')
+    else
+      profile_row="FAILED: $(last_line "$build/profile.out")"
     fi
     # gpt2-large (774M, the issue's second bar) while at least two minutes are left.
     if ((deadline - SECONDS > 120)); then
@@ -273,6 +283,10 @@ status=0
 [[ $ops_row == *" 0 failed;"* ]] || status=1
 [[ $tests_row == FAILED* || ($tests_row == *"tests failed out of"* && $tests_row != *" 0 tests failed"*) ]] && status=1
 table() {
+  if [[ -f $build/profile.out ]] && grep -q '^| op (profile_ops=1)' "$build/profile.out"; then
+    printf '\nPer-op device time (gpt2, B=%s, bf16, flash; CUDA events):\n' "$bench_b"
+    sed -n '/^| op (profile_ops=1)/,$p' "$build/profile.out"
+  fi
   printf '\n| %-24s | %s |\n' "minitrain gpu_check" "result"
   printf '|--------------------------|--------|\n'
   printf '| %-24s | %s |\n' "GPU" "$gpu"
@@ -285,6 +299,7 @@ table() {
   printf '| %-24s | %s |\n' "HFU" "$hfu"
   printf '| %-24s | %s |\n' "peak memory" "$peak_mem"
   printf '| %-24s | %s |\n' "materialized attention" "$mat_row"
+  printf '| %-24s | %s |\n' "top ops (share, rate)" "$profile_row"
   printf '| %-24s | %s |\n' "gpt2-large T=1024 bf16" "$large_row"
   local warnings
   warnings=$(cat "$build"/bench*.out 2>/dev/null | grep -m2 'warning:' | cut -c1-150 | tr '\n' ' ')

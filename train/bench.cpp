@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "runtime/check.h"
 #include "train/trainer.h"
@@ -13,6 +15,34 @@
 #endif
 
 namespace mt::train {
+namespace {
+
+std::string flop_rate(double flops, double seconds) {
+  if (flops <= 0 || seconds <= 0) return "-";
+  const double r = flops / seconds;
+  return r >= 1e12 ? strfmt("%.1f TFLOP/s", r / 1e12) : strfmt("%.1f GFLOP/s", r / 1e9);
+}
+
+// Where the measured steps' time went, op by op (profile_ops=1), the most expensive first. On a GPU
+// the op times are the device's; the last row is what no op accounts for (host work, communication,
+// waiting).
+void print_op_table(ops::OpTimer& timer, double step_seconds, int steps) {
+  std::vector<ops::OpTotal> ts = timer.totals();
+  std::sort(ts.begin(), ts.end(), [](const ops::OpTotal& a, const ops::OpTotal& b) { return a.seconds > b.seconds; });
+  double in_ops = 0;
+  for (const ops::OpTotal& t : ts) in_ops += t.seconds;
+  std::printf("\n| %-22s | calls/step | ms/step | share of step | rate |\n", "op (profile_ops=1)");
+  std::printf("|------------------------|-----------:|--------:|--------------:|------|\n");
+  for (const ops::OpTotal& t : ts)
+    std::printf("| %-22s | %10.1f | %7.2f | %12.1f%% | %s |\n", t.op.c_str(), double(t.calls) / steps,
+                1e3 * t.seconds / steps, 100.0 * t.seconds / steps / step_seconds,
+                flop_rate(t.flops, t.seconds).c_str());
+  const double rest = step_seconds - in_ops / steps;
+  std::printf("| %-22s | %10s | %7.2f | %12.1f%% | %s |\n", "(outside the ops)", "", 1e3 * rest,
+              100.0 * rest / step_seconds, "-");
+}
+
+}  // namespace
 
 int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int local_rank) {
   int warmup = 2;
@@ -40,7 +70,10 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   const Peak peak = run_peak(o, threads);
   std::vector<StepResult> rs;
   for (int i = 0; i < o.steps; i++) {
-    if (i == warmup) tr.arena().reset_peaks();
+    if (i == warmup) {
+      tr.arena().reset_peaks();
+      if (ops::OpTimer* t = tr.op_timer()) t->reset();
+    }
     StepResult r = tr.step();
     if (i >= warmup) rs.push_back(r);
     if (print)
@@ -119,6 +152,7 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
     std::printf("| %-22s | %.1f ms for the same reduction with nothing to overlap (median of 3) |\n",
                 "grad comm blocking", 1e3 * blocking[1]);
   }
+  if (ops::OpTimer* t = tr.op_timer()) print_op_table(*t, sum.t_total / double(n), int(n));
   return 0;
 }
 

@@ -98,6 +98,7 @@ const std::map<std::string, Setter>& setters() {
       {"log_every", [](TrainOptions& o, auto& k, auto& v) { o.log_every = parse_int(k, v); }},
       {"threads", [](TrainOptions& o, auto& k, auto& v) { o.threads = parse_int(k, v); }},
       {"peak_flops", [](TrainOptions& o, auto& k, auto& v) { o.peak_flops = parse_number(k, v); }},
+      {"profile_ops", [](TrainOptions& o, auto& k, auto& v) { o.profile_ops = to_bool(k, v); }},
   };
   return table;
 }
@@ -259,6 +260,7 @@ nlohmann::json TrainOptions::to_json() const {
       {"recompute", model::recompute_name(recompute)}, {"attention", attention}, {"device", device_name(device)}, {"out_dir", out_dir},
       {"init_from", init_from}, {"resume", resume}, {"save_every", save_every}, {"eval_every", eval_every},
       {"eval_batches", eval_batches}, {"log_every", log_every}, {"threads", threads}, {"peak_flops", peak_flops},
+      {"profile_ops", profile_ops},
   };
 }
 

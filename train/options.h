@@ -94,6 +94,7 @@ struct TrainOptions {
   int log_every = 1;
   int threads = 0;         // OpenMP threads (0: all cores)
   double peak_flops = 0;   // override of the peak used for MFU (0: calibrate / table)
+  bool profile_ops = false; // time every op (kernels/op_timer.h); `minitrain bench` prints the table
 
   nlohmann::json to_json() const;
   void validate() const;

@@ -82,6 +82,14 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
     o_.batch_size = o_.global_batch / per_step;
   }
   ctx_.device = o_.device;
+  if (o_.profile_ops) {
+#ifdef MT_HAVE_CUDA
+    op_timer_ = o_.device == Device::cuda ? cuda::make_event_timer(ctx_.stream) : ops::make_host_timer();
+#else
+    op_timer_ = ops::make_host_timer();
+#endif
+    ctx_.timer = op_timer_.get();
+  }
   train_data_ = open_batches(o_, "train", dp.rank(), dp.size());
   if (train_data_->vocab_size() > o_.model.vocab_size)
     fail("data '%s' uses a vocabulary of %d tokens but model.vocab_size is %d", o_.data.path.c_str(),

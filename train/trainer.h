@@ -12,6 +12,7 @@
 #include "parallel/mesh.h"
 #include "runtime/arena.h"
 #include "runtime/param_store.h"
+#include "kernels/op_timer.h"
 #include "train/batches.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
@@ -87,6 +88,7 @@ class Trainer {
   parallel::Mesh& mesh() { return *mesh_; }
   parallel::DataParallel& data_parallel() { return *dp_; }
   const NoiseScale& noise_scale() const { return gns_; }
+  ops::OpTimer* op_timer() { return op_timer_.get(); }  // with profile_ops=1, else nullptr
 
  private:
   void check_replicas();  // silent-data-corruption check across dp replicas
@@ -95,6 +97,7 @@ class Trainer {
   void fault(const char* phase) { checkpoint::fault_point(ckpt_opts_, world_.rank(), step_ + 1, phase); }
 
   TrainOptions o_;
+  std::unique_ptr<ops::OpTimer> op_timer_;  // before everything holding a Ctx that points at it
   std::unique_ptr<parallel::Comm> own_world_;
   parallel::Comm& world_;
   Arena arena_;  // before mesh_: the communicators return their buffers to it when destroyed

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "kernels/ops.h"
@@ -93,6 +94,8 @@ const MemOps& device_memory();
 void set_device(int index);
 std::string device_name();  // of the current device, e.g. "NVIDIA H200"
 void device_memset_zero(void* p, size_t bytes);
+// Times ops with CUDA events recorded on `stream` (kernels/op_timer.h).
+std::unique_ptr<ops::OpTimer> make_event_timer(void* stream);
 void copy_on_device(void* dst, const void* src, size_t bytes);
 
 }  // namespace mt::cuda

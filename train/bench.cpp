@@ -114,7 +114,7 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   const double tok_s = double(tokens) / median;
   const double world_peak = peak.flops * (world ? world->size() : 1);
   const double mfu = tok_s * o.model.flops_per_token(o.seq_len) / world_peak;
-  const double hfu = tok_s * hardware_flops_per_token(o.model, o.seq_len, o.recompute, o.attention_kind()) / world_peak;
+  const double hfu = tok_s * hardware_flops_per_token(o.model, o.seq_len, o.recompute, o.attention_kind(), o.device) / world_peak;
   const MemStats& m = tr.arena().stats();
   auto pct = [&](double x) { return 100.0 * x / sum.t_total; };
   std::printf("| %-22s | %s |\n", "minitrain bench", "value");

@@ -24,13 +24,18 @@ void JsonlWriter::write(const nlohmann::json& j) {
   std::fflush(f_);
 }
 
-double hardware_flops_per_token(const model::GPTConfig& cfg, int T, model::Recompute r, model::Attention a) {
+double hardware_flops_per_token(const model::GPTConfig& cfg, int T, model::Recompute r, model::Attention a,
+                                Device device) {
   const double C = cfg.n_embd, L = cfg.n_layer;
   double f = cfg.flops_per_token(T);
   const double attn_fwd = 4.0 * L * C * T;  // Q K^T and P V
   if (r == model::Recompute::full) f += 2.0 * (12.0 * L * C * C) + attn_fwd;
   if (a == model::Attention::flash) {
-    f += attn_fwd / 2;  // the flash backward recomputes Q K^T; there is no separate selective recompute
+    // The flash backward recomputes what it did not store. The CPU's recomputes Q K^T once
+    // (kernels/cpu/flash_attention.cpp). The GPU's runs two kernels so that no sum needs atomics
+    // (kernels/cuda/flash_attention*.cu): Q K^T in both and dO V^T again in the second. Each product
+    // is attn_fwd / 2. There is no separate selective recompute.
+    f += (device == Device::cuda ? 3 : 1) * attn_fwd / 2;
   } else if (r == model::Recompute::selective) {
     f += attn_fwd;
   }

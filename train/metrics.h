@@ -33,9 +33,10 @@ class JsonlWriter {
 };
 
 // FLOPs per token that the hardware executes, including activation recomputation: full recompute
-// re-runs each layer's forward (2 N_layers + 4 L C T), selective re-runs the attention core (4 L C T).
+// re-runs each layer's forward (2 N_layers + 4 L C T), selective re-runs the attention core (4 L C T),
+// and the flash backward recomputes one (CPU) or three (GPU) of the attention products (2 L C T each).
 double hardware_flops_per_token(const model::GPTConfig& cfg, int T, model::Recompute r,
-                                model::Attention a = model::Attention::materialized);
+                                model::Attention a = model::Attention::materialized, Device device = Device::cpu);
 
 // The peak used for MFU: a GPU table entry (bf16 dense), or on CPU the measured rate of a
 // calibration GEMM. `label` says which.

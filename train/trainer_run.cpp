@@ -83,7 +83,7 @@ void Trainer::run() {
   const int threads = o_.threads > 0 ? o_.threads : omp_get_max_threads();
   const Peak peak = run_peak(o_, threads);
   const double flops_tok = o_.model.flops_per_token(o_.seq_len);
-  const double hw_flops_tok = hardware_flops_per_token(o_.model, o_.seq_len, o_.recompute, o_.attention_kind());
+  const double hw_flops_tok = hardware_flops_per_token(o_.model, o_.seq_len, o_.recompute, o_.attention_kind(), o_.device);
   const double world_peak = peak.flops * world_.size();
   parallel::Comm& dp = mesh_->dp_comm();
   if (writer) {

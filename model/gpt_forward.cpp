@@ -18,8 +18,20 @@ namespace mt::model {
 
 namespace {
 constexpr MemCategory kAct = MemCategory::activations;
-// Rows of the classifier processed at once: bounds the logits buffer to kClassifierRows x Vp.
-constexpr int kClassifierRows = 256;
+// Rows of the classifier processed at once, which bounds the (rows, Vp) logits buffer. Each chunk's
+// backward adds its wte gradient into the fp32 (Vp, C) accumulator, a read and a write of 4 Vp C
+// bytes (155 MiB each for GPT-2), so on a GPU, where that traffic rather than the GEMM sets the
+// chunk's cost, chunks are as large as a 1 GiB logits buffer allows (8192 rows for GPT-2 in bf16:
+// 4 chunks of a 32k-token micro-batch instead of 128), split evenly. The CPU keeps 256-row chunks.
+constexpr int kCpuClassifierRows = 256;
+constexpr size_t kDeviceLogitsBytes = size_t(1) << 30;
+
+int classifier_rows(Device device, int N, int Vp, size_t elem_bytes) {
+  if (device != Device::cuda) return std::min(N, kCpuClassifierRows);
+  const int most = std::max(kCpuClassifierRows, int(kDeviceLogitsBytes / (size_t(Vp) * elem_bytes)));
+  const int chunks = (N + most - 1) / most;
+  return (N + chunks - 1) / chunks;
+}
 }  // namespace
 
 template <class S>
@@ -176,7 +188,7 @@ void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& 
 template <class S>
 void Pass<S>::classifier(float* losses, const S* lnf, S* dlnf, const int32_t* targets, float dloss, bool grads) {
   const int C = C_, N = N_, V = m_.cfg_.vocab_size, Vp = m_.cfg_.padded_vocab();
-  const int rows = std::min(N, kClassifierRows);
+  const int rows = classifier_rows(c_.device, N, Vp, sizeof(S));
   Buffer logits = act(int64_t(rows) * Vp);
   for (int r0 = 0; r0 < N; r0 += rows) {
     const int n = std::min(rows, N - r0);

@@ -79,20 +79,21 @@ double part_error(const std::vector<S>& a, const std::vector<S>& b, int rows, in
 
 template <class D, int HS>
 struct Run {
+  // The launchers' shapes (flash_attention_mma.cu uses the same functions).
   static void fwd(D* out, float* lse, const D* qkv, const int32_t* doc, const Shape& s) {
-    const dim3 grid(unsigned((s.T + fk::kTile - 1) / fk::kTile), unsigned(s.NH), unsigned(s.B));
+    const mt::cuda::LaunchShape ls = fk::fwd_shape<D, HS>(s.B, s.T, s.NH);
     const float scale_log2 = fk::kLog2e / std::sqrt(float(HS));
-    mt::cuda::emu::launch(grid, fk::kThreads, fk::fwd_smem<D, HS>(), fk::fwd_kernel<D, HS>, out, lse, qkv, doc, s.T,
-                          s.C, s.NH, scale_log2);
+    mt::cuda::emu::launch(ls.grid, ls.block, ls.smem, fk::fwd_kernel<D, HS>, out, lse, qkv, doc, s.T, s.C, s.NH,
+                          scale_log2);
   }
   static void bwd(D* dqkv, const D* dout, const D* qkv, const float* lse, const float* dsum, const int32_t* doc,
                   const Shape& s) {
-    const dim3 grid(unsigned((s.T + fk::kTile - 1) / fk::kTile), unsigned(s.NH), unsigned(s.B));
+    const mt::cuda::LaunchShape ls = fk::bwd_shape<D, HS>(s.B, s.T, s.NH);
     const float scale = 1.f / std::sqrt(float(HS)), scale_log2 = fk::kLog2e * scale;
-    mt::cuda::emu::launch(grid, fk::kThreads, fk::bwd_smem<D, HS>(), fk::dkdv_kernel<D, HS>, dqkv, dout, qkv, lse,
-                          dsum, doc, s.T, s.C, s.NH, scale, scale_log2);
-    mt::cuda::emu::launch(grid, fk::kThreads, fk::bwd_smem<D, HS>(), fk::dq_kernel<D, HS>, dqkv, dout, qkv, lse, dsum,
-                          doc, s.T, s.C, s.NH, scale, scale_log2);
+    mt::cuda::emu::launch(ls.grid, ls.block, ls.smem, fk::dkdv_kernel<D, HS>, dqkv, dout, qkv, lse, dsum, doc, s.T,
+                          s.C, s.NH, scale, scale_log2);
+    mt::cuda::emu::launch(ls.grid, ls.block, ls.smem, fk::dq_kernel<D, HS>, dqkv, dout, qkv, lse, dsum, doc, s.T, s.C,
+                          s.NH, scale, scale_log2);
   }
 };
 

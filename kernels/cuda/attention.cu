@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/attention_kernels.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -28,75 +29,7 @@
 namespace mt::cuda {
 namespace {
 
-constexpr int kRowsPerBlock = kBlock / kWarp;
-
-// One warp per row (b, h, i): token i sees j <= i in its own document. The masked entries become exact
-// zeros, so the P V product and the backward need no mask of their own. No __restrict__: for float
-// storage att and scores are the same buffer (each lane reads and writes only its own columns j).
-template <class D>
-__global__ void masked_softmax_kernel(D* att, const float* scores, const int32_t* doc, int B, int NH, int T) {
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
-  const int lane = int(threadIdx.x) % kWarp;
-  if (row >= int64_t(B) * NH * T) return;
-  const int i = int(row % T);
-  const int b = int(row / (int64_t(NH) * T));
-  const int32_t* d = doc ? doc + int64_t(b) * T : nullptr;
-  const float* s = scores + row * T;
-  D* p = att + row * T;
-  auto visible = [&](int j) { return j <= i && (d == nullptr || d[j] == d[i]); };
-  float mx = -INFINITY;
-  for (int j = lane; j <= i; j += kWarp)
-    if (visible(j)) mx = fmaxf(mx, s[j]);
-  mx = warp_reduce(mx, MaxOp{});
-  float sum = 0.f;
-  for (int j = lane; j <= i; j += kWarp)
-    if (visible(j)) sum += expf(s[j] - mx);
-  const float inv = 1.f / warp_reduce(sum, SumOp{});
-  for (int j = lane; j < T; j += kWarp) p[j] = store_as<D>(visible(j) ? expf(s[j] - mx) * inv : 0.f);
-}
-
-// dS = P * (dP - sum_j P dP) per row, in place over dP. P is zero wherever a token may not look, so the
-// product is zero there too; the causal half is written explicitly.
-template <class D>
-__global__ void softmax_bwd_kernel(float* dp, const D* att, int64_t rows, int T) {
-  const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
-  const int lane = int(threadIdx.x) % kWarp;
-  if (row >= rows) return;
-  const int i = int(row % T);
-  const D* p = att + row * T;
-  float* g = dp + row * T;
-  float dot = 0.f;
-  for (int j = lane; j <= i; j += kWarp) dot += load(p[j]) * g[j];
-  dot = warp_reduce(dot, SumOp{});
-  for (int j = lane; j < T; j += kWarp) g[j] = j <= i ? load(p[j]) * (g[j] - dot) : 0.f;
-}
-
-// dqkv[r, c] = dqk[r, c] rounded, for the q and k columns c < 2C of every row r (row stride 3C).
-template <class D>
-__global__ void store_qk_kernel(D* dqkv, const float* dqk, int64_t rows, int C) {
-  const int64_t total = rows * 2 * C;
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = idx / (2 * C);
-    const int64_t at = r * 3 * C + (idx - r * 2 * C);
-    dqkv[at] = store_as<D>(dqk[at]);
-  }
-}
-
-struct Dims {
-  int B, T, C, NH, hs;
-  int64_t tt() const { return int64_t(T) * T; }
-  int64_t qkv_row(int b) const { return int64_t(b) * T * 3 * C; }
-};
-
-// A per-head GEMM batched over the NH heads of one batch element.
-Gemm head_gemm(const Dims& s, int m, int n, int k, DType ab, DType d) {
-  Gemm g;
-  g.m = m, g.n = n, g.k = k;
-  g.batch = s.NH;
-  g.ab_type = ab, g.d_type = d;
-  return g;
-}
+using namespace attention_kernels;
 
 // An fp32 device temporary on the op's stream, freed on scope exit (also when a check throws).
 class StreamTemp {
@@ -125,30 +58,15 @@ void attention_fwd(S* out, S* att, const S* qkv, const int32_t* doc, int B, int 
   if (B == 0 || T == 0) return;
   constexpr bool kF32 = std::is_same_v<S, float>;
   const Dims s{B, T, C, NH, C / NH};
-  const DType st = dtype_of<S>();
-  const float scale = 1.f / std::sqrt(float(s.hs));
   cudaStream_t stream = stream_of(ctx);
   StreamTemp temp(kF32 ? 0 : size_t(B) * NH * s.tt(), stream);
   float* scores = kF32 ? reinterpret_cast<float*>(att) : temp.get();
-  for (int b = 0; b < B; b++) {
-    const S* q = qkv + s.qkv_row(b);
-    Gemm g = head_gemm(s, T, T, s.hs, st, DType::f32);  // S^T (T x T) = K^T Q
-    g.trans_a = true, g.a = q + C, g.lda = 3 * C, g.stride_a = s.hs;
-    g.b = q, g.ldb = 3 * C, g.stride_b = s.hs;
-    g.d = scores + int64_t(b) * NH * s.tt(), g.ldd = T, g.stride_d = s.tt();
-    g.alpha = scale;
-    gemm(g, ctx);
-  }
+  for (int b = 0; b < B; b++) gemm(scores_gemm(s, scores, qkv, b), ctx);
   const int64_t rows = int64_t(B) * NH * T;
-  masked_softmax_kernel<<<ceil_div(rows, kRowsPerBlock), kBlock, 0, stream>>>(dev_ptr(att), scores, doc, B, NH, T);
+  const LaunchShape l = rows_shape(rows);
+  masked_softmax_kernel<<<l.grid, l.block, l.smem, stream>>>(dev_ptr(att), scores, doc, B, NH, T);
   MT_CUDA_CHECK_LAUNCH();
-  for (int b = 0; b < B; b++) {
-    Gemm g = head_gemm(s, s.hs, T, T, st, st);  // O (hs x T) = V (hs x T) P^T-as-stored (T x T)
-    g.a = qkv + s.qkv_row(b) + 2 * C, g.lda = 3 * C, g.stride_a = s.hs;
-    g.b = att + int64_t(b) * NH * s.tt(), g.ldb = T, g.stride_b = s.tt();
-    g.d = out + int64_t(b) * T * C, g.ldd = C, g.stride_d = s.hs;
-    gemm(g, ctx);
-  }
+  for (int b = 0; b < B; b++) gemm(out_gemm(s, out, qkv, att, b), ctx);
 }
 
 template <class S>
@@ -159,8 +77,6 @@ void attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S
   if (B == 0 || T == 0) return;
   constexpr bool kF32 = std::is_same_v<S, float>;
   const Dims s{B, T, C, NH, C / NH};
-  const DType st = dtype_of<S>();
-  const float scale = 1.f / std::sqrt(float(s.hs));
   cudaStream_t stream = stream_of(ctx);
   const int64_t nqkv = int64_t(B) * T * 3 * C;
 
@@ -170,43 +86,19 @@ void attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S
   float* dqk32 = kF32 ? reinterpret_cast<float*>(dqkv) : dqk_temp.get();
   if constexpr (!kF32) cuda::convert<float, S>(qkv_temp.get(), qkv, nqkv, ctx);
 
-  for (int b = 0; b < B; b++) {
-    Gemm g = head_gemm(s, T, T, s.hs, st, DType::f32);  // dP^T (T x T) = V^T dO
-    g.trans_a = true, g.a = qkv + s.qkv_row(b) + 2 * C, g.lda = 3 * C, g.stride_a = s.hs;
-    g.b = dout + int64_t(b) * T * C, g.ldb = C, g.stride_b = s.hs;
-    g.d = scratch + int64_t(b) * NH * s.tt(), g.ldd = T, g.stride_d = s.tt();
-    gemm(g, ctx);
-  }
+  for (int b = 0; b < B; b++) gemm(dp_gemm(s, scratch, dout, qkv, b), ctx);
   const int64_t rows = int64_t(B) * NH * T;
-  softmax_bwd_kernel<<<ceil_div(rows, kRowsPerBlock), kBlock, 0, stream>>>(scratch, dev_ptr(att), rows, T);
+  const LaunchShape l = rows_shape(rows);
+  softmax_bwd_kernel<<<l.grid, l.block, l.smem, stream>>>(scratch, dev_ptr(att), rows, T);
   MT_CUDA_CHECK_LAUNCH();
   for (int b = 0; b < B; b++) {
-    const int64_t row0 = s.qkv_row(b);
-    const float* ds = scratch + int64_t(b) * NH * s.tt();
-
-    Gemm gq = head_gemm(s, s.hs, T, T, DType::f32, DType::f32);  // dQ (hs x T) = K dS^T-as-stored
-    gq.a = qkv32 + row0 + C, gq.lda = 3 * C, gq.stride_a = s.hs;
-    gq.b = ds, gq.ldb = T, gq.stride_b = s.tt();
-    gq.d = dqk32 + row0, gq.ldd = 3 * C, gq.stride_d = s.hs;
-    gq.alpha = scale;
-    gemm(gq, ctx);
-
-    Gemm gk = head_gemm(s, s.hs, T, T, DType::f32, DType::f32);  // dK (hs x T) = Q (dS^T-as-stored)^T
-    gk.a = qkv32 + row0, gk.lda = 3 * C, gk.stride_a = s.hs;
-    gk.trans_b = true, gk.b = ds, gk.ldb = T, gk.stride_b = s.tt();
-    gk.d = dqk32 + row0 + C, gk.ldd = 3 * C, gk.stride_d = s.hs;
-    gk.alpha = scale;
-    gemm(gk, ctx);
-
-    Gemm gv = head_gemm(s, s.hs, T, T, st, st);  // dV (hs x T) = dO (P^T-as-stored)^T
-    gv.a = dout + int64_t(b) * T * C, gv.lda = C, gv.stride_a = s.hs;
-    gv.trans_b = true, gv.b = att + int64_t(b) * NH * s.tt(), gv.ldb = T, gv.stride_b = s.tt();
-    gv.d = dqkv + row0 + 2 * C, gv.ldd = 3 * C, gv.stride_d = s.hs;
-    gemm(gv, ctx);
+    gemm(dq_gemm(s, dqk32, qkv32, scratch, b), ctx);
+    gemm(dk_gemm(s, dqk32, qkv32, scratch, b), ctx);
+    gemm(dv_gemm(s, dqkv, dout, att, b), ctx);
   }
   if constexpr (!kF32) {
-    store_qk_kernel<<<grid_for(int64_t(B) * T * 2 * C), kBlock, 0, stream>>>(dev_ptr(dqkv), dqk_temp.get(),
-                                                                            int64_t(B) * T, C);
+    const LaunchShape lq = store_qk_shape(int64_t(B) * T, C);
+    store_qk_kernel<<<lq.grid, lq.block, lq.smem, stream>>>(dev_ptr(dqkv), dqk_temp.get(), int64_t(B) * T, C);
     MT_CUDA_CHECK_LAUNCH();
   }
 }

@@ -1,5 +1,6 @@
-// Shared pieces of the CUDA kernels: the stream of a Ctx, launch sizing for grid-stride loops, and
-// warp/block reductions.
+// Shared pieces of the CUDA kernels: the stream of a Ctx, launch sizing for grid-stride loops and
+// launch shapes, warp/block reductions, and the spellings that differ between the device build and
+// the host build against the emulator.
 //
 // Every reduction here is a fixed tree (xor shuffles within a warp, then the warp partials in warp
 // order), so a kernel built on them gives the same bits on every run for the same launch shape. No
@@ -8,8 +9,33 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/ops.h"
+
+// The kernel headers (*_kernels.cuh) build twice: by nvcc for the device, and by the host compiler
+// against the emulator (warp_emulation.h) in the unit tests. Three spellings differ between the builds:
+//   MT_SHARED(float[kWarp], partial) declares static shared memory, `__shared__ float partial[kWarp]`
+//     for the device; on the host it binds the name to the block's one copy of the array, found by
+//     the address of a static tag that is unique to the declaration (and to the template instance;
+//     writable, so that no constant merging can give two tags one address).
+//   MT_KERNEL_INLINE marks a non-template kernel defined in a header: `inline` for the host build,
+//     nothing for nvcc, which ignores inline on a __global__ function (with a warning); each kernel
+//     header is compiled into one .cu.
+//   MT_DYNAMIC_SHARED(T, name) names the block's dynamic shared memory (the launch's smem bytes) as
+//     an array of T: `extern __shared__ T name[]` for the device, the block's buffer on the host.
+#if defined(__CUDACC__)
+#define MT_SHARED(T, name) __shared__ ::std::type_identity_t<T> name
+#define MT_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#define MT_KERNEL_INLINE
+#else
+#include "kernels/cuda/warp_emulation.h"
+#define MT_SHARED(T, name)     \
+  static char name##_shared_tag; \
+  ::std::type_identity_t<T>& name = ::mt::cuda::emu::static_shared<::std::type_identity_t<T>>(&name##_shared_tag)
+#define MT_DYNAMIC_SHARED(T, name) T* name = ::mt::cuda::emu::dynamic_shared<T>()
+#define MT_KERNEL_INLINE inline
+#endif
 
 namespace mt::cuda {
 
@@ -29,6 +55,13 @@ inline unsigned grid_for(int64_t n, int block = kBlock) {
 }
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
+
+// What a launcher passes in <<<grid, block, smem>>>. Each kernel header computes it in one function
+// that the launcher and the emulator test both call, so the test runs the launcher's shape.
+struct LaunchShape {
+  dim3 grid, block;
+  size_t smem = 0;
+};
 
 struct SumOp {
   template <class T>
@@ -50,7 +83,7 @@ __device__ inline T warp_reduce(T v, Op op) {
 // previous call.
 template <class T, class Op>
 __device__ inline T block_reduce(T v, Op op, T identity) {
-  __shared__ T partial[kWarp];
+  MT_SHARED(T[kWarp], partial);
   const int lane = int(threadIdx.x) % kWarp;
   const int warp = int(threadIdx.x) / kWarp;
   const int nwarps = int(blockDim.x) / kWarp;

@@ -47,7 +47,7 @@ class DeviceArray {
 template <class S>
 std::vector<S> to_storage(const std::vector<float>& v) {
   std::vector<S> out(v.size());
-  for (size_t i = 0; i < v.size(); i++) out[i] = store_as<S>(v[i]);
+  for (size_t i = 0; i < v.size(); i++) out[i] = ::mt::store_as<S>(v[i]);  // the host rounding (runtime/storage.h)
   return out;
 }
 template <class S>

@@ -38,29 +38,25 @@ void prepare_smem(Kernel kernel, size_t bytes) {
   MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-dim3 grid_of(int B, int T, int NH) { return dim3(ceil_div(T, kTile), unsigned(NH), unsigned(B)); }
-
 template <class D, int HS>
 void launch_fwd(D* out, float* lse, const D* qkv, const int32_t* doc, int B, int T, int C, int NH, cudaStream_t st) {
-  constexpr size_t smem = fwd_smem<D, HS>();
-  prepare_smem(fwd_kernel<D, HS>, smem);
+  const LaunchShape ls = fwd_shape<D, HS>(B, T, NH);
+  prepare_smem(fwd_kernel<D, HS>, ls.smem);
   const float scale_log2 = kLog2e / std::sqrt(float(HS));
-  fwd_kernel<D, HS><<<grid_of(B, T, NH), kThreads, smem, st>>>(out, lse, qkv, doc, T, C, NH, scale_log2);
+  fwd_kernel<D, HS><<<ls.grid, ls.block, ls.smem, st>>>(out, lse, qkv, doc, T, C, NH, scale_log2);
   MT_CUDA_CHECK_LAUNCH();
 }
 
 template <class D, int HS>
 void launch_bwd(D* dqkv, const D* dout, const D* qkv, const float* lse, const float* dsum, const int32_t* doc, int B,
                 int T, int C, int NH, cudaStream_t st) {
-  constexpr size_t smem = bwd_smem<D, HS>();
+  const LaunchShape ls = bwd_shape<D, HS>(B, T, NH);
   const float scale = 1.f / std::sqrt(float(HS)), scale_log2 = kLog2e * scale;
-  prepare_smem(dkdv_kernel<D, HS>, smem);
-  dkdv_kernel<D, HS><<<grid_of(B, T, NH), kThreads, smem, st>>>(dqkv, dout, qkv, lse, dsum, doc, T, C, NH, scale,
-                                                                scale_log2);
+  prepare_smem(dkdv_kernel<D, HS>, ls.smem);
+  dkdv_kernel<D, HS><<<ls.grid, ls.block, ls.smem, st>>>(dqkv, dout, qkv, lse, dsum, doc, T, C, NH, scale, scale_log2);
   MT_CUDA_CHECK_LAUNCH();
-  prepare_smem(dq_kernel<D, HS>, smem);
-  dq_kernel<D, HS><<<grid_of(B, T, NH), kThreads, smem, st>>>(dqkv, dout, qkv, lse, dsum, doc, T, C, NH, scale,
-                                                              scale_log2);
+  prepare_smem(dq_kernel<D, HS>, ls.smem);
+  dq_kernel<D, HS><<<ls.grid, ls.block, ls.smem, st>>>(dqkv, dout, qkv, lse, dsum, doc, T, C, NH, scale, scale_log2);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,20 +1,13 @@
-// The tensor-core flash attention kernels (see flash_attention_mma.cu for the algorithm), in a header
-// so that the same source builds twice: by nvcc for the GPU, and by the host compiler against
-// warp_emulation.h, which runs every CUDA thread of a block as a host thread and emulates mma.sync and
-// the warp shuffles (tests/test_flash_mma_emulated.cpp checks the kernels against the CPU twin on
-// machines without a GPU).
+// The tensor-core flash attention kernels (see flash_attention_mma.cu for the algorithm) and their
+// launch shapes, in a header so that the same source builds twice: by nvcc for the GPU, and by the
+// host compiler against the warp emulator (warp_emulation.h, which also emulates mma.sync from the
+// PTX fragment layouts), on which tests/test_emu_flash_mma.cpp runs them against the CPU twin.
 #pragma once
 #include <math.h>
 
 #include <cstdint>
 
-#if !defined(__CUDACC__)
-#include "kernels/cuda/warp_emulation.h"
-#define MT_DYNAMIC_SHARED(T, name) T* name = ::mt::cuda::emu::dynamic_shared<T>()
-#else
-#define MT_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
-#endif
-
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/storage.cuh"
 
@@ -394,5 +387,16 @@ constexpr size_t bwd_smem() {
   return size_t(4) * kTile * kLd<HS> * sizeof(D) + 3 * kTile * sizeof(float);
 }
 
+
+// One block of kThreads per (64-row block, head, batch row) for each kernel.
+inline dim3 tile_grid(int B, int T, int NH) { return dim3(ceil_div(T, kTile), unsigned(NH), unsigned(B)); }
+template <class D, int HS>
+LaunchShape fwd_shape(int B, int T, int NH) {
+  return {tile_grid(B, T, NH), dim3(kThreads), fwd_smem<D, HS>()};
+}
+template <class D, int HS>
+LaunchShape bwd_shape(int B, int T, int NH) {  // dkdv_kernel and dq_kernel
+  return {tile_grid(B, T, NH), dim3(kThreads), bwd_smem<D, HS>()};
+}
 
 }  // namespace mt::cuda::flash_mma::kernels

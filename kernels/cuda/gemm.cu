@@ -18,12 +18,14 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.cuh"
-#include "kernels/cuda/gelu.cuh"
 #include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/gemm_kernels.cuh"
 #include "kernels/cuda/storage.cuh"
 
 namespace mt::cuda {
 namespace {
+
+using namespace gemm_kernels;
 
 // One cuBLASLt handle per device for the whole process, created on first use. ops::Ctx carries only a
 // device and a stream, and a cuBLASLt handle holds neither stream nor workspace (both are passed per
@@ -151,38 +153,10 @@ bool lt_matmul(const Gemm& g, const Target& t, cublasLtEpilogue_t epi, cudaStrea
   return true;
 }
 
-// The last resort when cuBLASLt offers no algorithm at all (e.g. 16-bit operands only 2-byte aligned,
-// as attention's per-head views of qkv are for odd head sizes): one thread per element of D, an fp32
-// dot product in k order. Slow, but it gives the meaning of the call for any alignment.
-template <class AB, class D>
-__global__ void simple_gemm_kernel(D* d, int ldd, int64_t stride_d, float beta, const AB* a, int lda, int64_t stride_a,
-                                   bool trans_a, const AB* b, int ldb, int64_t stride_b, bool trans_b, float alpha,
-                                   int m, int n, int k, int batch) {
-  const int64_t total = int64_t(m) * n * batch;
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t mn = int64_t(m) * n;
-    const int64_t p = idx / mn;
-    const int64_t rest = idx - p * mn;
-    const int64_t j = rest / m;
-    const int64_t i = rest - j * m;
-    const AB* ap = a + p * stride_a;
-    const AB* bp = b + p * stride_b;
-    float acc = 0.f;
-    for (int64_t kk = 0; kk < k; kk++) {
-      const float x = load(trans_a ? ap[i * lda + kk] : ap[kk * lda + i]);  // op(A)[i, kk]
-      const float y = load(trans_b ? bp[kk * ldb + j] : bp[j * ldb + kk]);  // op(B)[kk, j]
-      acc += x * y;
-    }
-    D* out = d + p * stride_d + j * ldd + i;
-    *out = store_as<D>(beta == 0.f ? alpha * acc : alpha * acc + beta * load(*out));
-  }
-}
-
 template <class AB, class D>
 void launch_simple_gemm(const Gemm& g, const Target& t, cudaStream_t stream) {
-  const int64_t total = int64_t(g.m) * g.n * g.batch;
-  simple_gemm_kernel<AB, D><<<grid_for(total), kBlock, 0, stream>>>(
+  const LaunchShape l = simple_gemm_shape(g.m, g.n, g.batch);
+  simple_gemm_kernel<AB, D><<<l.grid, l.block, l.smem, stream>>>(
       static_cast<D*>(t.d), t.ld, t.stride, t.beta, static_cast<const AB*>(g.a), g.lda, g.stride_a, g.trans_a,
       static_cast<const AB*>(g.b), g.ldb, g.stride_b, g.trans_b, g.alpha, g.m, g.n, g.k, g.batch);
   MT_CUDA_CHECK_LAUNCH();
@@ -210,35 +184,11 @@ void simple_gemm(const Gemm& g, const Target& t, cudaStream_t stream) {
     launch_simple_gemm<float, float>(g, t, stream);
 }
 
-// The unfused epilogue: x (m x n, column-major, ld m, fp32) is the product; writes D (and aux for gelu)
-// with one rounding per stored value, exactly what the fused epilogue means.
-template <class D>
-__global__ void epilogue_kernel(D* d, int ldd, const float* x, const D* bias, D* aux, Epilogue kind, int m, int n) {
-  const int64_t total = int64_t(m) * n;
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t j = idx / m;
-    const int i = int(idx - j * m);
-    const int64_t at = j * ldd + i;
-    float v = x[idx];
-    if (bias) v += load(bias[i]);
-    if (kind == Epilogue::gelu) {
-      aux[at] = store_as<D>(v);
-      d[at] = store_as<D>(gelu(v));
-    } else if (kind == Epilogue::dgelu) {
-      d[at] = store_as<D>(gelu_grad(load(aux[at])) * v);
-    } else {
-      d[at] = store_as<D>(v);
-    }
-  }
-}
-
 template <class D>
 void launch_epilogue(const Gemm& g, const float* x, cudaStream_t stream) {
-  const int64_t total = int64_t(g.m) * g.n;
-  epilogue_kernel<D><<<grid_for(total), kBlock, 0, stream>>>(static_cast<D*>(g.d), g.ldd, x,
-                                                             static_cast<const D*>(g.bias), static_cast<D*>(g.aux),
-                                                             g.epilogue, g.m, g.n);
+  const LaunchShape l = epilogue_shape(g.m, g.n);
+  epilogue_kernel<D><<<l.grid, l.block, l.smem, stream>>>(static_cast<D*>(g.d), g.ldd, x, static_cast<const D*>(g.bias),
+                                                          static_cast<D*>(g.aux), g.epilogue, g.m, g.n);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,18 +1,25 @@
-// A host emulator for warp-level CUDA kernels, for checking them on machines without a GPU.
+// A host emulator for CUDA kernels, for checking them on machines without a GPU.
 //
 // A kernel header that builds with nvcc for the device also builds with the host compiler against this
-// file (flash_attention_mma_kernels.cuh does): `launch` runs each thread of a block as a host thread,
-// blocks one after another, with
-//   - threadIdx, blockIdx, blockDim, gridDim per thread;
-//   - __syncthreads as a barrier over the block's threads;
-//   - __shfl_xor_sync and mma.sync (m16n8k16, bf16/fp16 in, fp32 accumulate) as exchanges among the
-//     32 threads of a warp, following the fragment layouts of the PTX ISA (kernels/cuda/mma.cuh);
-//   - dynamic shared memory as one buffer per block.
-// Every warp-level call must be reached by all 32 threads of the warp, as on the hardware (the
-// emulator deadlocks otherwise). What it cannot show: timing, races the hardware would expose
-// (threads run truly in parallel here too, but with a different schedule), the tensor cores' own
-// summation order, and the hardware's approximate exp2f/log2f. A kernel that passes here can still
-// fail on a GPU, but one that fails here is wrong.
+// file (the *_kernels.cuh headers do): `launch` runs each thread of a block as a fiber (a user-space
+// context with its own stack, POSIX ucontext) on the calling host thread, blocks one after another, with
+//   - threadIdx, blockIdx, blockDim, gridDim per thread (1-, 2- and 3-D blocks, x fastest);
+//   - __syncthreads and __syncthreads_or as barriers over the block's threads;
+//   - __syncwarp, __shfl_xor_sync, __ballot_sync and mma.sync (m16n8k16, bf16/fp16 in, fp32
+//     accumulate) as exchanges among the 32 threads of a warp, following the fragment layouts of the
+//     PTX ISA (kernels/cuda/mma.cuh);
+//   - static shared memory (MT_SHARED, common.cuh) and dynamic shared memory as one buffer per block.
+//     Static shared memory starts as 0xff bytes (NaN floats, -1 ints), standing for the hardware's
+//     undefined contents; dynamic shared memory starts zeroed.
+// A thread runs until it reaches a barrier, then the next ready thread runs, in thread order, so a run
+// is deterministic. Fibers rather than host threads: passing a barrier costs each thread one
+// user-space context switch (about a microsecond) instead of a wake-up through the operating system's
+// scheduler, and a barrier that some threads never reach is reported (an exception from `launch`
+// naming the block) instead of hanging. Every warp-level call must be reached by all 32 threads of the
+// warp, as on the hardware. What it cannot show: timing, races the hardware would expose (here a missing barrier shows
+// only where a thread reads shared data that a higher-numbered thread writes, since the lower one runs
+// first), the tensor cores' own summation order, and the hardware's approximate exp2f/log2f. A kernel
+// that passes here can still fail on a GPU, but one that fails here is wrong.
 #pragma once
 #if defined(__CUDACC__)
 #error "warp_emulation.h is for host compilers; nvcc builds the real kernels"
@@ -21,59 +28,256 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <barrier>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <deque>
-#include <thread>
+#include <exception>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 namespace mt::cuda::emu {
 
 constexpr int kLanes = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
 
-// What the 32 threads of a warp exchange.
+struct Fiber;
+
+// A barrier over `count` threads of one block: the last to arrive releases the others and runs on.
+class Barrier {
+ public:
+  explicit Barrier(int count) : count_(count) {}
+  Barrier(const Barrier&) = delete;
+  Barrier& operator=(const Barrier&) = delete;
+  void arrive_and_wait();
+
+ private:
+  int count_, arrived_ = 0;
+  std::vector<Fiber*> waiting_;
+};
+
+// What the 32 threads of a warp exchange. Shuffles and ballots alternate between two word buffers, so
+// one barrier per exchange suffices: no lane writes a buffer again before every lane has passed the
+// next barrier, i.e. has read what the buffer held.
 struct Warp {
-  std::barrier<> sync{kLanes};
-  uint32_t a[kLanes][4], b[kLanes][2], word[kLanes];
+  Barrier sync{kLanes};
+  uint32_t a[kLanes][4], b[kLanes][2];
+  uint64_t word[2][kLanes];
 };
 
 struct Block {
-  Block(int threads, size_t smem_bytes) : sync(threads), warps(size_t(threads / kLanes)), smem((smem_bytes + 15) / 16) {}
-  std::barrier<> sync;
-  std::deque<Warp> warps;  // barriers do not move
-  std::vector<uint4> smem;
+  Block(int threads, size_t smem_bytes)
+      : sync(threads),
+        warps(size_t(threads / kLanes)),
+        smem((smem_bytes + 15) / 16),
+        votes{std::vector<int>(size_t(threads)), std::vector<int>(size_t(threads))} {}
+  Barrier sync;
+  std::deque<Warp> warps;                             // barriers do not move
+  std::vector<uint4> smem;                            // dynamic shared memory
+  std::map<const void*, std::vector<uint4>> statics;  // MT_SHARED arrays, by their declaration's tag
+  std::vector<int> votes[2];                          // __syncthreads_or: a slot per thread, two buffers
 };
 
-// The registers a CUDA thread reads its coordinates from, for the host thread that runs it.
+// The registers a CUDA thread reads its coordinates from, and its place in the block.
 struct ThreadState {
   uint3 thread_idx{}, block_idx{};
   dim3 block_dim, grid_dim;
   Block* block = nullptr;
+  int tid = 0;                  // linear index in the block
+  unsigned warp_exchanges = 0;  // shuffles and ballots so far: picks the word buffer
+  unsigned block_votes = 0;     // __syncthreads_or calls so far: picks the vote buffer
 };
-inline thread_local ThreadState self;
 
-inline int lane() { return int(self.thread_idx.x) % kLanes; }
-inline Warp& warp() { return self.block->warps[self.thread_idx.x / kLanes]; }
+// One emulated thread: its context, its stack (with an inaccessible guard page below it, so an
+// overflow faults instead of corrupting a neighbour) and its CUDA registers.
+struct Fiber {
+  static constexpr size_t kStackBytes = size_t(256) << 10;
+  Fiber() {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    map_bytes = kStackBytes + page;
+    void* p = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED || mprotect(p, page, PROT_NONE) != 0)
+      throw std::runtime_error("warp emulator: cannot map a fiber stack");
+    map = static_cast<char*>(p);
+    stack = map + page;
+    getcontext(&context);
+  }
+  Fiber(const Fiber&) = delete;
+  Fiber& operator=(const Fiber&) = delete;
+  ~Fiber() { munmap(map, map_bytes); }
+  ucontext_t context;
+  char* map = nullptr;
+  char* stack = nullptr;
+  size_t map_bytes = 0;
+  ThreadState state;
+};
+
+// At least n fibers of the calling host thread, kept for later launches: mapping a stack per thread
+// on every launch would cost more than most kernels do.
+inline std::deque<Fiber>& fiber_pool(size_t n) {
+  static thread_local std::deque<Fiber> pool;  // deque: fibers do not move
+  while (pool.size() < n) pool.emplace_back();
+  return pool;
+}
+
+// Runs the threads of one block at a time as fibers on the calling host thread.
+class Scheduler {
+ public:
+  using Body = void (*)(void*);
+  Scheduler(int threads, Body body, void* arg)
+      : fibers_(fiber_pool(size_t(threads))), threads_(threads), body_(body), arg_(arg) {}
+
+  // Runs the body on every thread of a block, starting from `base` (thread_idx and tid are set per
+  // thread). False when the threads deadlocked: some wait at a barrier the others never reach.
+  bool run_block(const ThreadState& base);
+  void wait();  // the current thread blocks until a barrier wakes it
+  void wake(Fiber* f) { ready_.push_back(f); }
+  Fiber* current() const { return current_; }
+  int finished() const { return finished_; }
+  std::exception_ptr error() const { return error_; }
+
+ private:
+  static void fiber_main();
+  void switch_from(Fiber* from);
+
+  std::deque<Fiber>& fibers_;
+  int threads_;
+  std::deque<Fiber*> ready_;
+  ucontext_t main_;
+  Fiber* current_ = nullptr;
+  int finished_ = 0;
+  Body body_;
+  void* arg_;
+  std::exception_ptr error_;
+};
+
+inline thread_local Scheduler* scheduler = nullptr;
+inline thread_local ThreadState* running = nullptr;
+
+// The registers of the thread running now.
+inline ThreadState& self() { return *running; }
+
+inline void Barrier::arrive_and_wait() {
+  if (++arrived_ == count_) {
+    arrived_ = 0;
+    for (Fiber* f : waiting_) scheduler->wake(f);
+    waiting_.clear();
+    return;
+  }
+  waiting_.push_back(scheduler->current());
+  scheduler->wait();
+}
+
+inline void Scheduler::switch_from(Fiber* from) {
+  if (ready_.empty()) {  // every thread finished, or the rest wait: back to run_block
+    swapcontext(&from->context, &main_);
+    return;
+  }
+  Fiber* to = ready_.front();
+  ready_.pop_front();
+  current_ = to;
+  running = &to->state;
+  swapcontext(&from->context, &to->context);
+}
+
+inline void Scheduler::wait() { switch_from(current_); }
+
+inline void Scheduler::fiber_main() {
+  Scheduler& s = *scheduler;
+  try {
+    s.body_(s.arg_);
+  } catch (...) {
+    if (!s.error_) s.error_ = std::current_exception();
+  }
+  s.finished_++;
+  s.switch_from(s.current_);
+}
+
+inline bool Scheduler::run_block(const ThreadState& base) {
+  const dim3 bd = base.block_dim;
+  for (int tid = 0; tid < threads_; tid++) {
+    Fiber& f = fibers_[size_t(tid)];
+    f.state = base;
+    f.state.tid = tid;
+    f.state.thread_idx = uint3{unsigned(tid) % bd.x, unsigned(tid) / bd.x % bd.y, unsigned(tid) / (bd.x * bd.y)};
+    f.context.uc_stack.ss_sp = f.stack;
+    f.context.uc_stack.ss_size = Fiber::kStackBytes;
+    f.context.uc_link = &main_;
+    makecontext(&f.context, &Scheduler::fiber_main, 0);
+    ready_.push_back(&f);
+  }
+  finished_ = 0;
+  Fiber* first = ready_.front();
+  ready_.pop_front();
+  current_ = first;
+  running = &first->state;
+  swapcontext(&main_, &first->context);
+  running = nullptr;
+  ready_.clear();
+  return finished_ == threads_;
+}
+
+inline int lane() { return self().tid % kLanes; }
+inline Warp& warp() { return self().block->warps[size_t(self().tid / kLanes)]; }
+
+inline void require_full(unsigned mask, const char* what) {
+  if (mask != kFullMask)
+    throw std::logic_error(std::string("warp emulator: ") + what + " with a partial mask is not emulated");
+}
 
 template <class T>
 T* dynamic_shared() {
-  return reinterpret_cast<T*>(self.block->smem.data());
+  return reinterpret_cast<T*>(self().block->smem.data());
+}
+
+// The block's one copy of a static shared array of type T, created on first use (see MT_SHARED).
+template <class T>
+T& static_shared(const void* tag) {
+  std::vector<uint4>& buf = self().block->statics[tag];
+  if (buf.empty()) {
+    buf.resize((sizeof(T) + 15) / 16);
+    std::memset(static_cast<void*>(buf.data()), 0xff, buf.size() * sizeof(uint4));
+  }
+  return *reinterpret_cast<T*>(buf.data());
 }
 
 template <class T>
 T shfl_xor(T v, int mask) {
-  static_assert(sizeof(T) == 4, "32-bit shuffles only");
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "32- and 64-bit shuffles only");
   Warp& w = warp();
   const int l = lane();
-  std::memcpy(&w.word[l], &v, 4);
+  uint64_t* word = w.word[self().warp_exchanges++ % 2];
+  std::memcpy(&word[l], &v, sizeof(T));
   w.sync.arrive_and_wait();
   T r;
-  std::memcpy(&r, &w.word[l ^ mask], 4);
-  w.sync.arrive_and_wait();  // every lane has read before the next exchange writes
+  std::memcpy(&r, &word[l ^ mask], sizeof(T));
   return r;
+}
+
+inline unsigned ballot(int pred) {
+  Warp& w = warp();
+  uint64_t* word = w.word[self().warp_exchanges++ % 2];
+  word[lane()] = pred != 0;
+  w.sync.arrive_and_wait();
+  unsigned bits = 0;
+  for (int l = 0; l < kLanes; l++) bits |= unsigned(word[l]) << l;
+  return bits;
+}
+
+inline int block_or(int pred) {
+  Block& b = *self().block;
+  std::vector<int>& votes = b.votes[self().block_votes++ % 2];
+  votes[size_t(self().tid)] = pred != 0;
+  b.sync.arrive_and_wait();
+  return std::any_of(votes.begin(), votes.end(), [](int v) { return v != 0; });
 }
 
 inline float half_bits_to_float(uint32_t h, bool bf16) {
@@ -112,37 +316,64 @@ inline void mma_m16n8k16(float c[4], const uint32_t a[4], const uint32_t b[2], b
   w.sync.arrive_and_wait();
 }
 
-// Runs kernel(args...) over the grid, one host thread per CUDA thread, one block at a time.
+// Runs kernel(args...) over the grid, one fiber per CUDA thread, one block at a time. The block has
+// block.x * block.y * block.z threads, a multiple of 32, at most 1024. Throws when a block deadlocks
+// or the kernel throws (an emulator limit it reached).
 template <class Kernel, class... Args>
-void launch(dim3 grid, int threads, size_t smem_bytes, Kernel kernel, Args... args) {
+void launch(dim3 grid, dim3 block, size_t smem_bytes, Kernel kernel, Args... args) {
+  const int threads = int(block.x * block.y * block.z);
+  if (threads <= 0 || threads > 1024 || threads % kLanes != 0)
+    throw std::invalid_argument("warp emulator: " + std::to_string(threads) +
+                                " threads per block (need a multiple of 32, at most 1024)");
+  auto body = [&] { kernel(args...); };
+  Scheduler sched(threads, [](void* p) { (*static_cast<decltype(body)*>(p))(); }, &body);
+  struct Current {
+    explicit Current(Scheduler* s) { scheduler = s; }
+    ~Current() { scheduler = nullptr; }
+  } current(&sched);
   for (unsigned z = 0; z < grid.z; z++)
     for (unsigned y = 0; y < grid.y; y++)
       for (unsigned x = 0; x < grid.x; x++) {
-        Block block(threads, smem_bytes);
-        std::vector<std::thread> pool;
-        pool.reserve(size_t(threads));
-        for (int i = 0; i < threads; i++)
-          pool.emplace_back([&, i] {
-            self = ThreadState{uint3{unsigned(i), 0, 0}, uint3{x, y, z}, dim3(unsigned(threads)), grid, &block};
-            kernel(args...);
-          });
-        for (auto& th : pool) th.join();
+        Block blk(threads, smem_bytes);
+        ThreadState base;
+        base.block_idx = uint3{x, y, z};
+        base.block_dim = block;
+        base.grid_dim = grid;
+        base.block = &blk;
+        const bool completed = sched.run_block(base);
+        if (sched.error()) std::rethrow_exception(sched.error());
+        if (!completed)
+          throw std::runtime_error("warp emulator: block (" + std::to_string(x) + ", " + std::to_string(y) + ", " +
+                                   std::to_string(z) + ") deadlocked: " + std::to_string(threads - sched.finished()) +
+                                   " of " + std::to_string(threads) +
+                                   " threads wait at a barrier or warp exchange the others never reach");
       }
 }
 
 }  // namespace mt::cuda::emu
 
 // The CUDA names the kernels use, for the host build.
-#define threadIdx (::mt::cuda::emu::self.thread_idx)
-#define blockIdx (::mt::cuda::emu::self.block_idx)
-#define blockDim (::mt::cuda::emu::self.block_dim)
-#define gridDim (::mt::cuda::emu::self.grid_dim)
+#define threadIdx (::mt::cuda::emu::self().thread_idx)
+#define blockIdx (::mt::cuda::emu::self().block_idx)
+#define blockDim (::mt::cuda::emu::self().block_dim)
+#define gridDim (::mt::cuda::emu::self().grid_dim)
 #define __launch_bounds__(...)
-inline void __syncthreads() { ::mt::cuda::emu::self.block->sync.arrive_and_wait(); }
-template <class T>
-T __shfl_xor_sync(unsigned, T v, int mask) {
-  return ::mt::cuda::emu::shfl_xor(v, mask);
+inline void __syncthreads() { ::mt::cuda::emu::self().block->sync.arrive_and_wait(); }
+inline int __syncthreads_or(int pred) { return ::mt::cuda::emu::block_or(pred); }
+inline void __syncwarp(unsigned mask = ::mt::cuda::emu::kFullMask) {
+  ::mt::cuda::emu::require_full(mask, "__syncwarp");
+  ::mt::cuda::emu::warp().sync.arrive_and_wait();
 }
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  ::mt::cuda::emu::require_full(mask, "__shfl_xor_sync");
+  return ::mt::cuda::emu::shfl_xor(v, lane_mask);
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  ::mt::cuda::emu::require_full(mask, "__ballot_sync");
+  return ::mt::cuda::emu::ballot(pred);
+}
+inline int __popc(unsigned x) { return std::popcount(x); }
 inline uint32_t __float_as_uint(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);

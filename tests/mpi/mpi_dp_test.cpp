@@ -308,7 +308,9 @@ TEST(DataParallel, TensorCollectivesGoOverTheDeviceCommunicator) {
     EXPECT_EQ(two.host[CommOp::all_gather].sent_bytes + two.tensors[CommOp::all_gather].sent_bytes,
               one.host[CommOp::all_gather].sent_bytes)
         << "zero=" << zero;
-    if (D > 1 && zero >= 1) EXPECT_GT(two.tensors[CommOp::all_gather].sent_bytes, 0u) << "parameters gathered there";
+    if (D > 1 && zero >= 1) {
+      EXPECT_GT(two.tensors[CommOp::all_gather].sent_bytes, 0u) << "parameters gathered there";
+    }
   }
 }
 

@@ -1,0 +1,43 @@
+// The AdamW kernel (see adamw.cu for the update) and its launch shape, in a header so that the same source
+// builds twice: by nvcc for the GPU, and by the host compiler against the warp emulator
+// (warp_emulation.h), on which tests/test_emu_fp32_ops.cpp runs it against the CPU twin.
+#pragma once
+#include <math.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+
+namespace mt::cuda::adamw_kernels {
+
+struct AdamWHyper {
+  float lr, beta1, beta2, eps, weight_decay;
+  float bias_correction1, bias_correction2;  // 1 - beta^t
+};
+
+// The kernel's arguments for step t: the bias corrections in double, as the CPU backend computes them.
+inline AdamWHyper make_hyper(float lr, float beta1, float beta2, float eps, float weight_decay, int t) {
+  return AdamWHyper{lr, beta1, beta2, eps, weight_decay, float(1.0 - std::pow(double(beta1), t)),
+                    float(1.0 - std::pow(double(beta2), t))};
+}
+
+MT_KERNEL_INLINE __global__ void adamw_kernel(float* params, float* m, float* v, const float* grads, int64_t n,
+                                              AdamWHyper h) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = grads[i];
+    const float mi = h.beta1 * m[i] + (1.f - h.beta1) * g;
+    const float vi = h.beta2 * v[i] + (1.f - h.beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float m_hat = mi / h.bias_correction1;
+    const float v_hat = vi / h.bias_correction2;
+    const float p = params[i];
+    params[i] = p - h.lr * (m_hat / (sqrtf(v_hat) + h.eps) + h.weight_decay * p);
+  }
+}
+
+// A grid-stride loop over the n parameters.
+inline LaunchShape adamw_shape(int64_t n) { return {dim3(grid_for(n)), dim3(kBlock)}; }
+
+}  // namespace mt::cuda::adamw_kernels

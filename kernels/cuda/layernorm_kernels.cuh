@@ -1,0 +1,123 @@
+// The LayerNorm kernels (see layernorm.cu for the formulas) and their launch shapes, in a header so that
+// the same source builds twice: by nvcc for the GPU, and by the host compiler against the warp emulator
+// (warp_emulation.h), on which tests/test_emu_ops.cpp runs them against the CPU twin.
+#pragma once
+#include <math.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/storage.cuh"
+
+namespace mt::cuda::layernorm_kernels {
+
+constexpr float kEps = 1e-5f;
+constexpr int kRowsPerBlock = kBlock / kWarp;
+
+// Normalises row x (already in S) of one warp and writes out, mean and rstd.
+template <class D>
+__device__ void normalize_row(D* y, float* mean, float* rstd, const D* x, const D* weight, const D* bias, int row,
+                              int C, int lane) {
+  float s = 0.f;
+  for (int c = lane; c < C; c += kWarp) s += load(x[c]);
+  const float m = warp_reduce(s, SumOp{}) / float(C);
+  float v = 0.f;
+  for (int c = lane; c < C; c += kWarp) {
+    const float d = load(x[c]) - m;
+    v += d * d;
+  }
+  const float r = 1.f / sqrtf(warp_reduce(v, SumOp{}) / float(C) + kEps);
+  for (int c = lane; c < C; c += kWarp) {
+    const float n = (load(x[c]) - m) * r;
+    y[c] = store_as<D>(n * load(weight[c]) + (bias ? load(bias[c]) : 0.f));
+  }
+  if (lane == 0) {
+    if (mean) mean[row] = m;
+    if (rstd) rstd[row] = r;
+  }
+}
+
+template <class D>
+__global__ void layernorm_fwd_kernel(D* out, float* mean, float* rstd, const D* inp, const D* weight, const D* bias,
+                                     int N, int C) {
+  const int row = int(blockIdx.x) * kRowsPerBlock + int(threadIdx.x) / kWarp;
+  if (row >= N) return;
+  const int64_t off = int64_t(row) * C;
+  normalize_row(out + off, mean, rstd, inp + off, weight, bias, row, C, int(threadIdx.x) % kWarp);
+}
+
+// No __restrict__: res may alias a or b. Lane l writes res[c] for its own columns c only and later
+// reads back exactly those, so the normalisation sees the rounded sum it stored.
+template <class D>
+__global__ void residual_layernorm_fwd_kernel(D* res, D* out, float* mean, float* rstd, const D* a, const D* b,
+                                              const D* weight, const D* bias, int N, int C) {
+  const int row = int(blockIdx.x) * kRowsPerBlock + int(threadIdx.x) / kWarp;
+  const int lane = int(threadIdx.x) % kWarp;
+  if (row >= N) return;
+  const int64_t off = int64_t(row) * C;
+  for (int c = lane; c < C; c += kWarp) res[off + c] = store_as<D>(load(a[off + c]) + load(b[off + c]));
+  normalize_row(out + off, mean, rstd, res + off, weight, bias, row, C, lane);
+}
+
+template <class D>
+__global__ void layernorm_bwd_dinp_kernel(D* dinp, const D* dout, const D* inp, const D* weight, const float* mean,
+                                          const float* rstd, int N, int C, bool accumulate) {
+  const int row = int(blockIdx.x) * kRowsPerBlock + int(threadIdx.x) / kWarp;
+  const int lane = int(threadIdx.x) % kWarp;
+  if (row >= N) return;
+  const D* x = inp + int64_t(row) * C;
+  const D* dy = dout + int64_t(row) * C;
+  const float m = mean[row], r = rstd[row];
+  float sum_g = 0.f, sum_gn = 0.f;
+  for (int c = lane; c < C; c += kWarp) {
+    const float g = load(dy[c]) * load(weight[c]);
+    sum_g += g;
+    sum_gn += g * (load(x[c]) - m) * r;
+  }
+  const float mean_g = warp_reduce(sum_g, SumOp{}) / float(C);
+  const float mean_gn = warp_reduce(sum_gn, SumOp{}) / float(C);
+  D* dx = dinp + int64_t(row) * C;
+  for (int c = lane; c < C; c += kWarp) {
+    const float n = (load(x[c]) - m) * r;
+    const float d = r * (load(dy[c]) * load(weight[c]) - mean_g - n * mean_gn);
+    dx[c] = store_as<D>(accumulate ? load(dx[c]) + d : d);
+  }
+}
+
+// A block owns 32 columns; its 32 thread rows stride over the N rows, then row lane 0 adds the 32
+// partials in lane order (reproducible bits for a given N and C).
+template <class D>
+__global__ void layernorm_bwd_params_kernel(float* dweight, float* dbias, const D* dout, const D* inp,
+                                            const float* mean, const float* rstd, int N, int C) {
+  MT_SHARED(float[kWarp][kWarp + 1], part_w);
+  MT_SHARED(float[kWarp][kWarp + 1], part_b);
+  const int c = int(blockIdx.x) * kWarp + int(threadIdx.x);
+  float sw = 0.f, sb = 0.f;
+  if (c < C) {
+    for (int r = int(threadIdx.y); r < N; r += int(blockDim.y)) {
+      const int64_t i = int64_t(r) * C + c;
+      const float dy = load(dout[i]);
+      sw += dy * (load(inp[i]) - mean[r]) * rstd[r];
+      sb += dy;
+    }
+  }
+  part_w[threadIdx.y][threadIdx.x] = sw;
+  part_b[threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float tw = 0.f, tb = 0.f;
+    for (int y = 0; y < int(blockDim.y); y++) {
+      tw += part_w[y][threadIdx.x];
+      tb += part_b[y][threadIdx.x];
+    }
+    if (dweight) dweight[c] += tw;
+    if (dbias) dbias[c] += tb;
+  }
+}
+
+// One warp per row: layernorm_fwd_kernel, residual_layernorm_fwd_kernel, layernorm_bwd_dinp_kernel.
+inline LaunchShape rows_shape(int N) { return {dim3(ceil_div(N, kRowsPerBlock)), dim3(kBlock)}; }
+// A block of 32 x 32 threads per 32 columns: layernorm_bwd_params_kernel.
+inline LaunchShape params_shape(int C) { return {dim3(ceil_div(C, kWarp)), dim3(kWarp, kWarp)}; }
+
+}  // namespace mt::cuda::layernorm_kernels

@@ -1,0 +1,83 @@
+// The GEMM descriptors and the bias-gradient kernel of the linear layers (see matmul.cu), in a header so
+// that the same source builds twice: by nvcc for the GPU, and by the host compiler against the warp
+// emulator (warp_emulation.h), on which tests/test_emu_gemm.cpp runs them against the CPU twin.
+#pragma once
+#include <math.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/storage.cuh"
+#include "runtime/dtype.h"
+
+namespace mt::cuda::matmul_kernels {
+
+// ---- the GEMMs, as the descriptors matmul.cu hands to gemm() (gemm.cuh) ----
+// (The emulator tests run the same descriptors through gemm()'s SIMT fallback kernel.)
+
+// out (OC x N) = weight^T-view inp (+ bias; GELU epilogue, pre-activation into pre_gelu, when given).
+template <class S>
+Gemm fwd_gemm(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, S* pre_gelu) {
+  Gemm g;
+  g.m = OC, g.n = N, g.k = IC;
+  g.ab_type = g.d_type = dtype_of<S>();
+  g.trans_a = true, g.a = weight, g.lda = IC;
+  g.b = inp, g.ldb = IC;
+  g.d = out, g.ldd = OC;
+  g.bias = bias;
+  if (pre_gelu) g.epilogue = Epilogue::gelu, g.aux = pre_gelu;
+  return g;
+}
+
+// dweight (IC x OC, fp32) += inp dout^T.
+template <class S>
+Gemm dweight_gemm(float* dweight, const S* dout, const S* inp, int N, int IC, int OC) {
+  Gemm g;
+  g.m = IC, g.n = OC, g.k = N;
+  g.ab_type = dtype_of<S>(), g.d_type = DType::f32;
+  g.a = inp, g.lda = IC;
+  g.trans_b = true, g.b = dout, g.ldb = OC;
+  g.d = dweight, g.ldd = IC;
+  g.beta = 1.f;  // parameter gradients accumulate
+  return g;
+}
+
+// dinp (IC x N) = weight dout (DGELU epilogue with the previous layer's pre_gelu, when given).
+template <class S>
+Gemm dinp_gemm(S* dinp, const S* dout, const S* weight, int N, int IC, int OC, const S* pre_gelu) {
+  Gemm g;
+  g.m = IC, g.n = N, g.k = OC;
+  g.ab_type = g.d_type = dtype_of<S>();
+  g.a = weight, g.lda = IC;
+  g.b = dout, g.ldb = OC;
+  g.d = dinp, g.ldd = IC;
+  // The epilogue only reads pre_gelu; the GEMM descriptor takes a non-const pointer for both uses.
+  if (pre_gelu) g.epilogue = Epilogue::dgelu, g.aux = const_cast<S*>(pre_gelu);
+  return g;
+}
+
+// ---- the bias gradient ----
+
+// dbias[c] += sum_r x[r, c] over a row-major (R, C) matrix. A block owns 32 columns; its 32 rows of
+// threads stride over R and their partials are added in row-lane order, so the sum is reproducible.
+template <class D>
+__global__ void column_sum_kernel(float* dbias, const D* x, int R, int C) {
+  MT_SHARED(float[kWarp][kWarp + 1], part);
+  const int c = int(blockIdx.x) * kWarp + int(threadIdx.x);
+  float s = 0.f;
+  if (c < C)
+    for (int r = int(threadIdx.y); r < R; r += int(blockDim.y)) s += load(x[int64_t(r) * C + c]);
+  part[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float total = 0.f;
+    for (int y = 0; y < int(blockDim.y); y++) total += part[y][threadIdx.x];
+    dbias[c] += total;
+  }
+}
+
+// column_sum_kernel: a block of 32 x 32 threads per 32 columns.
+inline LaunchShape column_sum_shape(int C) { return {dim3(ceil_div(C, kWarp)), dim3(kWarp, kWarp)}; }
+
+}  // namespace mt::cuda::matmul_kernels

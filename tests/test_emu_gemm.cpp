@@ -1,0 +1,279 @@
+// The GEMM-backed CUDA ops (linear layers, materialised attention), built by the host compiler and run
+// on the warp emulator (kernels/cuda/warp_emulation.h) against their CPU twins (kernels/cpu/cpu_ops.h),
+// in float, bf16 and fp16.
+//
+// cuBLASLt cannot run here, but gemm() (kernels/cuda/gemm.cu) has a path that needs no library: when
+// cuBLASLt offers no algorithm, a SIMT kernel computes the product, and an epilogue kernel applies the
+// bias or GELU into D from an fp32 temporary. The tests run the ops' own GEMM descriptors (the
+// *_gemm functions of matmul_kernels.cuh and attention_kernels.cuh) through that path, between the
+// ops' other kernels in the launchers' order, so they check the descriptors (shapes, transposes,
+// leading dimensions, batch strides), the fallback kernels and the non-GEMM kernels (bias gradient,
+// masked softmax and its backward, the rounding of dQ and dK) together. Tolerances are the GPU's
+// (kernels/cuda/tolerances.h).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/attention_kernels.cuh"
+#include "kernels/cuda/gemm_kernels.cuh"
+#include "kernels/cuda/matmul_kernels.cuh"
+#include "kernels/cuda/tolerances.h"
+#include "runtime/storage.h"
+#include "tests/test_util.h"
+
+namespace {
+
+using mt::bf16;
+using mt::DType;
+using mt::f16;
+using mt::cuda::dev_ptr;
+using mt::cuda::Epilogue;
+using mt::cuda::Gemm;
+using mt::cuda::LaunchShape;
+namespace tol = mt::cuda::tol;
+namespace ak = mt::cuda::attention_kernels;
+namespace gk = mt::cuda::gemm_kernels;
+namespace mk = mt::cuda::matmul_kernels;
+
+template <class Kernel, class... Args>
+void run(const LaunchShape& l, Kernel kernel, Args... args) {
+  mt::cuda::emu::launch(l.grid, l.block, l.smem, kernel, args...);
+}
+
+// Values rounded to storage type S, and S values loaded into fp32, as the CPU backend rounds and loads.
+// (Not device_array.h's: its unqualified store_as finds storage.cuh's device one when that comes first.)
+template <class S>
+std::vector<S> to_storage(const std::vector<float>& x) {
+  std::vector<S> out(x.size());
+  for (size_t i = 0; i < x.size(); i++) out[i] = mt::store_as<S>(x[i]);
+  return out;
+}
+template <class S>
+std::vector<float> to_floats(const std::vector<S>& x) {
+  std::vector<float> out(x.size());
+  for (size_t i = 0; i < x.size(); i++) out[i] = mt::load(x[i]);
+  return out;
+}
+
+// max |got - want| / max |want| (infinite when got holds a NaN that want does not).
+template <class T>
+double error(const std::vector<T>& got, const std::vector<T>& want) {
+  const std::vector<float> g = to_floats(got), w = to_floats(want);
+  return mt::testing::max_rel_error(g.data(), w.data(), g.size());
+}
+
+template <class T>
+std::vector<T> nans(size_t n) {
+  std::vector<T> v(n);
+  std::memset(static_cast<void*>(v.data()), 0xff, n * sizeof(T));
+  return v;
+}
+
+// ---- gemm() without cuBLASLt, as gemm.cu runs it ----
+
+template <class AB, class D>
+void simple_gemm(const Gemm& g, void* d, int ldd, int64_t stride_d, float beta) {
+  run(gk::simple_gemm_shape(g.m, g.n, g.batch), gk::simple_gemm_kernel<AB, D>, static_cast<D*>(d), ldd, stride_d,
+      beta, static_cast<const AB*>(g.a), g.lda, g.stride_a, g.trans_a, static_cast<const AB*>(g.b), g.ldb,
+      g.stride_b, g.trans_b, g.alpha, g.m, g.n, g.k, g.batch);
+}
+
+// The SIMT kernel for g's operand type, writing D of type d_type.
+void simple_gemm(const Gemm& g, void* d, DType d_type, int ldd, int64_t stride_d, float beta) {
+  const bool f32_out = d_type == DType::f32;
+  if (g.ab_type == DType::bf16 && f32_out)
+    simple_gemm<__nv_bfloat16, float>(g, d, ldd, stride_d, beta);
+  else if (g.ab_type == DType::bf16)
+    simple_gemm<__nv_bfloat16, __nv_bfloat16>(g, d, ldd, stride_d, beta);
+  else if (g.ab_type == DType::f16 && f32_out)
+    simple_gemm<__half, float>(g, d, ldd, stride_d, beta);
+  else if (g.ab_type == DType::f16)
+    simple_gemm<__half, __half>(g, d, ldd, stride_d, beta);
+  else
+    simple_gemm<float, float>(g, d, ldd, stride_d, beta);
+}
+
+template <class D>
+void epilogue(const Gemm& g, const float* x) {
+  run(gk::epilogue_shape(g.m, g.n), gk::epilogue_kernel<D>, static_cast<D*>(g.d), g.ldd, x,
+      static_cast<const D*>(g.bias), static_cast<D*>(g.aux), g.epilogue, g.m, g.n);
+}
+
+// gemm(g) when cuBLASLt has no algorithm: the product straight into D, or, with a bias or GELU
+// epilogue, into an fp32 (m x n) temporary that the epilogue kernel reads.
+void emulated_gemm(const Gemm& g) {
+  if (g.bias == nullptr && g.epilogue == Epilogue::none) {
+    simple_gemm(g, g.d, g.d_type, g.ldd, g.stride_d, g.beta);
+    return;
+  }
+  std::vector<float> x(size_t(g.m) * size_t(g.n));
+  simple_gemm(g, x.data(), DType::f32, g.m, 0, 0.f);
+  switch (g.d_type) {
+    case DType::bf16: epilogue<__nv_bfloat16>(g, x.data()); break;
+    case DType::f16: epilogue<__half>(g, x.data()); break;
+    default: epilogue<float>(g, x.data()); break;
+  }
+}
+
+// ---- fixture ----
+
+template <class S>
+class EmulatedGemmOps : public ::testing::Test {
+ protected:
+  std::vector<S> values(size_t n, float lo = -1.f, float hi = 1.f) {
+    return to_storage<S>(mt::testing::random_floats(n, rng, lo, hi));
+  }
+  std::vector<float> floats(size_t n) { return mt::testing::random_floats(n, rng); }
+  std::mt19937_64 rng{mt::testing::test_seed()};
+};
+struct StorageNames {
+  template <class S>
+  static std::string GetName(int) {
+    return mt::dtype_name(mt::dtype_of<S>());
+  }
+};
+using StorageTypes = ::testing::Types<float, bf16, f16>;
+TYPED_TEST_SUITE(EmulatedGemmOps, StorageTypes, StorageNames);
+
+struct LinearShape { int N, IC, OC; };
+// N = 37 > 32: the bias-gradient threads take a second row; OC = 53 spans two 32-column blocks.
+const LinearShape kLinearShapes[] = {{1, 1, 1}, {7, 13, 5}, {37, 19, 53}};
+
+TYPED_TEST(EmulatedGemmOps, MatmulForwardMatchesTheCpu) {
+  using S = TypeParam;
+  for (LinearShape s : kLinearShapes) {
+    for (int variant = 0; variant < 4; variant++) {  // 0: plain, 1: bias, 2: bias + GELU, 3: GELU
+      const bool bias = variant == 1 || variant == 2, gelu = variant >= 2;
+      SCOPED_TRACE(::testing::Message() << "N=" << s.N << " IC=" << s.IC << " OC=" << s.OC << " bias=" << bias
+                                        << " gelu=" << gelu);
+      const auto inp = this->values(size_t(s.N) * s.IC), w = this->values(size_t(s.OC) * s.IC);
+      const auto b = this->values(size_t(s.OC));
+      const size_t nout = size_t(s.N) * s.OC;
+      std::vector<S> out(nout), pre(nout), got = nans<S>(nout), got_pre = nans<S>(nout);
+      mt::cpu::matmul_fwd<S>(out.data(), inp.data(), w.data(), bias ? b.data() : nullptr, s.N, s.IC, s.OC,
+                             gelu ? pre.data() : nullptr);
+      emulated_gemm(mk::fwd_gemm<S>(got.data(), inp.data(), w.data(), bias ? b.data() : nullptr, s.N, s.IC, s.OC,
+                                    gelu ? got_pre.data() : nullptr));
+      EXPECT_LE(error(got, out), (gelu ? tol::kMatmulGelu : tol::kMatmul).of<S>()) << "out";
+      if (gelu) {
+        EXPECT_LE(error(got_pre, pre), tol::kMatmul.of<S>()) << "pre_gelu";
+      }
+    }
+  }
+}
+
+TYPED_TEST(EmulatedGemmOps, MatmulBackwardAssignsDinpAndAccumulatesDweightDbias) {
+  using S = TypeParam;
+  using D = mt::cuda::dev_t<S>;
+  for (LinearShape s : kLinearShapes) {
+    for (bool gelu : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "N=" << s.N << " IC=" << s.IC << " OC=" << s.OC << " gelu=" << gelu);
+      const auto inp = this->values(size_t(s.N) * s.IC), w = this->values(size_t(s.OC) * s.IC);
+      const auto dout = this->values(size_t(s.N) * s.OC), pre = this->values(inp.size(), -3.f, 3.f);
+      auto dw = this->floats(w.size()), db = this->floats(size_t(s.OC));
+      auto got_dw = dw, got_db = db;
+      std::vector<S> dinp(inp.size()), got_dinp = nans<S>(inp.size());
+      const S* p = gelu ? pre.data() : nullptr;
+      mt::cpu::matmul_bwd<S>(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), s.N, s.IC, s.OC, p);
+      // matmul_bwd's order: the bias gradient, dweight, dinp.
+      run(mk::column_sum_shape(s.OC), mk::column_sum_kernel<D>, got_db.data(), dev_ptr(dout.data()), s.N, s.OC);
+      emulated_gemm(mk::dweight_gemm<S>(got_dw.data(), dout.data(), inp.data(), s.N, s.IC, s.OC));
+      emulated_gemm(mk::dinp_gemm<S>(got_dinp.data(), dout.data(), w.data(), s.N, s.IC, s.OC, p));
+      EXPECT_LE(error(got_dw, dw), tol::kMatmulParamGrads.of<S>()) << "dweight";
+      EXPECT_LE(error(got_db, db), tol::kMatmulParamGrads.of<S>()) << "dbias";
+      EXPECT_LE(error(got_dinp, dinp), (gelu ? tol::kMatmulGelu : tol::kMatmul).of<S>()) << "dinp";
+    }
+  }
+}
+
+struct AttentionShape {
+  int B, T, C, NH;
+  bool docs;
+};
+// T = 1; head sizes 4, 10 and 12; T = 33 and 40 put rows past a warp; packed documents.
+const AttentionShape kAttentionShapes[] = {
+    {1, 1, 8, 1, false}, {2, 7, 12, 3, false}, {1, 33, 20, 2, true}, {2, 40, 24, 2, true}};
+
+std::string label(const AttentionShape& s) {
+  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " C=" + std::to_string(s.C) +
+         " NH=" + std::to_string(s.NH) + (s.docs ? " docs" : "");
+}
+
+TYPED_TEST(EmulatedGemmOps, AttentionForwardMatchesTheCpu) {
+  using S = TypeParam;
+  using D = mt::cuda::dev_t<S>;
+  for (const AttentionShape& s : kAttentionShapes) {
+    SCOPED_TRACE(label(s));
+    const ak::Dims dims{s.B, s.T, s.C, s.NH, s.C / s.NH};
+    const size_t nqkv = size_t(s.B) * s.T * 3 * s.C, nout = size_t(s.B) * s.T * s.C;
+    const size_t natt = size_t(s.B) * s.NH * s.T * s.T;
+    const auto qkv = this->values(nqkv, -2.f, 2.f);
+    const auto doc = mt::testing::random_doc_ids(s.B, s.T, this->rng);
+    const int32_t* d = s.docs ? doc.data() : nullptr;
+    std::vector<S> out(nout), att(natt), got_out = nans<S>(nout), got_att = nans<S>(natt);
+    mt::cpu::attention_fwd<S>(out.data(), att.data(), qkv.data(), d, s.B, s.T, s.C, s.NH);
+
+    // attention_fwd's sequence: fp32 scores (in att itself for float storage), the masked softmax
+    // into att, then out from att as stored.
+    std::vector<float> temp(std::is_same_v<S, float> ? 0 : natt, NAN);
+    float* scores = std::is_same_v<S, float> ? reinterpret_cast<float*>(got_att.data()) : temp.data();
+    for (int b = 0; b < s.B; b++) emulated_gemm(ak::scores_gemm(dims, scores, qkv.data(), b));
+    const int64_t rows = int64_t(s.B) * s.NH * s.T;
+    run(ak::rows_shape(rows), ak::masked_softmax_kernel<D>, dev_ptr(got_att.data()), static_cast<const float*>(scores),
+        d, s.B, s.NH, s.T);
+    for (int b = 0; b < s.B; b++) emulated_gemm(ak::out_gemm(dims, got_out.data(), qkv.data(), got_att.data(), b));
+
+    EXPECT_LE(error(got_att, att), tol::kAttentionFwd.of<S>()) << "att";
+    EXPECT_LE(error(got_out, out), tol::kAttentionFwd.of<S>()) << "out";
+  }
+}
+
+TYPED_TEST(EmulatedGemmOps, AttentionBackwardMatchesTheCpu) {
+  using S = TypeParam;
+  using D = mt::cuda::dev_t<S>;
+  constexpr bool kF32 = std::is_same_v<S, float>;
+  for (const AttentionShape& s : kAttentionShapes) {
+    SCOPED_TRACE(label(s));
+    const ak::Dims dims{s.B, s.T, s.C, s.NH, s.C / s.NH};
+    const size_t nqkv = size_t(s.B) * s.T * 3 * s.C, nout = size_t(s.B) * s.T * s.C;
+    const size_t natt = size_t(s.B) * s.NH * s.T * s.T;
+    const auto qkv = this->values(nqkv, -2.f, 2.f), dout = this->values(nout);
+    const auto doc = mt::testing::random_doc_ids(s.B, s.T, this->rng);
+    const int32_t* d = s.docs ? doc.data() : nullptr;
+    // Both sides start from the CPU forward's P, as the GPU tests do.
+    std::vector<S> out(nout), att(natt), dqkv(nqkv), got_dqkv = nans<S>(nqkv);
+    std::vector<float> ds(natt), got_ds = nans<float>(natt);
+    mt::cpu::attention_fwd<S>(out.data(), att.data(), qkv.data(), d, s.B, s.T, s.C, s.NH);
+    mt::cpu::attention_bwd<S>(dqkv.data(), ds.data(), dout.data(), qkv.data(), att.data(), d, s.B, s.T, s.C, s.NH);
+
+    // attention_bwd's sequence: dP into the scratch, dS in place, then dQ and dK in fp32 (into dqkv
+    // itself for float storage, else a temporary rounded into dqkv at the end) and dV into dqkv. The
+    // fp32 copy of qkv is made by the convert op (checked in test_emu_ops.cpp); here on the host.
+    const std::vector<float> qkv32 = to_floats(qkv);
+    std::vector<float> dqk_temp(kF32 ? 0 : nqkv, NAN);
+    float* dqk32 = kF32 ? reinterpret_cast<float*>(got_dqkv.data()) : dqk_temp.data();
+    for (int b = 0; b < s.B; b++) emulated_gemm(ak::dp_gemm(dims, got_ds.data(), dout.data(), qkv.data(), b));
+    const int64_t rows = int64_t(s.B) * s.NH * s.T;
+    run(ak::rows_shape(rows), ak::softmax_bwd_kernel<D>, got_ds.data(), dev_ptr(att.data()), rows, s.T);
+    for (int b = 0; b < s.B; b++) {
+      emulated_gemm(ak::dq_gemm(dims, dqk32, qkv32.data(), got_ds.data(), b));
+      emulated_gemm(ak::dk_gemm(dims, dqk32, qkv32.data(), got_ds.data(), b));
+      emulated_gemm(ak::dv_gemm(dims, got_dqkv.data(), dout.data(), att.data(), b));
+    }
+    if (!kF32) {
+      run(ak::store_qk_shape(int64_t(s.B) * s.T, s.C), ak::store_qk_kernel<D>, dev_ptr(got_dqkv.data()),
+          static_cast<const float*>(dqk32), int64_t(s.B) * s.T, s.C);
+    }
+
+    EXPECT_LE(error(got_ds, ds), tol::kAttentionBwd.f32) << "dS (fp32 scratch)";
+    EXPECT_LE(error(got_dqkv, dqkv), tol::kAttentionBwd.of<S>()) << "dqkv";
+  }
+}
+
+}  // namespace

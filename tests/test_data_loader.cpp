@@ -259,8 +259,13 @@ TEST_F(LoaderTest, DamagedShardIsReportedWhenTheLoaderOpens) {
   {
     std::FILE* f = std::fopen(victim.c_str(), "r+b");
     ASSERT_TRUE(f);
+    // Flip the byte's bits: writing a fixed value leaves the shard intact when the byte already has
+    // it (one seed in 256).
     std::fseek(f, long(kShardHeaderBytes) + 10, SEEK_SET);
-    std::fputc(0x5a, f);
+    const int old = std::fgetc(f);
+    ASSERT_NE(old, EOF);
+    std::fseek(f, long(kShardHeaderBytes) + 10, SEEK_SET);
+    std::fputc(old ^ 0xff, f);
     std::fclose(f);
   }
   try {

@@ -12,6 +12,7 @@
 #include "train/selftest_checker.h"
 
 #ifdef MT_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
 
 namespace mt::train::selftest_detail {
 namespace {
@@ -30,6 +31,12 @@ const AttnShape kFlashShapes[] = {{2, 7, 12, 3, false, false},  {3, 70, 40, 5, t
 
 std::string label(const AttnShape& s) {
   return strfmt("B=%d T=%d C=%d NH=%d%s", s.B, s.T, s.C, s.NH, s.docs ? " docs" : "");
+}
+
+// Which flash kernels a shape runs on the GPU, for the table.
+template <class S>
+std::string kernel_label(const AttnShape& s, bool backward) {
+  return cuda::flash_attention_on_tensor_cores(dtype_of<S>(), s.C / s.NH, backward) ? " [tensor cores]" : " [SIMT]";
 }
 
 // The inputs of one shape: qkv, the document ids (nullptr when unmasked) on both sides.
@@ -95,7 +102,7 @@ template <class S>
 void flash_attention_fwd_check(Checker& c) {
   for (const AttnShape& s : kFlashShapes) {
     if (!runs_at<S>(s.big)) continue;
-    c.at<S>(label(s));
+    c.at<S>(label(s) + kernel_label<S>(s, false));
     AttnInputs<S> in(c, s);
     std::vector<S> out(size_t(s.B) * s.T * s.C);
     std::vector<float> lse(size_t(s.B) * s.NH * s.T);
@@ -112,7 +119,7 @@ template <class S>
 void flash_attention_bwd_check(Checker& c) {
   for (const AttnShape& s : kFlashShapes) {
     if (!runs_at<S>(s.big)) continue;
-    c.at<S>(label(s));
+    c.at<S>(label(s) + kernel_label<S>(s, true));
     AttnInputs<S> in(c, s);
     std::vector<S> out(size_t(s.B) * s.T * s.C), dqkv(in.qkv.size());
     std::vector<float> lse(size_t(s.B) * s.NH * s.T), scratch(lse.size());

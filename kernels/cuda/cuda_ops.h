@@ -51,6 +51,9 @@ void flash_attention_fwd(S* out, float* lse, const S* qkv, const int32_t* doc, i
 template <class S>
 void flash_attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* out, const float* lse,
                          const int32_t* doc, int B, int T, int C, int NH, const ops::Ctx& ctx);
+// Whether flash attention in storage type t at head size hs runs the tensor-core kernels on the
+// current device (for 16-byte aligned tensors), rather than the fp32 SIMT ones.
+bool flash_attention_on_tensor_cores(DType t, int hs, bool backward);
 template <class S>
 void add(S* out, const S* a, const S* b, int64_t N, const ops::Ctx& ctx);
 template <class S>

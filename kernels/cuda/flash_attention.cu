@@ -134,6 +134,11 @@ void flash_attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, c
   }
 }
 
+bool flash_attention_on_tensor_cores(DType t, int hs, bool backward) {
+  if (t != DType::bf16 && t != DType::f16) return false;
+  return backward ? flash_mma::takes_bwd(hs, nullptr, nullptr, nullptr) : flash_mma::takes_fwd(hs, nullptr, nullptr);
+}
+
 #define MT_FLASH_INSTANTIATE(S)                                                                                  \
   template void flash_attention_fwd<S>(S*, float*, const S*, const int32_t*, int, int, int, int, const ops::Ctx&); \
   template void flash_attention_bwd<S>(S*, float*, const S*, const S*, const S*, const float*, const int32_t*, int, \

@@ -16,10 +16,12 @@
 #include "kernels/cuda/flash_attention_kernels.cuh"
 #include "kernels/cuda/tolerances.h"
 #include "runtime/storage.h"
+#include "tests/emu_test_util.h"
 #include "tests/test_util.h"
 
 namespace {
 
+using namespace mt::testing::emu;  // run, to_storage, to_floats, error, part_error, nans (tests/emu_test_util.h)
 using mt::bf16;
 using mt::f16;
 using mt::cuda::dev_ptr;
@@ -27,39 +29,6 @@ using mt::cuda::LaunchShape;
 using mt::testing::max_rel_error;
 namespace fk = mt::cuda::flash_attention_kernels;
 namespace tol = mt::cuda::tol;
-
-template <class Kernel, class... Args>
-void run(const LaunchShape& l, Kernel kernel, Args... args) {
-  mt::cuda::emu::launch(l.grid, l.block, l.smem, kernel, args...);
-}
-
-template <class S>
-std::vector<S> to_storage(const std::vector<float>& x) {
-  std::vector<S> out(x.size());
-  for (size_t i = 0; i < x.size(); i++) out[i] = mt::store_as<S>(x[i]);
-  return out;
-}
-
-template <class T>
-std::vector<T> nans(size_t n) {
-  std::vector<T> v(n);
-  std::memset(static_cast<void*>(v.data()), 0xff, n * sizeof(T));
-  return v;
-}
-
-// max |a - b| / max |b| over columns [c0, c0 + width) of (rows, ld) matrices, the denominator at
-// least `floor`.
-template <class S>
-double part_error(const std::vector<S>& a, const std::vector<S>& b, int rows, int ld, int c0, int width,
-                  double floor) {
-  std::vector<float> x, y;
-  for (int r = 0; r < rows; r++)
-    for (int c = c0; c < c0 + width; c++) {
-      x.push_back(mt::load(a[size_t(r) * ld + c]));
-      y.push_back(mt::load(b[size_t(r) * ld + c]));
-    }
-  return max_rel_error(x.data(), y.data(), x.size(), floor);
-}
 
 struct Shape {
   int B, T, C, NH;

@@ -18,10 +18,12 @@
 #include "kernels/cuda/flash_attention_mma_kernels.cuh"
 #include "kernels/cuda/tolerances.h"
 #include "runtime/storage.h"
+#include "tests/emu_test_util.h"
 #include "tests/test_util.h"
 
 namespace {
 
+using namespace mt::testing::emu;  // run, to_storage, to_floats, error, part_error, nans (tests/emu_test_util.h)
 using mt::bf16;
 using mt::f16;
 using mt::testing::max_rel_error;
@@ -48,33 +50,6 @@ const Shape kShapes[] = {{1, 1, 64, 1, false},  {2, 70, 128, 2, false}, {1, 130,
 std::string label(const Shape& s) {
   return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " C=" + std::to_string(s.C) +
          " NH=" + std::to_string(s.NH) + (s.docs ? " docs" : "");
-}
-
-template <class S>
-std::vector<S> to_storage(const std::vector<float>& x) {
-  std::vector<S> out(x.size());
-  for (size_t i = 0; i < x.size(); i++) out[i] = mt::store_as<S>(x[i]);
-  return out;
-}
-template <class S>
-std::vector<float> to_floats(const S* x, size_t n) {
-  std::vector<float> out(n);
-  for (size_t i = 0; i < n; i++) out[i] = mt::load(x[i]);
-  return out;
-}
-
-// max |a - b| / max |b| over the rows' columns [c0, c0 + width) of (rows, ld) matrices, the
-// denominator at least `floor`.
-template <class S>
-double part_error(const std::vector<S>& a, const std::vector<S>& b, int rows, int ld, int c0, int width,
-                  double floor) {
-  std::vector<float> x, y;
-  for (int r = 0; r < rows; r++)
-    for (int c = c0; c < c0 + width; c++) {
-      x.push_back(mt::load(a[size_t(r) * ld + c]));
-      y.push_back(mt::load(b[size_t(r) * ld + c]));
-    }
-  return max_rel_error(x.data(), y.data(), x.size(), floor);
 }
 
 template <class D, int HS>
@@ -135,7 +110,7 @@ TYPED_TEST(FlashMmaEmulated, ForwardMatchesTheCpuTwin) {
     std::vector<float> lse(nlse, NAN);
     run_fwd(reinterpret_cast<D*>(out.data()), lse.data(), reinterpret_cast<const D*>(qkv.data()), d, s);
 
-    const auto o = to_floats(out.data(), nout), r = to_floats(ref.data(), nout);
+    const auto o = to_floats(out), r = to_floats(ref);
     EXPECT_LE(max_rel_error(o.data(), r.data(), nout), tol::kFlashFwd.of<S>());
     EXPECT_LE(max_rel_error(lse.data(), ref_lse.data(), nlse), tol::kFlashLse.of<S>());
   }

@@ -15,21 +15,18 @@
 #include "kernels/cuda/reduce_kernels.cuh"
 #include "kernels/cuda/tolerances.h"
 #include "runtime/dtype.h"
+#include "tests/emu_test_util.h"
 #include "tests/test_util.h"
 
 namespace {
 
+using namespace mt::testing::emu;  // run, to_storage, to_floats, error, part_error, nans (tests/emu_test_util.h)
 using mt::cuda::LaunchShape;
 using mt::testing::max_rel_error;
 namespace tol = mt::cuda::tol;
 namespace ak = mt::cuda::adamw_kernels;
 namespace ek = mt::cuda::elementwise_kernels;
 namespace rk = mt::cuda::reduce_kernels;
-
-template <class Kernel, class... Args>
-void run(const LaunchShape& l, Kernel kernel, Args... args) {
-  mt::cuda::emu::launch(l.grid, l.block, l.smem, kernel, args...);
-}
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -25,10 +25,12 @@
 #include "kernels/cuda/matmul_kernels.cuh"
 #include "kernels/cuda/tolerances.h"
 #include "runtime/storage.h"
+#include "tests/emu_test_util.h"
 #include "tests/test_util.h"
 
 namespace {
 
+using namespace mt::testing::emu;  // run, to_storage, to_floats, error, part_error, nans (tests/emu_test_util.h)
 using mt::bf16;
 using mt::DType;
 using mt::f16;
@@ -40,40 +42,6 @@ namespace tol = mt::cuda::tol;
 namespace ak = mt::cuda::attention_kernels;
 namespace gk = mt::cuda::gemm_kernels;
 namespace mk = mt::cuda::matmul_kernels;
-
-template <class Kernel, class... Args>
-void run(const LaunchShape& l, Kernel kernel, Args... args) {
-  mt::cuda::emu::launch(l.grid, l.block, l.smem, kernel, args...);
-}
-
-// Values rounded to storage type S, and S values loaded into fp32, as the CPU backend rounds and loads.
-// (Not device_array.h's: its unqualified store_as finds storage.cuh's device one when that comes first.)
-template <class S>
-std::vector<S> to_storage(const std::vector<float>& x) {
-  std::vector<S> out(x.size());
-  for (size_t i = 0; i < x.size(); i++) out[i] = mt::store_as<S>(x[i]);
-  return out;
-}
-template <class S>
-std::vector<float> to_floats(const std::vector<S>& x) {
-  std::vector<float> out(x.size());
-  for (size_t i = 0; i < x.size(); i++) out[i] = mt::load(x[i]);
-  return out;
-}
-
-// max |got - want| / max |want| (infinite when got holds a NaN that want does not).
-template <class T>
-double error(const std::vector<T>& got, const std::vector<T>& want) {
-  const std::vector<float> g = to_floats(got), w = to_floats(want);
-  return mt::testing::max_rel_error(g.data(), w.data(), g.size());
-}
-
-template <class T>
-std::vector<T> nans(size_t n) {
-  std::vector<T> v(n);
-  std::memset(static_cast<void*>(v.data()), 0xff, n * sizeof(T));
-  return v;
-}
 
 // ---- gemm() without cuBLASLt, as gemm.cu runs it ----
 

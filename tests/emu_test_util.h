@@ -1,0 +1,64 @@
+// Helpers shared by the warp-emulator tests (tests/test_emu_*.cpp): launching a kernel header's
+// kernel at its launcher's shape, storage-type conversions as the CPU backend does them, NaN-filled
+// outputs, and error measures.
+#pragma once
+#include <cstring>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/warp_emulation.h"
+#include "runtime/storage.h"
+#include "tests/test_util.h"
+
+namespace mt::testing::emu {
+
+// Runs a kernel on the emulator with the shape its launcher gives it.
+template <class Kernel, class... Args>
+void run(const cuda::LaunchShape& l, Kernel kernel, Args... args) {
+  cuda::emu::launch(l.grid, l.block, l.smem, kernel, args...);
+}
+
+// Values rounded to storage type S, and S values loaded into fp32, as the CPU backend rounds and loads.
+template <class S>
+std::vector<S> to_storage(const std::vector<float>& x) {
+  std::vector<S> out(x.size());
+  for (size_t i = 0; i < x.size(); i++) out[i] = ::mt::store_as<S>(x[i]);
+  return out;
+}
+template <class S>
+std::vector<float> to_floats(const std::vector<S>& x) {
+  std::vector<float> out(x.size());
+  for (size_t i = 0; i < x.size(); i++) out[i] = ::mt::load(x[i]);
+  return out;
+}
+
+// max |got - want| / max |want| (infinite when got holds a NaN that want does not).
+template <class T>
+double error(const std::vector<T>& got, const std::vector<T>& want) {
+  const std::vector<float> g = to_floats(got), w = to_floats(want);
+  return max_rel_error(g.data(), w.data(), g.size());
+}
+
+// max |a - b| / max |b| over columns [c0, c0 + width) of (rows, ld) matrices, the denominator at
+// least `floor`.
+template <class S>
+double part_error(const std::vector<S>& a, const std::vector<S>& b, int rows, int ld, int c0, int width,
+                  double floor) {
+  std::vector<float> x, y;
+  for (int r = 0; r < rows; r++)
+    for (int c = c0; c < c0 + width; c++) {
+      x.push_back(::mt::load(a[size_t(r) * ld + c]));
+      y.push_back(::mt::load(b[size_t(r) * ld + c]));
+    }
+  return max_rel_error(x.data(), y.data(), x.size(), floor);
+}
+
+// An output buffer of NaN (all bits set), so that an element a kernel fails to write shows.
+template <class T>
+std::vector<T> nans(size_t n) {
+  std::vector<T> v(n);
+  std::memset(static_cast<void*>(v.data()), 0xff, n * sizeof(T));
+  return v;
+}
+
+}  // namespace mt::testing::emu

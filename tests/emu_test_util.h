@@ -2,11 +2,16 @@
 // kernel at its launcher's shape, storage-type conversions as the CPU backend does them, NaN-filled
 // outputs, and error measures.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <cstring>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/warp_emulation.h"
+#include "runtime/dtype.h"
 #include "runtime/storage.h"
 #include "tests/test_util.h"
 
@@ -60,5 +65,23 @@ std::vector<T> nans(size_t n) {
   std::memset(static_cast<void*>(v.data()), 0xff, n * sizeof(T));
   return v;
 }
+
+// The fixture of the typed tests: random inputs already rounded to the storage type S.
+template <class S>
+class EmulatedTest : public ::testing::Test {
+ protected:
+  std::vector<S> values(size_t n, float lo = -1.f, float hi = 1.f) {
+    return to_storage<S>(random_floats(n, rng, lo, hi));
+  }
+  std::vector<float> floats(size_t n) { return random_floats(n, rng); }
+  std::mt19937_64 rng{test_seed()};
+};
+using StorageTypes = ::testing::Types<float, bf16, f16>;
+struct StorageNames {
+  template <class S>
+  static std::string GetName(int) {
+    return dtype_name(dtype_of<S>());
+  }
+};
 
 }  // namespace mt::testing::emu

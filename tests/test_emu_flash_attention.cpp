@@ -84,17 +84,7 @@ void bwd(D* dqkv, float* scratch, const D* dout, const D* qkv, const D* out, con
 }
 
 template <class S>
-class FlashSimtEmulated : public ::testing::Test {
- protected:
-  std::mt19937_64 rng{mt::testing::test_seed()};
-};
-struct StorageNames {
-  template <class S>
-  static std::string GetName(int) {
-    return mt::dtype_name(mt::dtype_of<S>());
-  }
-};
-using StorageTypes = ::testing::Types<float, bf16, f16>;
+class FlashSimtEmulated : public EmulatedTest<S> {};
 TYPED_TEST_SUITE(FlashSimtEmulated, StorageTypes, StorageNames);
 
 TYPED_TEST(FlashSimtEmulated, ForwardMatchesTheCpuTwin) {

@@ -48,21 +48,7 @@ std::vector<int32_t> random_ints(size_t n, int lo, int hi, std::mt19937_64& rng)
 }
 
 template <class S>
-class EmulatedOps : public ::testing::Test {
- protected:
-  std::vector<S> values(size_t n, float lo = -1.f, float hi = 1.f) {
-    return to_storage<S>(mt::testing::random_floats(n, rng, lo, hi));
-  }
-  std::vector<float> floats(size_t n) { return mt::testing::random_floats(n, rng); }
-  std::mt19937_64 rng{mt::testing::test_seed()};
-};
-struct StorageNames {
-  template <class S>
-  static std::string GetName(int) {
-    return mt::dtype_name(mt::dtype_of<S>());
-  }
-};
-using StorageTypes = ::testing::Types<float, bf16, f16>;
+class EmulatedOps : public EmulatedTest<S> {};
 TYPED_TEST_SUITE(EmulatedOps, StorageTypes, StorageNames);
 
 TYPED_TEST(EmulatedOps, EncoderForwardIsExactlyTheCpuGather) {

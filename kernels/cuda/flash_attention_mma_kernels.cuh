@@ -69,6 +69,40 @@ __device__ inline float quad_sum(float v) {
   return v + __shfl_xor_sync(kFull, v, 2);
 }
 
+// The warp's 16 x 64 score tile acc = A B^T: A is the warp's 16 rows of the block (KS k16 fragments
+// over the head dimension, held in registers), B the 64 rows of a shared tile (row stride LD).
+template <class D, int KS, int LD>
+__device__ inline void score_tile(float acc[kColTiles][4], const uint32_t (&a)[KS][4], const D* tile, Lane ln) {
+#pragma unroll
+  for (int n = 0; n < kColTiles; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < KS; kk++) {
+#pragma unroll
+    for (int n = 0; n < kColTiles; n++) {
+      uint32_t b[2];
+      mma::load_b_nmajor(b, tile, LD, n * 8, kk * 16, ln);
+      mma::mma<D>(acc[n], a[kk], b);
+    }
+  }
+}
+
+// out (the warp's 16 rows x NT * 8 head dimensions) += P V: P is a score tile in registers (rounded
+// to D here), V the 64 rows of a shared tile (row stride LD).
+template <class D, int NT, int LD>
+__device__ inline void accumulate_pv(float out[NT][4], const float p[kColTiles][4], const D* tile, Lane ln) {
+#pragma unroll
+  for (int j = 0; j < kColSteps; j++) {
+    uint32_t a[4];
+    mma::a_from_acc<D>(a, p[2 * j], p[2 * j + 1]);
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      uint32_t b[2];
+      mma::load_b_kmajor(b, tile, LD, n * 8, j * 16, ln);
+      mma::mma<D>(out[n], a, b);
+    }
+  }
+}
+
 template <class D, int HS>
 __global__ void __launch_bounds__(kThreads)
     fwd_kernel(D* out, float* lse, const D* qkv, const int32_t* doc, int T, int C, int NH, float scale_log2) {
@@ -106,16 +140,8 @@ __global__ void __launch_bounds__(kThreads)
     load_docs(kdoc, bdoc, k0, T);
     __syncthreads();
 
-    float s[kColTiles][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < KS; kk++) {
-#pragma unroll
-      for (int n = 0; n < kColTiles; n++) {
-        uint32_t bk[2];
-        mma::load_b_nmajor(bk, Ks, LD, n * 8, kk * 16, ln);
-        mma::mma<D>(s[n], qf[kk], bk);
-      }
-    }
+    float s[kColTiles][4];
+    score_tile<D, KS, LD>(s, qf, Ks, ln);
     // Every key of the tile precedes every row of the warp: no mask to evaluate.
     const bool unmasked = !bdoc && k0 + kTile - 1 <= q0 + r0;
     float mx[2] = {m[0], m[1]};
@@ -154,17 +180,7 @@ __global__ void __launch_bounds__(kThreads)
       o[n][0] *= alpha[0], o[n][1] *= alpha[0];
       o[n][2] *= alpha[1], o[n][3] *= alpha[1];
     }
-#pragma unroll
-    for (int j = 0; j < kColSteps; j++) {
-      uint32_t pa[4];
-      mma::a_from_acc<D>(pa, s[2 * j], s[2 * j + 1]);
-#pragma unroll
-      for (int n = 0; n < NT; n++) {
-        uint32_t bv[2];
-        mma::load_b_kmajor(bv, Vs, LD, n * 8, j * 16, ln);
-        mma::mma<D>(o[n], pa, bv);
-      }
-    }
+    accumulate_pv<D, NT, LD>(o, s, Vs, ln);
   }
 
 #pragma unroll
@@ -230,18 +246,9 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
 
-    float st[kColTiles][4] = {}, dpt[kColTiles][4] = {};  // rows: keys, columns: queries
-#pragma unroll
-    for (int kk = 0; kk < KS; kk++) {
-#pragma unroll
-      for (int n = 0; n < kColTiles; n++) {
-        uint32_t bq[2], bo[2];
-        mma::load_b_nmajor(bq, Qs, LD, n * 8, kk * 16, ln);
-        mma::mma<D>(st[n], kf[kk], bq);
-        mma::load_b_nmajor(bo, dOs, LD, n * 8, kk * 16, ln);
-        mma::mma<D>(dpt[n], vf[kk], bo);
-      }
-    }
+    float st[kColTiles][4], dpt[kColTiles][4];  // rows: keys, columns: queries
+    score_tile<D, KS, LD>(st, kf, Qs, ln);
+    score_tile<D, KS, LD>(dpt, vf, dOs, ln);
     // Every key of the warp precedes every (real) query of the tile: no mask to evaluate.
     const bool unmasked = !bdoc && k0 + r0 + 15 <= q0 && q0 + kTile <= T;
 #pragma unroll
@@ -255,20 +262,8 @@ __global__ void __launch_bounds__(kThreads)
         dpt[n][e] = p * (dpt[n][e] - dsum_s[ii]);
       }
     }
-#pragma unroll
-    for (int j = 0; j < kColSteps; j++) {
-      uint32_t pa[4], da[4];
-      mma::a_from_acc<D>(pa, st[2 * j], st[2 * j + 1]);
-      mma::a_from_acc<D>(da, dpt[2 * j], dpt[2 * j + 1]);
-#pragma unroll
-      for (int n = 0; n < NT; n++) {
-        uint32_t bo[2], bq[2];
-        mma::load_b_kmajor(bo, dOs, LD, n * 8, j * 16, ln);
-        mma::mma<D>(dv[n], pa, bo);
-        mma::load_b_kmajor(bq, Qs, LD, n * 8, j * 16, ln);
-        mma::mma<D>(dk[n], da, bq);
-      }
-    }
+    accumulate_pv<D, NT, LD>(dv, st, dOs, ln);   // dV += P^T dO
+    accumulate_pv<D, NT, LD>(dk, dpt, Qs, ln);   // dK += dS^T Q (scaled on store)
   }
 
 #pragma unroll
@@ -332,18 +327,9 @@ __global__ void __launch_bounds__(kThreads)
     load_docs(kdoc, bdoc, k0, T);
     __syncthreads();
 
-    float s[kColTiles][4] = {}, dp[kColTiles][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < KS; kk++) {
-#pragma unroll
-      for (int n = 0; n < kColTiles; n++) {
-        uint32_t bk[2], bv[2];
-        mma::load_b_nmajor(bk, Ks, LD, n * 8, kk * 16, ln);
-        mma::mma<D>(s[n], qf[kk], bk);
-        mma::load_b_nmajor(bv, Vs, LD, n * 8, kk * 16, ln);
-        mma::mma<D>(dp[n], of[kk], bv);
-      }
-    }
+    float s[kColTiles][4], dp[kColTiles][4];
+    score_tile<D, KS, LD>(s, qf, Ks, ln);
+    score_tile<D, KS, LD>(dp, of, Vs, ln);
     const bool unmasked = !bdoc && k0 + kTile - 1 <= q0 + r0;
 #pragma unroll
     for (int n = 0; n < kColTiles; n++) {
@@ -355,17 +341,7 @@ __global__ void __launch_bounds__(kThreads)
         s[n][e] = p * (dp[n][e] - rdsum[r]);  // dS
       }
     }
-#pragma unroll
-    for (int j = 0; j < kColSteps; j++) {
-      uint32_t da[4];
-      mma::a_from_acc<D>(da, s[2 * j], s[2 * j + 1]);
-#pragma unroll
-      for (int n = 0; n < NT; n++) {
-        uint32_t bk[2];
-        mma::load_b_kmajor(bk, Ks, LD, n * 8, j * 16, ln);
-        mma::mma<D>(dq[n], da, bk);
-      }
-    }
+    accumulate_pv<D, NT, LD>(dq, s, Ks, ln);  // dQ += dS K (scaled on store)
   }
 
 #pragma unroll

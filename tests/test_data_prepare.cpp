@@ -23,11 +23,14 @@ namespace {
 
 const mt::Logger kQuiet(mt::LogLevel::error);
 
+// A document of random words; the first is never the whitespace-only "\t" (the last word), so no
+// document is blank (`data prepare` skips blank documents by design).
 std::string random_text(std::mt19937_64& rng, int words) {
   static const char* w[] = {"the", "cat", "sat", "on", "a", "mat", "Don't", "panic!", "42", "naïve", "日本",
-                            "\xff\xfe", "-- Mark Twain", "\t", "fortune"};
+                            "\xff\xfe", "-- Mark Twain", "fortune", "\t"};
   std::string s;
-  for (int i = 0; i < words; i++) s += std::string(i ? (rng() % 6 ? " " : "\n") : "") + w[rng() % std::size(w)];
+  for (int i = 0; i < words; i++)
+    s += std::string(i ? (rng() % 6 ? " " : "\n") : "") + w[rng() % (std::size(w) - (i ? 0 : 1))];
   return s + "\n";
 }
 

@@ -4,6 +4,8 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -56,6 +58,20 @@ double part_error(const std::vector<S>& a, const std::vector<S>& b, int rows, in
       y.push_back(::mt::load(b[size_t(r) * ld + c]));
     }
   return max_rel_error(x.data(), y.data(), x.size(), floor);
+}
+
+// The errors of dQ, dK and dV, the three column blocks of a (B*T, 3C) attention gradient, each
+// relative to its own largest reference value. At T = 1 dQ and dK are exactly zero (dS = dP - D = 0)
+// and hold only the summation-order noise of both sides, so they are measured against the largest
+// gradient of all three instead: a wrong index or mask still gives errors of order one.
+template <class S>
+std::vector<double> dqkv_errors(const std::vector<S>& got, const std::vector<S>& ref, int B, int T, int C) {
+  double largest = 0.0;
+  for (const S& x : ref) largest = std::max(largest, double(std::fabs(::mt::load(x))));
+  std::vector<double> errs;
+  for (int p = 0; p < 3; p++)
+    errs.push_back(part_error(got, ref, B * T, 3 * C, p * C, C, T == 1 && p < 2 ? largest : 0.0));
+  return errs;
 }
 
 // An output buffer of NaN (all bits set), so that an element a kernel fails to write shows.

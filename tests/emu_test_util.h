@@ -82,6 +82,32 @@ std::vector<T> nans(size_t n) {
   return v;
 }
 
+// One case of the flash attention tests: the sizes, and inputs drawn at random and rounded to S.
+struct AttnShape {
+  int B, T, C, NH;
+  bool docs;  // packed documents (a document mask)
+  size_t nqkv() const { return size_t(B) * T * 3 * C; }
+  size_t nout() const { return size_t(B) * T * C; }
+  size_t nlse() const { return size_t(B) * NH * T; }
+};
+inline std::string label(const AttnShape& s) {
+  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " C=" + std::to_string(s.C) +
+         " NH=" + std::to_string(s.NH) + (s.docs ? " docs" : "");
+}
+template <class S>
+struct AttnInputs {
+  // Scores of order 10 before scaling: sharp and flat rows both occur.
+  AttnInputs(const AttnShape& s, std::mt19937_64& rng)
+      : qkv(to_storage<S>(random_floats(s.nqkv(), rng, -2.f, 2.f))),
+        doc_ids(random_doc_ids(s.B, s.T, rng)),
+        doc(s.docs ? doc_ids.data() : nullptr) {}
+  AttnInputs(const AttnInputs&) = delete;  // doc points into doc_ids
+  AttnInputs& operator=(const AttnInputs&) = delete;
+  std::vector<S> qkv;
+  std::vector<int32_t> doc_ids;
+  const int32_t* doc;  // nullptr without a mask
+};
+
 // The fixture of the typed tests: random inputs already rounded to the storage type S.
 template <class S>
 class EmulatedTest : public ::testing::Test {

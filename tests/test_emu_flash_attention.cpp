@@ -30,19 +30,11 @@ using mt::testing::max_rel_error;
 namespace fk = mt::cuda::flash_attention_kernels;
 namespace tol = mt::cuda::tol;
 
-struct Shape {
-  int B, T, C, NH;
-  bool docs;
-};
+using Shape = AttnShape;
 // Head sizes 8 (ND = 1), 13 (odd, lanes 13..31 idle), 48 (ND = 2), 80 (ND = 3), 128 (ND = 4);
 // T = 1, 33, 65, 70 and 130 end in partial 64-row tiles.
 const Shape kShapes[] = {{1, 1, 8, 1, false},  {2, 33, 26, 2, true},  {2, 70, 96, 2, false},
                          {1, 130, 80, 1, true}, {1, 65, 128, 1, false}};
-
-std::string label(const Shape& s) {
-  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " C=" + std::to_string(s.C) +
-         " NH=" + std::to_string(s.NH) + (s.docs ? " docs" : "");
-}
 
 // The launchers' dispatch on the lanes' share of the head dimensions.
 template <class D>
@@ -91,11 +83,10 @@ TYPED_TEST(FlashSimtEmulated, ForwardMatchesTheCpuTwin) {
   using S = TypeParam;
   for (const Shape& s : kShapes) {
     SCOPED_TRACE(label(s));
-    const size_t nqkv = size_t(s.B) * s.T * 3 * s.C, nout = size_t(s.B) * s.T * s.C, nlse = size_t(s.B) * s.NH * s.T;
-    // Scores of order 10 before scaling: sharp and flat rows both occur.
-    const auto qkv = to_storage<S>(mt::testing::random_floats(nqkv, this->rng, -2.f, 2.f));
-    const auto doc = mt::testing::random_doc_ids(s.B, s.T, this->rng);
-    const int32_t* d = s.docs ? doc.data() : nullptr;
+    const size_t nout = s.nout(), nlse = s.nlse();
+    const AttnInputs<S> in(s, this->rng);
+    const std::vector<S>& qkv = in.qkv;
+    const int32_t* d = in.doc;
     std::vector<S> ref(nout), out = nans<S>(nout);
     std::vector<float> ref_lse(nlse), lse = nans<float>(nlse);
     mt::cpu::flash_attention_fwd<S>(ref.data(), ref_lse.data(), qkv.data(), d, s.B, s.T, s.C, s.NH);
@@ -109,11 +100,11 @@ TYPED_TEST(FlashSimtEmulated, BackwardMatchesTheCpuTwin) {
   using S = TypeParam;
   for (const Shape& s : kShapes) {
     SCOPED_TRACE(label(s));
-    const size_t nqkv = size_t(s.B) * s.T * 3 * s.C, nout = size_t(s.B) * s.T * s.C, nlse = size_t(s.B) * s.NH * s.T;
-    const auto qkv = to_storage<S>(mt::testing::random_floats(nqkv, this->rng, -2.f, 2.f));
+    const size_t nqkv = s.nqkv(), nout = s.nout(), nlse = s.nlse();
+    const AttnInputs<S> in(s, this->rng);
+    const std::vector<S>& qkv = in.qkv;
     const auto dout = to_storage<S>(mt::testing::random_floats(nout, this->rng));
-    const auto doc = mt::testing::random_doc_ids(s.B, s.T, this->rng);
-    const int32_t* d = s.docs ? doc.data() : nullptr;
+    const int32_t* d = in.doc;
     // Both sides start from the CPU forward's out and lse, as the GPU tests do.
     std::vector<S> out(nout), ref(nqkv), dqkv = nans<S>(nqkv);
     std::vector<float> lse(nlse), ref_dsum(nlse), dsum = nans<float>(nlse);

@@ -38,19 +38,11 @@ class FlashMmaEmulated : public ::testing::Test {
 using StorageTypes = ::testing::Types<bf16, f16>;
 TYPED_TEST_SUITE(FlashMmaEmulated, StorageTypes);
 
-struct Shape {
-  int B, T, C, NH;
-  bool docs;
-};
+using Shape = AttnShape;
 // hs = C / NH = 64 (GPT-2's), 32 and 128 (forward only); T = 1, 70 and 130 end in partial tiles,
 // T = 192 has whole tiles below the diagonal.
 const Shape kShapes[] = {{1, 1, 64, 1, false},  {2, 70, 128, 2, false}, {1, 130, 64, 1, true},
                          {1, 192, 64, 1, false}, {2, 65, 64, 2, true},  {1, 70, 256, 2, true}};
-
-std::string label(const Shape& s) {
-  return "B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) + " C=" + std::to_string(s.C) +
-         " NH=" + std::to_string(s.NH) + (s.docs ? " docs" : "");
-}
 
 template <class D, int HS>
 struct Run {
@@ -96,11 +88,10 @@ TYPED_TEST(FlashMmaEmulated, ForwardMatchesTheCpuTwin) {
   using D = mt::cuda::dev_t<S>;
   for (const Shape& s : kShapes) {
     SCOPED_TRACE(label(s));
-    const size_t nqkv = size_t(s.B) * s.T * 3 * s.C, nout = size_t(s.B) * s.T * s.C, nlse = size_t(s.B) * s.NH * s.T;
-    // Scores of order 10 before scaling: sharp and flat rows both occur.
-    const auto qkv = to_storage<S>(mt::testing::random_floats(nqkv, this->rng, -2.f, 2.f));
-    const auto doc = mt::testing::random_doc_ids(s.B, s.T, this->rng);
-    const int32_t* d = s.docs ? doc.data() : nullptr;
+    const size_t nout = s.nout(), nlse = s.nlse();
+    const AttnInputs<S> in(s, this->rng);
+    const std::vector<S>& qkv = in.qkv;
+    const int32_t* d = in.doc;
     std::vector<S> ref(nout);
     std::vector<float> ref_lse(nlse);
     mt::cpu::flash_attention_fwd<S>(ref.data(), ref_lse.data(), qkv.data(), d, s.B, s.T, s.C, s.NH);
@@ -122,11 +113,11 @@ TYPED_TEST(FlashMmaEmulated, BackwardMatchesTheCpuTwin) {
   for (const Shape& s : kShapes) {
     if (s.C / s.NH > 64) continue;  // no tensor-core backward at head size 128 (the SIMT kernels run)
     SCOPED_TRACE(label(s));
-    const size_t nqkv = size_t(s.B) * s.T * 3 * s.C, nout = size_t(s.B) * s.T * s.C, nlse = size_t(s.B) * s.NH * s.T;
-    const auto qkv = to_storage<S>(mt::testing::random_floats(nqkv, this->rng, -2.f, 2.f));
+    const size_t nqkv = s.nqkv(), nout = s.nout(), nlse = s.nlse();
+    const AttnInputs<S> in(s, this->rng);
+    const std::vector<S>& qkv = in.qkv;
     const auto dout = to_storage<S>(mt::testing::random_floats(nout, this->rng));
-    const auto doc = mt::testing::random_doc_ids(s.B, s.T, this->rng);
-    const int32_t* d = s.docs ? doc.data() : nullptr;
+    const int32_t* d = in.doc;
     // Both sides start from the CPU forward's out and lse, as on the GPU tests.
     std::vector<S> out(nout), ref(nqkv);
     std::vector<float> lse(nlse), scratch(nlse);

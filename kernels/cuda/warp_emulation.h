@@ -44,6 +44,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "runtime/dtype.h"
+
 namespace mt::cuda::emu {
 
 constexpr int kLanes = 32;
@@ -374,15 +376,7 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
   return ::mt::cuda::emu::ballot(pred);
 }
 inline int __popc(unsigned x) { return std::popcount(x); }
-inline uint32_t __float_as_uint(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float __uint_as_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline uint32_t __float_as_uint(float f) { return ::mt::f32_bits(f); }
+inline float __uint_as_float(uint32_t u) { return ::mt::f32_from_bits(u); }
 using std::max;
 using std::min;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/column_sum_kernels.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/warp_emulation.h"
 #include "runtime/dtype.h"
@@ -23,6 +24,17 @@ namespace mt::testing::emu {
 template <class Kernel, class... Args>
 void run(const cuda::LaunchShape& l, Kernel kernel, Args... args) {
   cuda::emu::launch(l.grid, l.block, l.smem, kernel, args...);
+}
+
+// The two passes of a column sum (kernels/cuda/column_sum.cuh) in the launcher's order, with its split.
+template <int K, class Term>
+void column_sums(cuda::column_sum_kernels::ColumnOutputs<K> outs, Term term, int R, int C) {
+  namespace csk = cuda::column_sum_kernels;
+  if (R <= 0 || C <= 0) return;
+  const csk::ColumnSplit s = csk::column_split(R, C);
+  std::vector<float> partial(csk::partial_floats(s, K), std::nanf(""));
+  run(csk::partials_shape(s), csk::column_partials_kernel<K, Term>, partial.data(), term, s);
+  run(csk::finish_shape(s), csk::column_finish_kernel<K>, outs, static_cast<const float*>(partial.data()), s);
 }
 
 // Values rounded to storage type S, and S values loaded into fp32, as the CPU backend rounds and loads.

@@ -96,8 +96,9 @@ class EmulatedGemmOps : public EmulatedTest<S> {};
 TYPED_TEST_SUITE(EmulatedGemmOps, StorageTypes, StorageNames);
 
 struct LinearShape { int N, IC, OC; };
-// N = 37 > 32: the bias-gradient threads take a second row; OC = 53 spans two 32-column blocks.
-const LinearShape kLinearShapes[] = {{1, 1, 1}, {7, 13, 5}, {37, 19, 53}};
+// N = 37: the bias gradient's 8 thread rows take several rows each; OC = 53 spans two 32-column
+// blocks; N = 300: the column sum takes two splits of rows.
+const LinearShape kLinearShapes[] = {{1, 1, 1}, {7, 13, 5}, {37, 19, 53}, {300, 9, 40}};
 
 TYPED_TEST(EmulatedGemmOps, MatmulForwardMatchesTheCpu) {
   using S = TypeParam;
@@ -136,7 +137,7 @@ TYPED_TEST(EmulatedGemmOps, MatmulBackwardAssignsDinpAndAccumulatesDweightDbias)
       const S* p = gelu ? pre.data() : nullptr;
       mt::cpu::matmul_bwd<S>(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), s.N, s.IC, s.OC, p);
       // matmul_bwd's order: the bias gradient, dweight, dinp.
-      run(mk::column_sum_shape(s.OC), mk::column_sum_kernel<D>, got_db.data(), dev_ptr(dout.data()), s.N, s.OC);
+      column_sums<1>({{got_db.data()}}, mk::BiasGradTerm<D>{dev_ptr(dout.data())}, s.N, s.OC);
       emulated_gemm(mk::dweight_gemm<S>(got_dw.data(), dout.data(), inp.data(), s.N, s.IC, s.OC));
       emulated_gemm(mk::dinp_gemm<S>(got_dinp.data(), dout.data(), w.data(), s.N, s.IC, s.OC, p));
       EXPECT_LE(error(got_dw, dw), tol::kMatmulParamGrads.of<S>()) << "dweight";

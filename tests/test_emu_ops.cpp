@@ -152,8 +152,8 @@ TYPED_TEST(EmulatedOps, ResidualLayerNormStoresTheSumAndNormalisesIt) {
 TYPED_TEST(EmulatedOps, LayerNormBackwardMatchesTheCpu) {
   using S = TypeParam;
   using D = mt::cuda::dev_t<S>;
-  // 40 rows: the 32 thread rows of the parameter kernel each take a second row.
-  for (RowShape s : {RowShape{1, 1}, RowShape{3, 7}, RowShape{17, 97}, RowShape{40, 45}}) {
+  // 40 rows: the 8 thread rows of the parameter sums take several rows each; 300 rows: two splits.
+  for (RowShape s : {RowShape{1, 1}, RowShape{3, 7}, RowShape{17, 97}, RowShape{40, 45}, RowShape{300, 35}}) {
     // 0: assigned dinp; 1: dinp added to the residual gradient already there; 2: dinp written over
     // dout (aliased), as the model's backward does.
     for (int mode = 0; mode < 3; mode++) {
@@ -172,8 +172,9 @@ TYPED_TEST(EmulatedOps, LayerNormBackwardMatchesTheCpu) {
                                 w.data(), mean.data(), rstd.data(), s.N, s.C, accumulate);
       // The launcher's order: the column sums read dout before dinp (which may alias it) is written.
       D* gd = dev_ptr(aliased ? got_dout.data() : got_dinp.data());
-      run(ln::params_shape(s.C), ln::layernorm_bwd_params_kernel<D>, got_dw.data(), got_db.data(),
-          dev_ptr(got_dout.data()), dev_ptr(inp.data()), mean.data(), rstd.data(), s.N, s.C);
+      column_sums<2>({{got_dw.data(), got_db.data()}},
+                     ln::ParamGradTerms<D>{dev_ptr(got_dout.data()), dev_ptr(inp.data()), mean.data(), rstd.data()},
+                     s.N, s.C);
       run(ln::rows_shape(s.N), ln::layernorm_bwd_dinp_kernel<D>, gd, dev_ptr(got_dout.data()), dev_ptr(inp.data()),
           dev_ptr(w.data()), mean.data(), rstd.data(), s.N, s.C, accumulate);
       EXPECT_LE(error(aliased ? got_dout : got_dinp, aliased ? dout : dinp), tol::kLayerNorm.of<S>()) << "dinp";

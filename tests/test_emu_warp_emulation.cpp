@@ -1,7 +1,8 @@
 // The warp emulator itself (kernels/cuda/warp_emulation.h): what the CUDA kernels rely on when the
 // host compiler builds them against it. Thread numbering in 2-D and 3-D blocks, static shared memory
 // as one array per block, the warp exchanges (shuffles of 32- and 64-bit values, ballots), the
-// block-wide vote, and a barrier that not every thread reaches reported as an error instead of hanging.
+// block-wide vote, ldmatrix against the PTX ISA's description, and a barrier that not every thread
+// reaches reported as an error instead of hanging.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace {
 
@@ -79,6 +81,40 @@ TEST(WarpEmulation, ShufflesBallotsAndVotesSeeTheWholeWarpOrBlock) {
     EXPECT_EQ(votes[size_t(3 * t)], 1) << t;
     EXPECT_EQ(votes[size_t(3 * t + 1)], 0) << t;
     EXPECT_EQ(votes[size_t(3 * t + 2)], 1 + __builtin_popcount(bits)) << t;
+  }
+}
+
+// Four 8 x 8 matrices of 16-bit values in dynamic shared memory, element (i, j) of matrix m holding
+// 100 m + 10 i + j, rows padded to 24 elements (48 bytes, 16-byte aligned); matrix m starts at row 8 m.
+// Lane 8 m + i passes row i of matrix m; every lane stores the four words it receives, plain and
+// transposed.
+__global__ void ldmatrix_kernel(uint32_t* plain, uint32_t* trans) {
+  constexpr int kLd = 24;
+  MT_DYNAMIC_SHARED(uint16_t, tile);
+  const int lane = int(threadIdx.x);
+  for (int m = 0; m < 4; m++)
+    for (int e = 0; e < 2; e++) {  // each lane fills two elements of every matrix
+      const int i = lane / 4, j = 2 * (lane % 4) + e;
+      tile[(8 * m + i) * kLd + j] = uint16_t(100 * m + 10 * i + j);
+    }
+  __syncwarp();
+  const uint16_t* row = tile + (8 * (lane / 8) + lane % 8) * kLd;
+  mt::cuda::mma::ldmatrix_x4<false>(plain + 4 * lane, row);
+  mt::cuda::mma::ldmatrix_x4<true>(trans + 4 * lane, row);
+}
+
+TEST(WarpEmulation, LdmatrixDeliversTheFragmentsOfThePtxIsa) {
+  // PTX ISA, ldmatrix: lane 4 g + t receives elements (g, 2t) and (g, 2t + 1) of each matrix, the first
+  // in the low half; .trans delivers the transposed matrix, (2t, g) and (2t + 1, g).
+  std::vector<uint32_t> plain(128), trans(128);
+  launch(dim3(1), dim3(32), 32 * 24 * 2, ldmatrix_kernel, plain.data(), trans.data());
+  auto value = [](int m, int i, int j) { return uint32_t(100 * m + 10 * i + j); };
+  for (int lane = 0; lane < 32; lane++) {
+    const int g = lane / 4, t = lane % 4;
+    for (int m = 0; m < 4; m++) {
+      EXPECT_EQ(plain[size_t(4 * lane + m)], value(m, g, 2 * t) | value(m, g, 2 * t + 1) << 16) << lane << " " << m;
+      EXPECT_EQ(trans[size_t(4 * lane + m)], value(m, 2 * t, g) | value(m, 2 * t + 1, g) << 16) << lane << " " << m;
+    }
   }
 }
 

@@ -73,15 +73,17 @@ __device__ inline float quad_sum(float v) {
 // over the head dimension, held in registers), B the 64 rows of a shared tile (row stride LD).
 template <class D, int KS, int LD>
 __device__ inline void score_tile(float acc[kColTiles][4], const uint32_t (&a)[KS][4], const D* tile, Lane ln) {
+  static_assert(kColTiles % 2 == 0, "B fragments come two n8 tiles at a time");
 #pragma unroll
   for (int n = 0; n < kColTiles; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
   for (int kk = 0; kk < KS; kk++) {
 #pragma unroll
-    for (int n = 0; n < kColTiles; n++) {
-      uint32_t b[2];
-      mma::load_b_nmajor(b, tile, LD, n * 8, kk * 16, ln);
+    for (int n = 0; n < kColTiles; n += 2) {
+      uint32_t b[4];
+      mma::load_b2_nmajor(b, tile, LD, n * 8, kk * 16, ln);
       mma::mma<D>(acc[n], a[kk], b);
+      mma::mma<D>(acc[n + 1], a[kk], b + 2);
     }
   }
 }
@@ -90,15 +92,17 @@ __device__ inline void score_tile(float acc[kColTiles][4], const uint32_t (&a)[K
 // to D here), V the 64 rows of a shared tile (row stride LD).
 template <class D, int NT, int LD>
 __device__ inline void accumulate_pv(float out[NT][4], const float p[kColTiles][4], const D* tile, Lane ln) {
+  static_assert(NT % 2 == 0, "B fragments come two n8 tiles at a time");
 #pragma unroll
   for (int j = 0; j < kColSteps; j++) {
     uint32_t a[4];
     mma::a_from_acc<D>(a, p[2 * j], p[2 * j + 1]);
 #pragma unroll
-    for (int n = 0; n < NT; n++) {
-      uint32_t b[2];
-      mma::load_b_kmajor(b, tile, LD, n * 8, j * 16, ln);
+    for (int n = 0; n < NT; n += 2) {
+      uint32_t b[4];
+      mma::load_b2_kmajor(b, tile, LD, n * 8, j * 16, ln);
       mma::mma<D>(out[n], a, b);
+      mma::mma<D>(out[n + 1], a, b + 2);
     }
   }
 }

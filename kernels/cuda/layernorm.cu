@@ -9,10 +9,12 @@
 //   dinp = [dinp +] rstd (g - mean(g) - n mean(g n))  (assigned, or added to the residual gradient
 //                                                       already in dinp when `accumulate`; one rounding)
 //   dweight += sum_rows dout n, dbias += sum_rows dout (fp32 parameter gradients accumulate)
-// The column sums run in their own kernel with a fixed reduction order, not atomics. dinp may alias
-// dout: each element is read before it is written by the same thread, and the column sums run first.
+// The column sums run in their own two-pass reduction (column_sum_kernels.cuh) with a fixed order, not
+// atomics. dinp may alias dout: each element is read before it is written by the same thread, and the
+// column sums run first.
 #include <cstdint>
 
+#include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -54,10 +56,8 @@ void layernorm_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S
   if (N == 0 || C == 0) return;
   // Parameter sums first: they read dout, which dinp may alias (as on the CPU backend).
   if (dweight || dbias) {
-    const LaunchShape l = params_shape(C);
-    layernorm_bwd_params_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(
-        dweight, dbias, dev_ptr(dout), dev_ptr(inp), mean, rstd, N, C);
-    MT_CUDA_CHECK_LAUNCH();
+    column_sums<2>({{dweight, dbias}}, ParamGradTerms<dev_t<S>>{dev_ptr(dout), dev_ptr(inp), mean, rstd}, N, C,
+                   stream_of(ctx));
   }
   if (dinp) {
     const LaunchShape l = rows_shape(N);

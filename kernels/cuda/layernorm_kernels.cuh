@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/column_sum_kernels.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/storage.cuh"
 
@@ -84,40 +85,22 @@ __global__ void layernorm_bwd_dinp_kernel(D* dinp, const D* dout, const D* inp, 
   }
 }
 
-// A block owns 32 columns; its 32 thread rows stride over the N rows, then row lane 0 adds the 32
-// partials in lane order (reproducible bits for a given N and C).
+// The two terms of the parameter gradients at (r, c): dout n for dweight, dout for dbias; summed over
+// the rows by the two-pass column sum (column_sum_kernels.cuh).
 template <class D>
-__global__ void layernorm_bwd_params_kernel(float* dweight, float* dbias, const D* dout, const D* inp,
-                                            const float* mean, const float* rstd, int N, int C) {
-  MT_SHARED(float[kWarp][kWarp + 1], part_w);
-  MT_SHARED(float[kWarp][kWarp + 1], part_b);
-  const int c = int(blockIdx.x) * kWarp + int(threadIdx.x);
-  float sw = 0.f, sb = 0.f;
-  if (c < C) {
-    for (int r = int(threadIdx.y); r < N; r += int(blockDim.y)) {
-      const int64_t i = int64_t(r) * C + c;
-      const float dy = load(dout[i]);
-      sw += dy * (load(inp[i]) - mean[r]) * rstd[r];
-      sb += dy;
-    }
+struct ParamGradTerms {
+  const D* dout;
+  const D* inp;
+  const float* mean;
+  const float* rstd;
+  __device__ void operator()(int r, int /*c*/, int64_t i, float (&v)[2]) const {
+    const float dy = load(dout[i]);
+    v[0] = dy * (load(inp[i]) - mean[r]) * rstd[r];
+    v[1] = dy;
   }
-  part_w[threadIdx.y][threadIdx.x] = sw;
-  part_b[threadIdx.y][threadIdx.x] = sb;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float tw = 0.f, tb = 0.f;
-    for (int y = 0; y < int(blockDim.y); y++) {
-      tw += part_w[y][threadIdx.x];
-      tb += part_b[y][threadIdx.x];
-    }
-    if (dweight) dweight[c] += tw;
-    if (dbias) dbias[c] += tb;
-  }
-}
+};
 
 // One warp per row: layernorm_fwd_kernel, residual_layernorm_fwd_kernel, layernorm_bwd_dinp_kernel.
 inline LaunchShape rows_shape(int N) { return {dim3(ceil_div(N, kRowsPerBlock)), dim3(kBlock)}; }
-// A block of 32 x 32 threads per 32 columns: layernorm_bwd_params_kernel.
-inline LaunchShape params_shape(int C) { return {dim3(ceil_div(C, kWarp)), dim3(kWarp, kWarp)}; }
 
 }  // namespace mt::cuda::layernorm_kernels

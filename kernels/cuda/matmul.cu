@@ -6,9 +6,11 @@
 //   matmul_bwd:  dinp     D (IC x N)   = W G     (DGELU epilogue with the previous layer's pre_gelu)
 //                dweight  D (IC x OC) += X G^T   (S operands, fp32 C = D, beta = 1: parameter gradients
 //                                                 accumulate in fp32)
-// dbias is a deterministic column sum in fp32 (no atomics), accumulated like every parameter gradient.
+// dbias is a deterministic two-pass column sum in fp32 (column_sum_kernels.cuh, no atomics), accumulated like
+// every parameter gradient.
 #include <cstdint>
 
+#include "kernels/cuda/column_sum.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -33,9 +35,7 @@ void matmul_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* i
   MT_CHECK(N >= 0 && IC > 0 && OC > 0, "matmul_bwd: bad sizes N=%d IC=%d OC=%d", N, IC, OC);
   if (N == 0) return;
   if (dbias) {
-    const LaunchShape l = column_sum_shape(OC);
-    column_sum_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(dbias, dev_ptr(dout), N, OC);
-    MT_CUDA_CHECK_LAUNCH();
+    column_sums<1>({{dbias}}, BiasGradTerm<dev_t<S>>{dev_ptr(dout)}, N, OC, stream_of(ctx));
   }
   if (dweight) gemm(dweight_gemm(dweight, dout, inp, N, IC, OC), ctx);
   if (dinp) gemm(dinp_gemm(dinp, dout, weight, N, IC, OC, pre_gelu), ctx);

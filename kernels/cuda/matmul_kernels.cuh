@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/column_sum_kernels.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/storage.cuh"
@@ -59,25 +60,12 @@ Gemm dinp_gemm(S* dinp, const S* dout, const S* weight, int N, int IC, int OC, c
 
 // ---- the bias gradient ----
 
-// dbias[c] += sum_r x[r, c] over a row-major (R, C) matrix. A block owns 32 columns; its 32 rows of
-// threads stride over R and their partials are added in row-lane order, so the sum is reproducible.
+// dbias[c] += sum_r x[r, c] over a row-major (R, C) matrix: the one term of a two-pass column sum
+// (column_sum_kernels.cuh).
 template <class D>
-__global__ void column_sum_kernel(float* dbias, const D* x, int R, int C) {
-  MT_SHARED(float[kWarp][kWarp + 1], part);
-  const int c = int(blockIdx.x) * kWarp + int(threadIdx.x);
-  float s = 0.f;
-  if (c < C)
-    for (int r = int(threadIdx.y); r < R; r += int(blockDim.y)) s += load(x[int64_t(r) * C + c]);
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float total = 0.f;
-    for (int y = 0; y < int(blockDim.y); y++) total += part[y][threadIdx.x];
-    dbias[c] += total;
-  }
-}
-
-// column_sum_kernel: a block of 32 x 32 threads per 32 columns.
-inline LaunchShape column_sum_shape(int C) { return {dim3(ceil_div(C, kWarp)), dim3(kWarp, kWarp)}; }
+struct BiasGradTerm {
+  const D* x;
+  __device__ void operator()(int /*r*/, int /*c*/, int64_t i, float (&v)[1]) const { v[0] = load(x[i]); }
+};
 
 }  // namespace mt::cuda::matmul_kernels

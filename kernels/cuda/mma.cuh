@@ -12,10 +12,12 @@
 // are, once rounded to 16 bits, exactly the A fragment of the next product over those 16 columns
 // (a_from_acc): flash attention keeps P in registers between S = Q K^T and O += P V.
 //
-// The loads read shared-memory tiles of 16-bit values with a row stride ld (elements, even). A and a
-// B stored "n-major" (element (k, n) at n * ld + k, e.g. K when computing Q K^T) are read as 32-bit
-// pairs; a B stored "k-major" (element (k, n) at k * ld + n, e.g. V when computing P V) is gathered
-// from two 16-bit loads per register.
+// The loads read shared-memory tiles of 16-bit values with a row stride ld (elements). A is read as
+// 32-bit pairs (once per block, outside the hot loops); the B fragments of the hot loops come two n8
+// tiles at a time from one ldmatrix.x4, plain for a B stored "n-major" (element (k, n) at n * ld + k,
+// K when computing Q K^T) and transposed for a B stored "k-major" (element (k, n) at k * ld + n, V
+// when computing P V). Against 32-bit pair loads (n-major) and 16-bit gathers (k-major) that is 4
+// and 8 times fewer shared-memory instructions, and half the shared-memory wavefronts for k-major.
 #pragma once
 #if !defined(__CUDACC__)
 #include "kernels/cuda/warp_emulation.h"  // host build: emulated warps
@@ -92,20 +94,46 @@ __device__ inline void load_a(uint32_t a[4], const D* tile, int ld, int r0, int 
   a[3] = load_pair(p + 8 * ld + 8);
 }
 
-// B (k0 .. k0+15) x (n0 .. n0+7) of a tile holding element (k, n) at n * ld + k.
-template <class D>
-__device__ inline void load_b_nmajor(uint32_t b[2], const D* tile, int ld, int n0, int k0, Lane l) {
-  const D* p = tile + (n0 + l.g) * ld + k0 + 2 * l.t;
-  b[0] = load_pair(p);
-  b[1] = load_pair(p + 8);
+// ldmatrix.x4: four 8 x 8 matrices of 16-bit values from shared memory in one warp instruction (sm_75
+// and later). Lane 8 m + i passes the address of row i of matrix m (16-byte aligned); lane (g, t)
+// receives in r[m] the elements (g, 2t), (g, 2t + 1) of matrix m, or with Trans (2t, g), (2t + 1, g).
+template <bool Trans, class D>
+__device__ inline void ldmatrix_x4(uint32_t r[4], const D* row) {
+#if !defined(__CUDACC__)
+  emu::ldmatrix_x4(r, row, Trans);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned addr = unsigned(__cvta_generic_to_shared(row));
+  if constexpr (Trans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  }
+#else
+  __trap();  // the launchers never run these kernels below compute capability 8.0
+#endif
 }
 
-// B (k0 .. k0+15) x (n0 .. n0+7) of a tile holding element (k, n) at k * ld + n.
+// The B fragments of two neighbouring n8 tiles, columns n0 .. n0+15 over k0 .. k0+15, in one ldmatrix:
+// b[0], b[1] for the tile at n0 and b[2], b[3] for the tile at n0 + 8. The tile holds element (k, n) at
+// n * ld + k ("n-major", e.g. K in Q K^T): the four 8 x 8 matrices are (n0, k0), (n0, k0+8), (n0+8, k0)
+// and (n0+8, k0+8) as (row, column) corners, read as they lie. ld (elements) must keep rows 16-byte
+// aligned.
 template <class D>
-__device__ inline void load_b_kmajor(uint32_t b[2], const D* tile, int ld, int n0, int k0, Lane l) {
-  const D* p = tile + (k0 + 2 * l.t) * ld + n0 + l.g;
-  b[0] = pack_bits(bits16(p[0]), bits16(p[ld]));
-  b[1] = pack_bits(bits16(p[8 * ld]), bits16(p[9 * ld]));
+__device__ inline void load_b2_nmajor(uint32_t b[4], const D* tile, int ld, int n0, int k0, Lane l) {
+  const int lane = 4 * l.g + l.t, m = lane / 8, i = lane % 8;
+  ldmatrix_x4<false>(b, tile + (n0 + i + (m >> 1) * 8) * ld + k0 + (m & 1) * 8);
+}
+
+// The same fragments from a tile holding element (k, n) at k * ld + n ("k-major", e.g. V in P V): the
+// matrices (k0, n0), (k0+8, n0), (k0, n0+8), (k0+8, n0+8), transposed on the way in.
+template <class D>
+__device__ inline void load_b2_kmajor(uint32_t b[4], const D* tile, int ld, int n0, int k0, Lane l) {
+  const int lane = 4 * l.g + l.t, m = lane / 8, i = lane % 8;
+  ldmatrix_x4<true>(b, tile + (k0 + i + (m & 1) * 8) * ld + n0 + (m >> 1) * 8);
 }
 
 // The A fragment over columns 16j .. 16j+15 of a row of C tiles (c[2j] covers columns 16j .. 16j+7,

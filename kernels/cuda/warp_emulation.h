@@ -5,9 +5,9 @@
 // context with its own stack, POSIX ucontext) on the calling host thread, blocks one after another, with
 //   - threadIdx, blockIdx, blockDim, gridDim per thread (1-, 2- and 3-D blocks, x fastest);
 //   - __syncthreads and __syncthreads_or as barriers over the block's threads;
-//   - __syncwarp, __shfl_xor_sync, __ballot_sync and mma.sync (m16n8k16, bf16/fp16 in, fp32
-//     accumulate) as exchanges among the 32 threads of a warp, following the fragment layouts of the
-//     PTX ISA (kernels/cuda/mma.cuh);
+//   - __syncwarp, __shfl_xor_sync, __ballot_sync, mma.sync (m16n8k16, bf16/fp16 in, fp32
+//     accumulate) and ldmatrix (m8n8.x4, plain and transposed) as exchanges among the 32 threads of a
+//     warp, following the fragment layouts of the PTX ISA (kernels/cuda/mma.cuh);
 //   - static shared memory (MT_SHARED, common.cuh) and dynamic shared memory as one buffer per block.
 //     Static shared memory starts as 0xff bytes (NaN floats, -1 ints), standing for the hardware's
 //     undefined contents; dynamic shared memory starts zeroed.
@@ -316,6 +316,27 @@ inline void mma_m16n8k16(float c[4], const uint32_t a[4], const uint32_t b[2], b
     c[e] = acc;
   }
   w.sync.arrive_and_wait();
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane 8 m + i gives the address of row i (8
+// consecutive 16-bit values, 16-byte aligned) of matrix m; lane 4 g + t receives in r[m] the elements
+// (g, 2t) and (g, 2t + 1) of matrix m, or with trans (2t, g) and (2t + 1, g), the lower one in the low half.
+inline void ldmatrix_x4(uint32_t r[4], const void* row, bool trans) {
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0)
+    throw std::logic_error("warp emulator: ldmatrix row address not 16-byte aligned");
+  Warp& w = warp();
+  const int l = lane(), g = l / 4, t = l % 4;
+  uint64_t* word = w.word[self().warp_exchanges++ % 2];
+  word[l] = uint64_t(reinterpret_cast<uintptr_t>(row));
+  w.sync.arrive_and_wait();
+  for (int m = 0; m < 4; m++) {
+    auto at = [&](int i, int j) {  // element (i, j) of matrix m
+      uint16_t v;
+      std::memcpy(&v, reinterpret_cast<const char*>(uintptr_t(word[8 * m + i])) + 2 * j, 2);
+      return uint32_t(v);
+    };
+    r[m] = trans ? (at(2 * t, g) | at(2 * t + 1, g) << 16) : (at(g, 2 * t) | at(g, 2 * t + 1) << 16);
+  }
 }
 
 // Runs kernel(args...) over the grid, one fiber per CUDA thread, one block at a time. The block has

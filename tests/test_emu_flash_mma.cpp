@@ -5,7 +5,10 @@
 //
 // This checks the kernels' indexing, masks, fragment handling and online softmax without a GPU; the
 // GPU tests (tests/test_cuda_attention.cpp) and `minitrain selftest` check the same kernels on the
-// device. Tolerances are the GPU's (kernels/cuda/tolerances.h): the emulated mma sums in a different
+// device. The kernels stream tiles through double buffers with cp.async; each case runs under both
+// of the emulator's timings (copies landing late with the warps in step; copies landing at once
+// with each warp running ahead), so that a missing wait (a tile read before it lands) and a missing
+// barrier (a buffer refilled while a warp still reads it) both fail. Tolerances are the GPU's (kernels/cuda/tolerances.h): the emulated mma sums in a different
 // order from the tensor cores, but rounds P and dS to 16 bits exactly as they do.
 #include <gtest/gtest.h>
 
@@ -24,6 +27,8 @@
 namespace {
 
 using namespace mt::testing::emu;  // run, to_storage, to_floats, error, part_error, nans (tests/emu_test_util.h)
+using mt::cuda::emu::Timing;
+using mt::cuda::emu::TimingScope;
 using mt::bf16;
 using mt::f16;
 using mt::testing::max_rel_error;
@@ -96,14 +101,16 @@ TYPED_TEST(FlashMmaEmulated, ForwardMatchesTheCpuTwin) {
     std::vector<float> ref_lse(nlse);
     mt::cpu::flash_attention_fwd<S>(ref.data(), ref_lse.data(), qkv.data(), d, s.B, s.T, s.C, s.NH);
 
-    std::vector<S> out(nout);
-    std::memset(out.data(), 0xff, nout * sizeof(S));  // NaN: an unwritten output fails
-    std::vector<float> lse(nlse, NAN);
-    run_fwd(reinterpret_cast<D*>(out.data()), lse.data(), reinterpret_cast<const D*>(qkv.data()), d, s);
-
-    const auto o = to_floats(out), r = to_floats(ref);
-    EXPECT_LE(max_rel_error(o.data(), r.data(), nout), tol::kFlashFwd.of<S>());
-    EXPECT_LE(max_rel_error(lse.data(), ref_lse.data(), nlse), tol::kFlashLse.of<S>());
+    for (Timing timing : {Timing::late, Timing::early}) {
+      SCOPED_TRACE(timing == Timing::late ? "late timing" : "early timing");
+      const TimingScope scope(timing);
+      std::vector<S> out = nans<S>(nout);  // an unwritten output fails
+      std::vector<float> lse(nlse, NAN);
+      run_fwd(reinterpret_cast<D*>(out.data()), lse.data(), reinterpret_cast<const D*>(qkv.data()), d, s);
+      const auto o = to_floats(out), r = to_floats(ref);
+      EXPECT_LE(max_rel_error(o.data(), r.data(), nout), tol::kFlashFwd.of<S>());
+      EXPECT_LE(max_rel_error(lse.data(), ref_lse.data(), nlse), tol::kFlashLse.of<S>());
+    }
   }
 }
 
@@ -136,14 +143,16 @@ TYPED_TEST(FlashMmaEmulated, BackwardMatchesTheCpuTwin) {
           for (int e = 0; e < hs; e++) acc += mt::load(dout[off + e]) * mt::load(out[off + e]);
           dsum[(size_t(b) * s.NH + h) * s.T + i] = acc;
         }
-    std::vector<S> dqkv(nqkv);
-    std::memset(dqkv.data(), 0xff, nqkv * sizeof(S));  // NaN: an unwritten gradient fails
-    run_bwd(reinterpret_cast<D*>(dqkv.data()), reinterpret_cast<const D*>(dout.data()),
-            reinterpret_cast<const D*>(qkv.data()), lse.data(), dsum.data(), d, s);
-
-    const std::vector<double> errs = dqkv_errors(dqkv, ref, s.B, s.T, s.C);
-    const char* part[3] = {"dQ", "dK", "dV"};
-    for (int p = 0; p < 3; p++) EXPECT_LE(errs[size_t(p)], tol::kFlashBwd.of<S>()) << part[p];
+    for (Timing timing : {Timing::late, Timing::early}) {
+      SCOPED_TRACE(timing == Timing::late ? "late timing" : "early timing");
+      const TimingScope scope(timing);
+      std::vector<S> dqkv = nans<S>(nqkv);  // an unwritten gradient fails
+      run_bwd(reinterpret_cast<D*>(dqkv.data()), reinterpret_cast<const D*>(dout.data()),
+              reinterpret_cast<const D*>(qkv.data()), lse.data(), dsum.data(), d, s);
+      const std::vector<double> errs = dqkv_errors(dqkv, ref, s.B, s.T, s.C);
+      const char* part[3] = {"dQ", "dK", "dV"};
+      for (int p = 0; p < 3; p++) EXPECT_LE(errs[size_t(p)], tol::kFlashBwd.of<S>()) << part[p];
+    }
   }
 }
 

@@ -1,8 +1,8 @@
 // The warp emulator itself (kernels/cuda/warp_emulation.h): what the CUDA kernels rely on when the
 // host compiler builds them against it. Thread numbering in 2-D and 3-D blocks, static shared memory
 // as one array per block, the warp exchanges (shuffles of 32- and 64-bit values, ballots), the
-// block-wide vote, ldmatrix against the PTX ISA's description, and a barrier that not every thread
-// reaches reported as an error instead of hanging.
+// block-wide vote, ldmatrix against the PTX ISA's description, cp.async groups under both timings, and
+// a barrier that not every thread reaches reported as an error instead of hanging.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/mma.cuh"
 
 namespace {
@@ -116,6 +117,33 @@ TEST(WarpEmulation, LdmatrixDeliversTheFragmentsOfThePtxIsa) {
       EXPECT_EQ(trans[size_t(4 * lane + m)], value(m, 2 * t, g) | value(m, 2 * t + 1, g) << 16) << lane << " " << m;
     }
   }
+}
+
+// One thread copies two 16-byte rows in two cp.async groups and records what shared memory holds:
+// before any wait, after wait<1> (the first group landed) and after wait<0> (both).
+__global__ void async_copy_kernel(int* seen, const int* src) {
+  MT_DYNAMIC_SHARED(int, dst);  // 8 ints, zeroed at the start of the block
+  namespace ac = mt::cuda::async_copy;
+  if (threadIdx.x != 0) return;
+  ac::copy16(dst, src, true);
+  ac::commit();
+  ac::copy16(dst + 4, src + 4, true);
+  ac::commit();
+  seen[0] = dst[0], seen[1] = dst[4];
+  ac::wait<1>();
+  seen[2] = dst[0], seen[3] = dst[4];
+  ac::wait<0>();
+  seen[4] = dst[0], seen[5] = dst[4];
+}
+
+TEST(WarpEmulation, AsyncCopiesLandAtTheirWaitOrAtOnce) {
+  alignas(16) const int src[8] = {11, 12, 13, 14, 21, 22, 23, 24};
+  std::vector<int> seen(6);
+  launch(dim3(1), dim3(32), 32, async_copy_kernel, seen.data(), src);  // late timing, the default
+  EXPECT_EQ(seen, (std::vector<int>{0, 0, 11, 0, 11, 21}));
+  const mt::cuda::emu::TimingScope early(mt::cuda::emu::Timing::early);
+  launch(dim3(1), dim3(32), 32, async_copy_kernel, seen.data(), src);
+  EXPECT_EQ(seen, (std::vector<int>{11, 21, 11, 21, 11, 21}));
 }
 
 __global__ void divergent_barrier_kernel(int* out) {

@@ -7,7 +7,12 @@
 // tiles. The score tiles stay in registers: they are masked, exponentiated and rounded to the storage
 // type there, and fed back as A fragments of the next product (mma::a_from_acc), as FlashAttention-2
 // does. Operand tiles are staged in shared memory in the storage type, rows padded by 8 elements so
-// the fragment loads are free of bank conflicts.
+// the fragment loads (ldmatrix) are free of bank conflicts.
+//
+// The streamed tiles (K, V in the forward and dQ kernels; Q, dO in the dK/dV kernel) are double
+// buffered and copied with cp.async (kernels/cuda/async_copy.cuh): tile i + 1 is in flight while
+// tile i is worked on, and no registers stage the copy. In the backward kernels the block's own two
+// tiles are read into fragments once, after which their shared memory serves as the second buffer.
 //
 // Forward: S = Q K^T, online softmax in base 2 (scores scaled by log2(e)/sqrt(hs); lse converted back
 // to natural log on store), O += P V with P rounded to 16 bits. Each lane keeps partial row sums of P;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/storage.cuh"
@@ -30,16 +31,17 @@ constexpr unsigned kFull = 0xffffffffu;
 template <int HS>
 constexpr int kLd = HS + 8;
 
-// Rows t0 .. t0+63 (row stride ld_src elements) of a head slice into a shared tile; rows past T are
-// zero. 16-byte loads: the launchers check the alignment.
+// Starts copying rows t0 .. t0+63 (row stride ld_src elements) of a head slice into a shared tile,
+// 16 bytes per cp.async (the launchers check the alignment); rows past T are filled with zeros. The
+// copies join the thread's next cp.async group.
 template <int HS, class D>
-__device__ inline void load_rows(D* dst, const D* src, int64_t ld_src, int t0, int T) {
+__device__ inline void copy_rows_async(D* dst, const D* src, int64_t ld_src, int t0, int T) {
   constexpr int kChunks = HS / 8;
+#pragma unroll
   for (int idx = int(threadIdx.x); idx < kTile * kChunks; idx += kThreads) {
     const int r = idx / kChunks, c = (idx - r * kChunks) * 8;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (t0 + r < T) v = *reinterpret_cast<const uint4*>(src + int64_t(t0 + r) * ld_src + c);
-    *reinterpret_cast<uint4*>(dst + r * kLd<HS> + c) = v;
+    const bool in = t0 + r < T;
+    async_copy::copy16(dst + r * kLd<HS> + c, in ? src + int64_t(t0 + r) * ld_src + c : src, in);
   }
 }
 
@@ -110,12 +112,12 @@ __device__ inline void accumulate_pv(float out[NT][4], const float p[kColTiles][
 template <class D, int HS>
 __global__ void __launch_bounds__(kThreads)
     fwd_kernel(D* out, float* lse, const D* qkv, const int32_t* doc, int T, int C, int NH, float scale_log2) {
-  constexpr int LD = kLd<HS>, KS = HS / 16, NT = HS / 8;
+  constexpr int LD = kLd<HS>, KS = HS / 16, NT = HS / 8, kElems = kTile * LD;
   MT_DYNAMIC_SHARED(uint4, smem_raw);
   D* Qs = reinterpret_cast<D*>(smem_raw);
-  D* Ks = Qs + kTile * LD;
-  D* Vs = Ks + kTile * LD;
-  int* kdoc = reinterpret_cast<int*>(Vs + kTile * LD);
+  D* Ks = Qs + kElems;                                   // key tile i in buffer i % 2
+  D* Vs = Ks + 2 * kElems;                               // likewise
+  int* kdoc = reinterpret_cast<int*>(Vs + 2 * kElems);   // 2 x kTile
   const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kTile;  // the longest rows start first
   const int h = int(blockIdx.y), b = int(blockIdx.z);
   const int r0 = int(threadIdx.x) / kLanes * 16;
@@ -123,8 +125,16 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t ld = 3 * int64_t(C);
   const D* head = qkv + int64_t(b) * T * ld + int64_t(h) * HS;
   const int32_t* bdoc = doc ? doc + int64_t(b) * T : nullptr;
+  const int n_tiles = (min(q0 + kTile, T) - 1) / kTile + 1;  // causal: key tiles past the diagonal are skipped
 
-  load_rows<HS>(Qs, head, ld, q0, T);
+  // cp.async groups: Q, then one per key tile; tile i + 1 is in flight while tile i is worked on.
+  copy_rows_async<HS>(Qs, head, ld, q0, T);
+  async_copy::commit();
+  copy_rows_async<HS>(Ks, head + C, ld, 0, T);
+  copy_rows_async<HS>(Vs, head + 2 * C, ld, 0, T);
+  load_docs(kdoc, bdoc, 0, T);
+  async_copy::commit();
+  async_copy::wait<1>();  // Q has landed
   __syncthreads();
   uint32_t qf[KS][4];
 #pragma unroll
@@ -136,16 +146,22 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 2; r++) rdoc[r] = row[r] < T ? (bdoc ? bdoc[row[r]] : 0) : -1;
 
-  const int q_last = min(q0 + kTile, T) - 1;
-  for (int k0 = 0; k0 <= q_last; k0 += kTile) {  // causal: key tiles past the diagonal are skipped
-    __syncthreads();                               // the previous K, V tiles are consumed
-    load_rows<HS>(Ks, head + C, ld, k0, T);
-    load_rows<HS>(Vs, head + 2 * C, ld, k0, T);
-    load_docs(kdoc, bdoc, k0, T);
+  for (int i = 0; i < n_tiles; i++) {
+    const int k0 = i * kTile, cur = i & 1;
+    if (i + 1 < n_tiles) {  // into the buffer of tile i - 1, which every warp is done with
+      copy_rows_async<HS>(Ks + (cur ^ 1) * kElems, head + C, ld, k0 + kTile, T);
+      copy_rows_async<HS>(Vs + (cur ^ 1) * kElems, head + 2 * C, ld, k0 + kTile, T);
+      load_docs(kdoc + (cur ^ 1) * kTile, bdoc, k0 + kTile, T);
+    }
+    async_copy::commit();
+    async_copy::wait<1>();  // tile i has landed
     __syncthreads();
+    const D* Kt = Ks + cur * kElems;
+    const D* Vt = Vs + cur * kElems;
+    const int* tdoc = kdoc + cur * kTile;
 
     float s[kColTiles][4];
-    score_tile<D, KS, LD>(s, qf, Ks, ln);
+    score_tile<D, KS, LD>(s, qf, Kt, ln);
     // Every key of the tile precedes every row of the warp: no mask to evaluate.
     const bool unmasked = !bdoc && k0 + kTile - 1 <= q0 + r0;
     float mx[2] = {m[0], m[1]};
@@ -155,7 +171,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; e++) {
         const int r = e >> 1, jj = n * 8 + 2 * ln.t + (e & 1);
         float v = s[n][e] * scale_log2;
-        if (!unmasked && !visible(row[r], k0 + jj, T, rdoc[r], kdoc[jj])) v = -INFINITY;
+        if (!unmasked && !visible(row[r], k0 + jj, T, rdoc[r], tdoc[jj])) v = -INFINITY;
         s[n][e] = v;
         mx[r] = fmaxf(mx[r], v);
       }
@@ -184,7 +200,8 @@ __global__ void __launch_bounds__(kThreads)
       o[n][0] *= alpha[0], o[n][1] *= alpha[0];
       o[n][2] *= alpha[1], o[n][3] *= alpha[1];
     }
-    accumulate_pv<D, NT, LD>(o, s, Vs, ln);
+    accumulate_pv<D, NT, LD>(o, s, Vt, ln);
+    __syncthreads();  // every warp is done with buffer cur before tile i + 2 is copied into it
   }
 
 #pragma unroll
@@ -204,15 +221,13 @@ template <class D, int HS>
 __global__ void __launch_bounds__(kThreads)
     dkdv_kernel(D* dqkv, const D* dout, const D* qkv, const float* lse, const float* dsum, const int32_t* doc,
                 int T, int C, int NH, float scale, float scale_log2) {
-  constexpr int LD = kLd<HS>, KS = HS / 16, NT = HS / 8;
+  constexpr int LD = kLd<HS>, KS = HS / 16, NT = HS / 8, kElems = kTile * LD;
   MT_DYNAMIC_SHARED(uint4, smem_raw);
-  D* Ks = reinterpret_cast<D*>(smem_raw);
-  D* Vs = Ks + kTile * LD;
-  D* Qs = Vs + kTile * LD;
-  D* dOs = Qs + kTile * LD;
-  float* lse_s = reinterpret_cast<float*>(dOs + kTile * LD);  // log2 units
-  float* dsum_s = lse_s + kTile;
-  int* qdoc = reinterpret_cast<int*>(dsum_s + kTile);
+  // Two buffers of (Q, dO) tiles: buffer 0 first holds K and V, which are read once into fragments.
+  D* tiles = reinterpret_cast<D*>(smem_raw);                 // buffer u: Q at 2u, dO at 2u + 1 tiles
+  float* lse_s = reinterpret_cast<float*>(tiles + 4 * kElems);  // 2 x kTile, log2 units
+  float* dsum_s = lse_s + 2 * kTile;                          // 2 x kTile
+  int* qdoc = reinterpret_cast<int*>(dsum_s + 2 * kTile);     // 2 x kTile
   const int k0 = int(blockIdx.x) * kTile;  // the first key blocks see the most queries and start first
   const int h = int(blockIdx.y), b = int(blockIdx.z);
   const int r0 = int(threadIdx.x) / kLanes * 16;
@@ -222,33 +237,53 @@ __global__ void __launch_bounds__(kThreads)
   const D* dhead = dout + int64_t(b) * T * C + int64_t(h) * HS;
   const int64_t stat0 = (int64_t(b) * NH + h) * T;
   const int32_t* bdoc = doc ? doc + int64_t(b) * T : nullptr;
+  const int n_tiles = (T - 1 - k0) / kTile + 1;  // causal: queries before the key block see none of it
+  // Query tile j (rows k0 + 64 j ..) goes to buffer 1 - j % 2: tile 0 to buffer 1, tile 1 to buffer 0
+  // once the K, V fragments are out of it. Its row statistics are loaded (synchronously) alongside.
+  auto issue = [&](int j) {
+    const int u = 1 - (j & 1), q0 = k0 + j * kTile;
+    copy_rows_async<HS>(tiles + 2 * u * kElems, head, ld, q0, T);
+    copy_rows_async<HS>(tiles + (2 * u + 1) * kElems, dhead, C, q0, T);
+    load_docs(qdoc + u * kTile, bdoc, q0, T);
+    for (int r = int(threadIdx.x); r < kTile; r += kThreads) {
+      const bool in = q0 + r < T;
+      lse_s[u * kTile + r] = in ? lse[stat0 + q0 + r] * kLog2e : 0.f;
+      dsum_s[u * kTile + r] = in ? dsum[stat0 + q0 + r] : 0.f;
+    }
+  };
 
-  load_rows<HS>(Ks, head + C, ld, k0, T);
-  load_rows<HS>(Vs, head + 2 * C, ld, k0, T);
+  // cp.async groups: K and V, then one per query tile; tile j + 1 is in flight while j is worked on.
+  copy_rows_async<HS>(tiles, head + C, ld, k0, T);
+  copy_rows_async<HS>(tiles + kElems, head + 2 * C, ld, k0, T);
+  async_copy::commit();
+  issue(0);
+  async_copy::commit();
+  async_copy::wait<1>();  // K and V have landed
   __syncthreads();
   uint32_t kf[KS][4], vf[KS][4];
 #pragma unroll
   for (int kk = 0; kk < KS; kk++) {
-    mma::load_a(kf[kk], Ks, LD, r0, kk * 16, ln);
-    mma::load_a(vf[kk], Vs, LD, r0, kk * 16, ln);
+    mma::load_a(kf[kk], tiles, LD, r0, kk * 16, ln);
+    mma::load_a(vf[kk], tiles + kElems, LD, r0, kk * 16, ln);
   }
+  __syncthreads();  // every warp has its K, V fragments: buffer 0 is free
   const int key[2] = {k0 + r0 + ln.g, k0 + r0 + ln.g + 8};
   int kd[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) kd[r] = key[r] < T ? (bdoc ? bdoc[key[r]] : 0) : -2;  // never a query's id
   float dk[NT][4] = {}, dv[NT][4] = {};
 
-  for (int q0 = k0; q0 < T; q0 += kTile) {  // causal: queries before the key block see none of it
+  for (int j = 0; j < n_tiles; j++) {
+    const int q0 = k0 + j * kTile, u = 1 - (j & 1);
+    if (j + 1 < n_tiles) issue(j + 1);  // into the buffer of tile j - 1 (or K, V), which every warp is done with
+    async_copy::commit();
+    async_copy::wait<1>();  // tile j has landed
     __syncthreads();
-    load_rows<HS>(Qs, head, ld, q0, T);
-    load_rows<HS>(dOs, dhead, C, q0, T);
-    load_docs(qdoc, bdoc, q0, T);
-    for (int r = int(threadIdx.x); r < kTile; r += kThreads) {
-      const bool in = q0 + r < T;
-      lse_s[r] = in ? lse[stat0 + q0 + r] * kLog2e : 0.f;
-      dsum_s[r] = in ? dsum[stat0 + q0 + r] : 0.f;
-    }
-    __syncthreads();
+    const D* Qs = tiles + 2 * u * kElems;
+    const D* dOs = tiles + (2 * u + 1) * kElems;
+    const float* tlse = lse_s + u * kTile;
+    const float* tdsum = dsum_s + u * kTile;
+    const int* tdoc = qdoc + u * kTile;
 
     float st[kColTiles][4], dpt[kColTiles][4];  // rows: keys, columns: queries
     score_tile<D, KS, LD>(st, kf, Qs, ln);
@@ -260,14 +295,15 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int r = e >> 1, ii = n * 8 + 2 * ln.t + (e & 1);
-        const bool vis = unmasked || visible(q0 + ii, key[r], T, qdoc[ii], kd[r]);
-        const float p = vis ? exp2f(st[n][e] * scale_log2 - lse_s[ii]) : 0.f;
+        const bool vis = unmasked || visible(q0 + ii, key[r], T, tdoc[ii], kd[r]);
+        const float p = vis ? exp2f(st[n][e] * scale_log2 - tlse[ii]) : 0.f;
         st[n][e] = p;
-        dpt[n][e] = p * (dpt[n][e] - dsum_s[ii]);
+        dpt[n][e] = p * (dpt[n][e] - tdsum[ii]);
       }
     }
     accumulate_pv<D, NT, LD>(dv, st, dOs, ln);   // dV += P^T dO
     accumulate_pv<D, NT, LD>(dk, dpt, Qs, ln);   // dK += dS^T Q (scaled on store)
+    __syncthreads();  // every warp is done with buffer u before tile j + 2 is copied into it
   }
 
 #pragma unroll
@@ -287,13 +323,11 @@ template <class D, int HS>
 __global__ void __launch_bounds__(kThreads)
     dq_kernel(D* dqkv, const D* dout, const D* qkv, const float* lse, const float* dsum, const int32_t* doc, int T,
               int C, int NH, float scale, float scale_log2) {
-  constexpr int LD = kLd<HS>, KS = HS / 16, NT = HS / 8;
+  constexpr int LD = kLd<HS>, KS = HS / 16, NT = HS / 8, kElems = kTile * LD;
   MT_DYNAMIC_SHARED(uint4, smem_raw);
-  D* Qs = reinterpret_cast<D*>(smem_raw);
-  D* dOs = Qs + kTile * LD;
-  D* Ks = dOs + kTile * LD;
-  D* Vs = Ks + kTile * LD;
-  int* kdoc = reinterpret_cast<int*>(Vs + kTile * LD);
+  // Two buffers of (K, V) tiles: buffer 0 first holds Q and dO, which are read once into fragments.
+  D* tiles = reinterpret_cast<D*>(smem_raw);             // buffer u: K at 2u, V at 2u + 1 tiles
+  int* kdoc = reinterpret_cast<int*>(tiles + 4 * kElems);  // 2 x kTile
   const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kTile;  // the longest rows start first
   const int h = int(blockIdx.y), b = int(blockIdx.z);
   const int r0 = int(threadIdx.x) / kLanes * 16;
@@ -302,16 +336,31 @@ __global__ void __launch_bounds__(kThreads)
   const D* head = qkv + int64_t(b) * T * ld + int64_t(h) * HS;
   const int64_t stat0 = (int64_t(b) * NH + h) * T;
   const int32_t* bdoc = doc ? doc + int64_t(b) * T : nullptr;
+  const int n_tiles = (min(q0 + kTile, T) - 1) / kTile + 1;  // causal: key tiles past the diagonal are skipped
+  // Key tile i goes to buffer 1 - i % 2: tile 0 to buffer 1, tile 1 to buffer 0 once the Q, dO
+  // fragments are out of it.
+  auto issue = [&](int i) {
+    const int u = 1 - (i & 1), k0 = i * kTile;
+    copy_rows_async<HS>(tiles + 2 * u * kElems, head + C, ld, k0, T);
+    copy_rows_async<HS>(tiles + (2 * u + 1) * kElems, head + 2 * C, ld, k0, T);
+    load_docs(kdoc + u * kTile, bdoc, k0, T);
+  };
 
-  load_rows<HS>(Qs, head, ld, q0, T);
-  load_rows<HS>(dOs, dout + int64_t(b) * T * C + int64_t(h) * HS, C, q0, T);
+  // cp.async groups: Q and dO, then one per key tile; tile i + 1 is in flight while i is worked on.
+  copy_rows_async<HS>(tiles, head, ld, q0, T);
+  copy_rows_async<HS>(tiles + kElems, dout + int64_t(b) * T * C + int64_t(h) * HS, C, q0, T);
+  async_copy::commit();
+  issue(0);
+  async_copy::commit();
+  async_copy::wait<1>();  // Q and dO have landed
   __syncthreads();
   uint32_t qf[KS][4], of[KS][4];
 #pragma unroll
   for (int kk = 0; kk < KS; kk++) {
-    mma::load_a(qf[kk], Qs, LD, r0, kk * 16, ln);
-    mma::load_a(of[kk], dOs, LD, r0, kk * 16, ln);
+    mma::load_a(qf[kk], tiles, LD, r0, kk * 16, ln);
+    mma::load_a(of[kk], tiles + kElems, LD, r0, kk * 16, ln);
   }
+  __syncthreads();  // every warp has its Q, dO fragments: buffer 0 is free
   const int row[2] = {q0 + r0 + ln.g, q0 + r0 + ln.g + 8};
   int rdoc[2];
   float rlse[2], rdsum[2], dq[NT][4] = {};
@@ -323,13 +372,15 @@ __global__ void __launch_bounds__(kThreads)
     rdsum[r] = in ? dsum[stat0 + row[r]] : 0.f;
   }
 
-  const int q_last = min(q0 + kTile, T) - 1;
-  for (int k0 = 0; k0 <= q_last; k0 += kTile) {
+  for (int i = 0; i < n_tiles; i++) {
+    const int k0 = i * kTile, u = 1 - (i & 1);
+    if (i + 1 < n_tiles) issue(i + 1);  // into the buffer of tile i - 1 (or Q, dO), which every warp is done with
+    async_copy::commit();
+    async_copy::wait<1>();  // tile i has landed
     __syncthreads();
-    load_rows<HS>(Ks, head + C, ld, k0, T);
-    load_rows<HS>(Vs, head + 2 * C, ld, k0, T);
-    load_docs(kdoc, bdoc, k0, T);
-    __syncthreads();
+    const D* Ks = tiles + 2 * u * kElems;
+    const D* Vs = tiles + (2 * u + 1) * kElems;
+    const int* tdoc = kdoc + u * kTile;
 
     float s[kColTiles][4], dp[kColTiles][4];
     score_tile<D, KS, LD>(s, qf, Ks, ln);
@@ -340,12 +391,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int r = e >> 1, jj = n * 8 + 2 * ln.t + (e & 1);
-        const bool vis = unmasked || visible(row[r], k0 + jj, T, rdoc[r], kdoc[jj]);
+        const bool vis = unmasked || visible(row[r], k0 + jj, T, rdoc[r], tdoc[jj]);
         const float p = vis ? exp2f(s[n][e] * scale_log2 - rlse[r]) : 0.f;
         s[n][e] = p * (dp[n][e] - rdsum[r]);  // dS
       }
     }
     accumulate_pv<D, NT, LD>(dq, s, Ks, ln);  // dQ += dS K (scaled on store)
+    __syncthreads();  // every warp is done with buffer u before tile i + 2 is copied into it
   }
 
 #pragma unroll
@@ -357,16 +409,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Shared bytes of each kernel.
+// Shared bytes of each kernel. Forward: Q and two buffers of (K, V) tiles, with the keys' document ids.
+// Backward: two buffers of two tiles (the first starts with the block's own two tiles), with the
+// streamed rows' statistics and document ids (dK/dV: lse, dsum, ids; dQ: ids only).
 template <class D, int HS>
 constexpr size_t fwd_smem() {
-  return size_t(3) * kTile * kLd<HS> * sizeof(D) + kTile * sizeof(int);
+  return size_t(5) * kTile * kLd<HS> * sizeof(D) + 2 * kTile * sizeof(int);
 }
 template <class D, int HS>
 constexpr size_t bwd_smem() {
-  return size_t(4) * kTile * kLd<HS> * sizeof(D) + 3 * kTile * sizeof(float);
+  return size_t(4) * kTile * kLd<HS> * sizeof(D) + 2 * 3 * kTile * sizeof(float);
 }
-
 
 // One block of kThreads per (64-row block, head, batch row) for each kernel.
 inline dim3 tile_grid(int B, int T, int NH) { return dim3(ceil_div(T, kTile), unsigned(NH), unsigned(B)); }

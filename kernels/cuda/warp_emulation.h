@@ -8,11 +8,12 @@
 //   - __syncwarp, __shfl_xor_sync, __ballot_sync, mma.sync (m16n8k16, bf16/fp16 in, fp32
 //     accumulate) and ldmatrix (m8n8.x4, plain and transposed) as exchanges among the 32 threads of a
 //     warp, following the fragment layouts of the PTX ISA (kernels/cuda/mma.cuh);
+//   - cp.async copies to shared memory, landing when a wait_group covers them or at once (Timing);
 //   - static shared memory (MT_SHARED, common.cuh) and dynamic shared memory as one buffer per block.
 //     Static shared memory starts as 0xff bytes (NaN floats, -1 ints), standing for the hardware's
 //     undefined contents; dynamic shared memory starts zeroed.
-// A thread runs until it reaches a barrier, then the next ready thread runs, in thread order, so a run
-// is deterministic. Fibers rather than host threads: passing a barrier costs each thread one
+// A thread runs until it reaches a barrier, then the next ready thread runs, in thread order (or, under
+// Timing::early, its own warp's threads first), so a run is deterministic. Fibers rather than host threads: passing a barrier costs each thread one
 // user-space context switch (about a microsecond) instead of a wake-up through the operating system's
 // scheduler, and a barrier that some threads never reach is reported (an exception from `launch`
 // naming the block) instead of hanging. Every warp-level call must be reached by all 32 threads of the
@@ -51,18 +52,43 @@ namespace mt::cuda::emu {
 constexpr int kLanes = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// Two orders of events, both ones the hardware may produce, that tests run a kernel under to expose
+// two kinds of race (TimingScope):
+//   late   the warps of a block advance together, one warp exchange at a time, and a cp.async copy
+//          lands at the wait that covers it: a tile read before its wait holds the old contents;
+//   early  each warp runs on to the next block barrier before the next warp starts, and a copy lands
+//          when issued: a warp that refills a buffer without a barrier overwrites it before the
+//          warps behind it have read it.
+enum class Timing { late, early };
+inline thread_local Timing timing = Timing::late;
+
+// Sets the timing of the calling host thread's launches for the scope's lifetime.
+class TimingScope {
+ public:
+  explicit TimingScope(Timing t) : saved_(timing) { timing = t; }
+  ~TimingScope() { timing = saved_; }
+  TimingScope(const TimingScope&) = delete;
+  TimingScope& operator=(const TimingScope&) = delete;
+
+ private:
+  Timing saved_;
+};
+
 struct Fiber;
 
 // A barrier over `count` threads of one block: the last to arrive releases the others and runs on.
 class Barrier {
  public:
-  explicit Barrier(int count) : count_(count) {}
+  // warp: the barrier of one warp's exchanges (under Timing::early the warp's threads then run on
+  // before any other warp's).
+  explicit Barrier(int count, bool warp = false) : count_(count), warp_(warp) {}
   Barrier(const Barrier&) = delete;
   Barrier& operator=(const Barrier&) = delete;
   void arrive_and_wait();
 
  private:
   int count_, arrived_ = 0;
+  bool warp_;
   std::vector<Fiber*> waiting_;
 };
 
@@ -70,7 +96,7 @@ class Barrier {
 // one barrier per exchange suffices: no lane writes a buffer again before every lane has passed the
 // next barrier, i.e. has read what the buffer held.
 struct Warp {
-  Barrier sync{kLanes};
+  Barrier sync{kLanes, true};
   uint32_t a[kLanes][4], b[kLanes][2];
   uint64_t word[2][kLanes];
 };
@@ -96,6 +122,16 @@ struct ThreadState {
   int tid = 0;                  // linear index in the block
   unsigned warp_exchanges = 0;  // shuffles and ballots so far: picks the word buffer
   unsigned block_votes = 0;     // __syncthreads_or calls so far: picks the vote buffer
+  // cp.async: the copies not yet carried out, each with the index of the group it belongs to, and the
+  // number of groups committed so far (copies issued since the last commit carry that number).
+  struct AsyncCopy {
+    void* dst;
+    const void* src;
+    bool valid;
+    unsigned group;
+  };
+  std::vector<AsyncCopy> async_copies;
+  unsigned async_groups = 0;
 };
 
 // One emulated thread: its context, its stack (with an inaccessible guard page below it, so an
@@ -142,6 +178,7 @@ class Scheduler {
   bool run_block(const ThreadState& base);
   void wait();  // the current thread blocks until a barrier wakes it
   void wake(Fiber* f) { ready_.push_back(f); }
+  void wake_first(Fiber* f) { ready_.push_front(f); }
   Fiber* current() const { return current_; }
   int finished() const { return finished_; }
   std::exception_ptr error() const { return error_; }
@@ -170,7 +207,11 @@ inline ThreadState& self() { return *running; }
 inline void Barrier::arrive_and_wait() {
   if (++arrived_ == count_) {
     arrived_ = 0;
-    for (Fiber* f : waiting_) scheduler->wake(f);
+    if (warp_ && timing == Timing::early) {
+      for (auto f = waiting_.rbegin(); f != waiting_.rend(); ++f) scheduler->wake_first(*f);
+    } else {
+      for (Fiber* f : waiting_) scheduler->wake(f);
+    }
     waiting_.clear();
     return;
   }
@@ -337,6 +378,41 @@ inline void ldmatrix_x4(uint32_t r[4], const void* row, bool trans) {
     };
     r[m] = trans ? (at(2 * t, g) | at(2 * t + 1, g) << 16) : (at(g, 2 * t) | at(g, 2 * t + 1) << 16);
   }
+}
+
+// cp.async (16 bytes, kernels/cuda/async_copy.cuh). (The source is read when the copy lands: the
+// kernels copy from inputs nobody writes.)
+
+inline void cp_async_16(void* dst, const void* src, bool valid) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0))
+    throw std::logic_error("warp emulator: cp.async address not 16-byte aligned");
+  if (timing == Timing::early) {
+    if (valid) {
+      std::memcpy(dst, src, 16);
+    } else {
+      std::memset(dst, 0, 16);
+    }
+    return;
+  }
+  ThreadState& s = self();
+  s.async_copies.push_back({dst, src, valid, s.async_groups});
+}
+inline void cp_async_commit() { self().async_groups++; }
+// cp.async.wait_group n: every group but the n most recently committed has landed.
+inline void cp_async_wait(int n) {
+  ThreadState& s = self();
+  const unsigned landed = s.async_groups > unsigned(n) ? s.async_groups - unsigned(n) : 0u;
+  std::vector<ThreadState::AsyncCopy> pending;
+  for (const ThreadState::AsyncCopy& c : s.async_copies) {
+    if (c.group >= landed) {
+      pending.push_back(c);
+    } else if (c.valid) {
+      std::memcpy(c.dst, c.src, 16);
+    } else {
+      std::memset(c.dst, 0, 16);
+    }
+  }
+  s.async_copies.swap(pending);
 }
 
 // Runs kernel(args...) over the grid, one fiber per CUDA thread, one block at a time. The block has

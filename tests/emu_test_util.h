@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -20,9 +21,18 @@
 
 namespace mt::testing::emu {
 
-// Runs a kernel on the emulator with the shape its launcher gives it.
+// The emulator timing of this test run: MT_EMU_TIMING=early selects cuda::emu::Timing::early (each warp
+// runs ahead to the next block barrier; copies land at once), anything else the default late timing.
+// ctest runs every emulator test under both (tests/CMakeLists.txt).
+inline cuda::emu::Timing timing_of_run() {
+  const char* t = std::getenv("MT_EMU_TIMING");
+  return t && std::string(t) == "early" ? cuda::emu::Timing::early : cuda::emu::Timing::late;
+}
+
+// Runs a kernel on the emulator with the shape its launcher gives it, under the run's timing.
 template <class Kernel, class... Args>
 void run(const cuda::LaunchShape& l, Kernel kernel, Args... args) {
+  const cuda::emu::TimingScope scope(timing_of_run());
   cuda::emu::launch(l.grid, l.block, l.smem, kernel, args...);
 }
 

@@ -60,9 +60,11 @@ __global__ void scatter_rows_kernel(float* dst, const D* src, const int32_t* key
       seen_any = true;
       if (matches[0] < row) return;  // an earlier row owns this key; uniform across the block
     }
+    // No barrier needed before the next chunk: warp_count[] was last read before the barrier above,
+    // and matches[] is next written only after the next chunk's first barrier, which every thread
+    // reaches only once it is done reading matches[] here.
     if (c < C)
       for (int i = 0; i < n; i++) acc += load(src[int64_t(matches[i]) * C + c]);
-    __syncthreads();  // matches[] is rewritten by the next chunk
   }
   if (c < C) dst[int64_t(key) * C + c] += acc;
 }

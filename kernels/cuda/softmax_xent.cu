@@ -1,8 +1,10 @@
 // Fused softmax + cross-entropy over a padded vocabulary, one block per row. Logits and dlogits are in
-// the storage type S, the math in fp32, losses fp32. Three passes over the row: max, sum of
-// exp(x - max), then the loss and (optionally) the gradient. Probabilities are never stored; the
-// gradient is written in the last pass, which is what lets dlogits alias logits: every element is
-// read and then overwritten by the same thread, after all reductions have finished.
+// the storage type S, the math in fp32, losses fp32. Two passes over the row: the max and the sum of
+// exp(x - max) together (the online normaliser: the running sum is rescaled when the max grows, and
+// partial normalisers combine in a fixed order), then the loss and (optionally) the gradient.
+// Probabilities are never stored; the gradient is written in the last pass, which is what lets
+// dlogits alias logits: every element is read and then overwritten by the same thread, after all
+// reductions have finished.
 //   loss_i    = log(sum_j exp(x_j - max)) + max - x_target            (-log softmax)
 //   dlogits_j = dloss (softmax_j - [j == target]),  0 in padded columns and ignored rows
 #include <cmath>

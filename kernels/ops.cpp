@@ -2,6 +2,8 @@
 // three storage types.
 #include "kernels/ops.h"
 
+#include "kernels/clip_coefficient.h"
+
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/op_timer.h"
 #include "runtime/check.h"
@@ -194,13 +196,23 @@ template void convert<float, bf16>(float*, const bf16*, int64_t, const Ctx&);
 template void convert<float, f16>(float*, const f16*, int64_t, const Ctx&);
 
 void adamw(float* params, float* m, float* v, const float* grads, int64_t N, float lr, float beta1, float beta2,
-           float eps, float weight_decay, int t, const Ctx& ctx) {
-  MT_DISPATCH(cpu::adamw<float>(params, m, v, grads, N, lr, beta1, beta2, eps, weight_decay, t),
-              cuda::adamw(params, m, v, grads, N, lr, beta1, beta2, eps, weight_decay, t, ctx));
+           float eps, float weight_decay, int t, const Ctx& ctx, const float* grad_scale) {
+  MT_DISPATCH(cpu::adamw<float>(params, m, v, grads, N, lr, beta1, beta2, eps, weight_decay, t, grad_scale),
+              cuda::adamw(params, m, v, grads, N, lr, beta1, beta2, eps, weight_decay, t, ctx, grad_scale));
 }
 
 double sum_squares(const float* x, int64_t N, const Ctx& ctx) {
   MT_DISPATCH(cpu::sum_squares<float>(x, N), cuda::sum_squares(x, N, ctx));
+}
+
+void sum_squares_into(double* out, const float* x, int64_t N, bool accumulate, const Ctx& ctx) {
+  MT_DISPATCH(void(*out = (accumulate ? *out : 0.0) + cpu::sum_squares<float>(x, N)),
+              cuda::sum_squares_into(out, x, N, accumulate, ctx));
+}
+
+void clip_coefficient(float* coef, const double* sum_sq, double inv_scale, double max_norm, const Ctx& ctx) {
+  MT_DISPATCH(void(*coef = ops::clip_coefficient(*sum_sq, inv_scale, max_norm)),
+              cuda::clip_coefficient(coef, sum_sq, inv_scale, max_norm, ctx));
 }
 
 void scale(float* x, float s, int64_t N, const Ctx& ctx) {

@@ -119,11 +119,20 @@ void convert(D* out, const S* in, int64_t N, const Ctx& ctx);
 
 // AdamW (Loshchilov & Hutter 2019), decoupled weight decay, bias correction with step t >= 1:
 // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd p).
+// With grad_scale (one float in the memory of ctx's device) g = grads * *grad_scale, rounded to fp32
+// as scale() would round it: unscaling and clipping without a pass over the gradients, and without
+// the host reading the factor.
 void adamw(float* params, float* m, float* v, const float* grads, int64_t N, float lr, float beta1, float beta2,
-           float eps, float weight_decay, int t, const Ctx& ctx);
+           float eps, float weight_decay, int t, const Ctx& ctx, const float* grad_scale = nullptr);
 
 // Sum of squares accumulated in double over fixed-size blocks (result independent of thread count).
 double sum_squares(const float* x, int64_t N, const Ctx& ctx);
+// The same sum left at *out in the memory of ctx's device (added to *out when accumulate), so the host
+// does not wait for it.
+void sum_squares_into(double* out, const float* x, int64_t N, bool accumulate, const Ctx& ctx);
+// *coef = clip_coefficient(*sum_sq, inv_scale, max_norm) (kernels/clip_coefficient.h), both in the
+// memory of ctx's device.
+void clip_coefficient(float* coef, const double* sum_sq, double inv_scale, double max_norm, const Ctx& ctx);
 void scale(float* x, float s, int64_t N, const Ctx& ctx);
 // Rounds fp32 values in place to the nearest bf16/f16 value (no-op for f32): the compute copy of
 // the weights holds the values its storage type can represent.

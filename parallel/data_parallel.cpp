@@ -93,6 +93,7 @@ DataParallel::DataParallel(ParamStore& store, Comm& dp, Arena& arena, const Data
     }
     store.release_master();
   }
+  local_sq_buf_ = arena.alloc(MemCategory::comm, sizeof(double));
   publish_params();
 }
 
@@ -107,6 +108,7 @@ void DataParallel::begin_step() {
   micros_ = 0;
   if (o_.zero >= 1) arena_.mem().zero(grad_shard_, size_t(shard_numel_) * 4);
   stats_ = DataParallelStats();
+  local_sq_noted_ = false;
   last_micro_ = true;
   bucket_begin_ = bucket_end_ = -1;
   handed_.assign(size_t(store_.num_units()), 0);
@@ -189,9 +191,20 @@ void DataParallel::note_local_gradient(int u) {
   // a unit whose gradient is completed by rows later is left out, consistently on both sides.
   if (wants_row_grads(u))
     stats_.local_grad_sq_first_unit = u + 1;
-  else
-    stats_.local_grad_sq += ops::sum_squares(store_.unit_grads(u), store_.units()[size_t(u)].size(), ctx_);
+  else {
+    ops::sum_squares_into(static_cast<double*>(local_sq_buf_.data()), store_.unit_grads(u),
+                          store_.units()[size_t(u)].size(), local_sq_noted_, ctx_);
+    local_sq_noted_ = true;
+  }
   stats_.local_grad_sq_valid = true;
+}
+
+double DataParallel::local_grad_sq() const {
+  if (!local_sq_noted_) return 0;
+  double s = 0;
+  arena_.mem().sync();
+  arena_.mem().download(&s, local_sq_buf_.data(), sizeof(s));
+  return s;
 }
 
 void DataParallel::grads_ready(int u) {
@@ -261,13 +274,20 @@ double DataParallel::grad_sum_squares(int first_unit) {
   return all_reduce_sum_double(dp_, ops::sum_squares(grad_shard_ + b, shard_numel_ - b, ctx_));
 }
 
+void DataParallel::grad_sum_squares_into(double* out) {
+  MT_CHECK(grad_norm_is_local(), "grad_sum_squares_into: the gradient is sharded over %d ranks", size_);
+  if (o_.zero == 0)
+    ops::sum_squares_into(out, store_.grads(), store_.total_numel(), false, ctx_);
+  else
+    ops::sum_squares_into(out, grad_shard_, shard_numel_, false, ctx_);
+}
+
 bool DataParallel::grads_finite() {
   int32_t bad = ops::all_finite(grad_shard_, shard_numel_, ctx_) ? 0 : 1;
   if (o_.zero >= 1) dp_.all_reduce(&bad, 1, DType::i32, ReduceOp::max);
   return bad == 0;
 }
 
-void DataParallel::scale_grads(float s) { ops::scale(grad_shard_, s, shard_numel_, ctx_); }
 
 void DataParallel::publish_params() {
   const DType t = store_.compute_dtype();

@@ -60,8 +60,7 @@ struct DataParallelStats {
   double grad_poll_s = 0;    // progress polling during backward
   double gather_wait_s = 0;  // ZeRO-3 parameter gathers
   int reductions = 0;
-  double local_grad_sq = 0;  // |g|^2 of this rank's own gradient before reduction (stages 0-2)
-  int local_grad_sq_first_unit = 0;  // local_grad_sq covers units from here on (1 when unit 0 went as rows)
+  int local_grad_sq_first_unit = 0;  // local_grad_sq() covers units from here on (1 when unit 0 went as rows)
   bool local_grad_sq_valid = false;  // false when no rank ever held its whole local gradient
 };
 
@@ -108,9 +107,18 @@ class DataParallel final : public UnitHooks {
   void finish_grads();
   // Sum of squares of the reduced gradient of units [first_unit, end) (identical on every rank).
   double grad_sum_squares(int first_unit = 0);
+  // True when this rank holds the whole reduced gradient (stage 0, or one rank), so that its sum of
+  // squares needs no cross-rank sum: grad_sum_squares_into can then leave it in device memory.
+  bool grad_norm_is_local() const { return o_.zero == 0 || size_ == 1; }
+  // grad_sum_squares() at *out, in the memory of the arena's device, without waiting for it (needs
+  // grad_norm_is_local()).
+  void grad_sum_squares_into(double* out);
+  // |g|^2 of this rank's own gradient before reduction (stages 0-2; 0 when not noted this step), over
+  // the units from stats().local_grad_sq_first_unit on. Accumulated on the device during backward;
+  // reading it waits for the device.
+  double local_grad_sq() const;
   // True when no gradient anywhere is inf/NaN (agreed across ranks).
   bool grads_finite();
-  void scale_grads(float s);
   // After the optimizer updated master_shard(): derives the compute parameters (rounded to the
   // compute precision) and all-gathers them where every rank needs them whole.
   void publish_params();
@@ -169,6 +177,8 @@ class DataParallel final : public UnitHooks {
   std::vector<CommHandle> gathers_;
   int last_acquired_ = -1;
   DataParallelStats stats_;
+  Buffer local_sq_buf_;  // one double: local_grad_sq(), in the arena's memory
+  bool local_sq_noted_ = false;  // some unit was added to it this step
 };
 
 // Sum of one double per rank, added in rank order (exact and identical on every rank).

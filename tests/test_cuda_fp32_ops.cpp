@@ -71,7 +71,7 @@ TEST_F(CudaFp32Ops, AdamWMatchesCpu) {
     auto m = random_floats(size_t(n), rng, -0.1f, 0.1f), v = random_floats(size_t(n), rng, 0.f, 0.01f);
     DeviceArray<float> d_p(p), d_m(m), d_v(v), d_g(g);
     mt::cpu::adamw<float>(p.data(), m.data(), v.data(), g.data(), n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
-    mt::cuda::adamw(d_p.get(), d_m.get(), d_v.get(), d_g.get(), n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t, gpu);
+    mt::cuda::adamw(d_p.get(), d_m.get(), d_v.get(), d_g.get(), n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t, gpu, nullptr);
     EXPECT_TRUE(close(d_p.host(), p, tol::kAdamW)) << "params";
     EXPECT_TRUE(close(d_m.host(), m, tol::kAdamW)) << "m";
     EXPECT_TRUE(close(d_v.host(), v, tol::kAdamW)) << "v";

@@ -41,29 +41,46 @@ class EmulatedFp32Ops : public ::testing::Test {
 };
 
 TEST_F(EmulatedFp32Ops, AdamWMatchesTheCpu) {
+  const float factor = 0.37f;  // a gradient scale (unscaling, clipping)
   for (int64_t n : {int64_t(1), int64_t(257), int64_t(1000)}) {
     for (int t : {1, 7}) {
-      SCOPED_TRACE(::testing::Message() << "N=" << n << " t=" << t);
-      auto p = floats(size_t(n)), m = floats(size_t(n), -0.1f, 0.1f), v = floats(size_t(n), 0.f, 0.01f);
-      const auto g = floats(size_t(n));
-      auto gp = p, gm = m, gv = v;
-      const float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
-      mt::cpu::adamw<float>(p.data(), m.data(), v.data(), g.data(), n, lr, b1, b2, eps, wd, t);
-      run(ak::adamw_shape(n), ak::adamw_kernel, gp.data(), gm.data(), gv.data(), g.data(), n,
-          ak::make_hyper(lr, b1, b2, eps, wd, t));
-      EXPECT_LE(max_rel_error(gp.data(), p.data(), p.size()), tol::kAdamW) << "params";
-      EXPECT_LE(max_rel_error(gm.data(), m.data(), m.size()), tol::kAdamW) << "m";
-      EXPECT_LE(max_rel_error(gv.data(), v.data(), v.size()), tol::kAdamW) << "v";
+      for (const float* scale : {static_cast<const float*>(nullptr), &factor}) {
+        SCOPED_TRACE(::testing::Message() << "N=" << n << " t=" << t << (scale ? " scaled" : ""));
+        auto p = floats(size_t(n)), m = floats(size_t(n), -0.1f, 0.1f), v = floats(size_t(n), 0.f, 0.01f);
+        const auto g = floats(size_t(n));
+        auto gp = p, gm = m, gv = v;
+        const float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f;
+        mt::cpu::adamw<float>(p.data(), m.data(), v.data(), g.data(), n, lr, b1, b2, eps, wd, t, scale);
+        run(ak::adamw_shape(n), ak::adamw_kernel, gp.data(), gm.data(), gv.data(), g.data(), n,
+            ak::make_hyper(lr, b1, b2, eps, wd, t), scale);
+        EXPECT_LE(max_rel_error(gp.data(), p.data(), p.size()), tol::kAdamW) << "params";
+        EXPECT_LE(max_rel_error(gm.data(), m.data(), m.size()), tol::kAdamW) << "m";
+        EXPECT_LE(max_rel_error(gv.data(), v.data(), v.size()), tol::kAdamW) << "v";
+      }
     }
   }
 }
 
-// The launcher's two kernels: kSumBlocks partials over a fixed grid, then one block adds them.
-double emulated_sum_squares(const std::vector<float>& x) {
+TEST_F(EmulatedFp32Ops, ClipCoefficientKernelIsTheHostFormula) {
+  // (sum of squares, inverse loss scale, max norm): no clipping, clipping, clipping off, fp16 unscaling.
+  const double cases[][3] = {{0.25, 1.0, 1.0}, {16.0, 1.0, 1.0}, {16.0, 1.0, 0.0}, {4e8, 1.0 / 65536, 1.0}};
+  for (const auto& c : cases) {
+    float coef = NAN;
+    const double sum_sq = c[0];
+    run(mt::cuda::LaunchShape{dim3(1), dim3(32)}, ak::clip_coefficient_kernel, &coef, &sum_sq, c[1], c[2]);
+    EXPECT_EQ(coef, mt::ops::clip_coefficient(c[0], c[1], c[2])) << c[0] << " " << c[1] << " " << c[2];
+  }
+  EXPECT_EQ(mt::ops::clip_coefficient(16.0, 1.0, 1.0), 0.25f);  // norm 4 clipped to 1
+  EXPECT_EQ(mt::ops::clip_coefficient(0.25, 1.0, 1.0), 1.0f);   // norm 0.5 left alone
+  EXPECT_EQ(mt::ops::clip_coefficient(16.0, 1.0, 0.0), 1.0f);   // clipping off
+}
+
+// The launcher's two kernels: kSumBlocks partials over a fixed grid, then one block adds them (to
+// *result when accumulating).
+double emulated_sum_squares(const std::vector<float>& x, bool accumulate = false, double result = NAN) {
   std::vector<double> partial(rk::kSumBlocks, NAN);
-  double result = NAN;
   run(rk::partial_shape(), rk::sum_squares_partial_kernel, partial.data(), x.data(), int64_t(x.size()));
-  run(rk::partials_shape(), rk::sum_partials_kernel, &result, static_cast<const double*>(partial.data()));
+  run(rk::partials_shape(), rk::sum_partials_kernel, &result, static_cast<const double*>(partial.data()), accumulate);
   return result;
 }
 
@@ -74,6 +91,7 @@ TEST_F(EmulatedFp32Ops, SumSquaresMatchesTheCpu) {
     const auto x = floats(n, -2.f, 2.f);
     const double want = mt::cpu::sum_squares<float>(x.data(), int64_t(n));
     EXPECT_LE(std::fabs(emulated_sum_squares(x) - want), tol::kSumSquares * want);
+    EXPECT_EQ(emulated_sum_squares(x, true, 1.5), 1.5 + emulated_sum_squares(x)) << "accumulated";
   }
 }
 
@@ -123,7 +141,7 @@ TEST_F(EmulatedFp32Ops, GridStrideLoopsCoverEveryElement) {
     auto gp = p, gm = m, gv = v;
     mt::cpu::adamw<float>(p.data(), m.data(), v.data(), g.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.f, 3);
     run(l, ak::adamw_kernel, gp.data(), gm.data(), gv.data(), g.data(), n,
-        ak::make_hyper(1e-3f, 0.9f, 0.95f, 1e-8f, 0.f, 3));
+        ak::make_hyper(1e-3f, 0.9f, 0.95f, 1e-8f, 0.f, 3), static_cast<const float*>(nullptr));
     EXPECT_LE(max_rel_error(gp.data(), p.data(), p.size()), tol::kAdamW) << "adamw";
 
     x[size_t(n - 1)] = std::numeric_limits<float>::infinity();

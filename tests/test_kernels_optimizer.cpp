@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -52,6 +53,26 @@ TEST(Optimizer, AdamwFollowsTheDocumentedUpdateOverSeveralSteps) {
     EXPECT_LT(mt::testing::max_rel_error(pf.data(), pd.data(), sz(N)), 1e-6) << "step " << t;
     EXPECT_LT(mt::testing::max_rel_error(mf.data(), md.data(), sz(N)), 1e-6) << "step " << t;
     EXPECT_LT(mt::testing::max_rel_error(vf.data(), vd.data(), sz(N)), 1e-6) << "step " << t;
+  }
+}
+
+TEST(Optimizer, AdamwWithAGradScaleIsScaleThenAdamwBitForBit) {
+  // The trainer hands AdamW the unscale-and-clip factor instead of scaling the gradients first.
+  std::mt19937_64 rng(mt::testing::test_seed());
+  const int64_t n = 5000;
+  const auto g = mt::testing::random_floats(size_t(n), rng, -3.f, 3.f);
+  const auto p0 = mt::testing::random_floats(size_t(n), rng);
+  for (float factor : {1.f, 0.3f, 1.f / 1024}) {
+    std::vector<float> p1 = p0, m1(size_t(n), 0.f), v1(size_t(n), 0.f), g1 = g;
+    std::vector<float> p2 = p0, m2(size_t(n), 0.f), v2(size_t(n), 0.f);
+    scale<float>(g1.data(), factor, n);
+    for (int t = 1; t <= 3; t++) {
+      adamw<float>(p1.data(), m1.data(), v1.data(), g1.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+      adamw<float>(p2.data(), m2.data(), v2.data(), g.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, &factor);
+    }
+    EXPECT_EQ(p1, p2) << factor;
+    EXPECT_EQ(m1, m2) << factor;
+    EXPECT_EQ(v1, v2) << factor;
   }
 }
 

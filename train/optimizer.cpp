@@ -52,10 +52,10 @@ AdamW::AdamW(const OptimOptions& o, const ParamStore& store, std::vector<paralle
   v_ = arena.alloc(MemCategory::optimizer, size_t(numel_) * sizeof(float));
 }
 
-void AdamW::step(float* master, const float* grads, float lr, int t, const ops::Ctx& ctx) {
+void AdamW::step(float* master, const float* grads, float lr, int t, const ops::Ctx& ctx, const float* grad_scale) {
   for (const Run& r : runs_)
     ops::adamw(master + r.begin, m() + r.begin, v() + r.begin, grads + r.begin, r.end - r.begin, lr, o_.beta1,
-               o_.beta2, o_.eps, r.weight_decay, t, ctx);
+               o_.beta2, o_.eps, r.weight_decay, t, ctx, grad_scale);
 }
 
 void LossScaler::update(bool overflow) {

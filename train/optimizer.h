@@ -21,8 +21,10 @@ class AdamW {
  public:
   AdamW(const OptimOptions& o, const ParamStore& store, std::vector<parallel::Segment> segments, Arena& arena);
   // One update with step count t >= 1 at learning rate lr. `master` and `grads` hold the segments'
-  // values concatenated; the gradients are used as they are (the caller unscaled and clipped them).
-  void step(float* master, const float* grads, float lr, int t, const ops::Ctx& ctx);
+  // values concatenated; each gradient is multiplied by *grad_scale (one float in device memory: the
+  // unscale-and-clip factor, ops::clip_coefficient) when given, else used as it is.
+  void step(float* master, const float* grads, float lr, int t, const ops::Ctx& ctx,
+            const float* grad_scale = nullptr);
   float* m() const { return m_.f32(); }
   float* v() const { return v_.f32(); }
   int64_t numel() const { return numel_; }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 
+#include "kernels/clip_coefficient.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/tolerances.h"
 #include "kernels/ops.h"
@@ -380,9 +381,11 @@ void check_adamw(Checker& c) {
     c.at(strfmt("N=%lld t=%d", (long long)n, t), "f32");
     auto p = c.floats(size_t(n)), g = c.floats(size_t(n));
     auto m = c.floats(size_t(n), -0.1f, 0.1f), v = c.floats(size_t(n), 0.f, 0.01f);
-    DeviceArray<float> d_p(p), d_m(m), d_v(v), d_g(g);
-    cpu::adamw<float>(p.data(), m.data(), v.data(), g.data(), n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
-    ops::adamw(d_p.get(), d_m.get(), d_v.get(), d_g.get(), n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t, kGpu);
+    // The trainer's form: the gradients multiplied by a factor in device memory (unscale and clip).
+    const float scale = c.floats(1, 0.1f, 1.f)[0];
+    DeviceArray<float> d_p(p), d_m(m), d_v(v), d_g(g), d_scale(std::vector<float>{scale});
+    cpu::adamw<float>(p.data(), m.data(), v.data(), g.data(), n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t, &scale);
+    ops::adamw(d_p.get(), d_m.get(), d_v.get(), d_g.get(), n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, t, kGpu, d_scale.get());
     c.rel("params", d_p.host(), p, tol::kAdamW);
     c.rel("m", d_m.host(), m, tol::kAdamW);
     c.rel("v", d_v.host(), v, tol::kAdamW);
@@ -398,6 +401,16 @@ void check_sum_squares(Checker& c) {
     const double got = ops::sum_squares(d_x.get(), n, kGpu), again = ops::sum_squares(d_x.get(), n, kGpu);
     c.rel("sum", got, want, tol::kSumSquares);
     c.count("rerun differs", std::memcmp(&got, &again, sizeof got) != 0);
+    // The trainer's form: the sum left in device memory (stored, then added to), and the clip factor
+    // computed from it there.
+    DeviceArray<double> d_sum(std::vector<double>{-1.0});
+    DeviceArray<float> d_coef(std::vector<float>{-1.f});
+    ops::sum_squares_into(d_sum.get(), d_x.get(), n, false, kGpu);
+    ops::sum_squares_into(d_sum.get(), d_x.get(), n, true, kGpu);
+    ops::clip_coefficient(d_coef.get(), d_sum.get(), 0.5, 1.0, kGpu);
+    const double twice = d_sum.host()[0];
+    c.count("into differs", twice != got + got);
+    c.count("clip factor differs", d_coef.host()[0] != ops::clip_coefficient(twice, 0.5, 1.0));
   }
 }
 

@@ -118,6 +118,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   dp_ = std::make_unique<parallel::DataParallel>(store_, dp, arena_, dpo, ctx_, dp_device_comm_.get());
   gpt_->set_unit_hooks(dp_.get());
   adam_ = std::make_unique<AdamW>(o_.optim, store_, dp_->segments(), arena_);
+  step_scalars_ = arena_.alloc(MemCategory::optimizer, sizeof(StepScalars));
   micro_.resize(size_t(o_.grad_accum));
   gpt_->set_phase_hook([this](const char* phase) { fault(phase); });
   ckpt_opts_.dir = o_.ckpt.dir.empty() ? (std::filesystem::path(o_.out_dir) / "checkpoints").string() : o_.ckpt.dir;
@@ -159,6 +160,29 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
 
 Trainer::~Trainer() = default;
 
+// The gradient noise scale from this step's norms (after the optimizer: the gradients are intact,
+// AdamW applies its factor without writing them back). One rank: the first micro-batch's gradient
+// against the whole batch's; several: each rank's own gradient against the reduced one.
+void Trainer::update_noise_scale(StepResult& r, double first_sum_sq, double inv_scale, int32_t valid,
+                                 int32_t valid_local) {
+  parallel::Comm& dp = mesh_->dp_comm();
+  if (noise_scale_from_micro()) {
+    const int valid0 = valid_targets(micro_[0]);
+    const double to_mean = double(valid) / double(valid0) * inv_scale;
+    r.local_grad_sq = first_sum_sq * to_mean * to_mean;
+    gns_.update(r.local_grad_sq, r.grad_norm * r.grad_norm, double(valid0), double(valid));
+  } else if (dp.size() > 1 && dp_->stats().local_grad_sq_valid && valid_local > 0) {
+    // This rank's own gradient, rescaled to the mean over its tokens, averaged over ranks.
+    const double to_mean = double(valid) / double(valid_local) * inv_scale;
+    r.local_grad_sq = parallel::all_reduce_sum_double(dp, dp_->local_grad_sq() * to_mean * to_mean) / dp.size();
+    // Both norms over the same parameters (the embeddings are left out when they went as rows).
+    const int first = dp_->stats().local_grad_sq_first_unit;
+    const double g2_big = first == 0 ? r.grad_norm * r.grad_norm
+                                     : dp_->grad_sum_squares(first) * inv_scale * inv_scale;
+    gns_.update(r.local_grad_sq, g2_big, double(valid) / dp.size(), double(valid));
+  }
+}
+
 StepResult Trainer::step() {
   StepResult r;
   parallel::Comm& dp = mesh_->dp_comm();
@@ -183,13 +207,15 @@ StepResult Trainer::step() {
   dp.reset_counters();
   gpt_->reset_times();
   double loss_sum = 0;
-  // With one rank, the noise scale compares the first micro-batch's gradient with the whole batch's.
-  const bool gns_from_micro = dp.size() == 1 && micro_.size() > 1 && store_.full_grads();
-  double g2_first = 0;
+  const bool gns_from_micro = noise_scale_from_micro();
+  // Scalars of this step that stay in the arena's memory until the step is done: on a GPU the host
+  // waits inside a step only for the logged loss (and for fp16's finiteness check).
+  StepScalars* dev = scalars();
   for (size_t k = 0; k < micro_.size(); k++) {
     dp_->set_last_micro(k + 1 == micro_.size());
     loss_sum += gpt_->forward_backward(view(micro_[k]), dloss);
-    if (k == 0 && gns_from_micro) g2_first = ops::sum_squares(store_.grads(), store_.total_numel(), ctx_);
+    if (k == 0 && gns_from_micro)
+      ops::sum_squares_into(&dev->first_sum_sq, store_.grads(), store_.total_numel(), false, ctx_);
   }
   dp_->finish_grads();
   r.loss = parallel::all_reduce_sum_double(dp, loss_sum) / valid;
@@ -202,28 +228,18 @@ StepResult Trainer::step() {
   fault("optimizer");
   const bool finite = !scaler_.enabled() || dp_->grads_finite();
   r.lr = lr_at(o_.optim, step_, o_.steps);
+  const double inv_scale = 1.0 / scaler_.scale();
   if (finite) {
-    const double inv_scale = 1.0 / scaler_.scale();
-    r.grad_norm = std::sqrt(dp_->grad_sum_squares()) * inv_scale;
-    if (gns_from_micro) {
-      const int valid0 = valid_targets(micro_[0]);
-      const double to_mean = double(valid) / double(valid0) * inv_scale;
-      r.local_grad_sq = g2_first * to_mean * to_mean;
-      gns_.update(r.local_grad_sq, r.grad_norm * r.grad_norm, double(valid0), double(valid));
-    } else if (dp.size() > 1 && dp_->stats().local_grad_sq_valid && valid_local > 0) {
-      // This rank's own gradient, rescaled to the mean over its tokens, averaged over ranks.
-      const double to_mean = double(valid) / double(valid_local) * inv_scale;
-      r.local_grad_sq = parallel::all_reduce_sum_double(dp, dp_->stats().local_grad_sq * to_mean * to_mean) / dp.size();
-      // Both norms over the same parameters (the embeddings are left out when they went as rows).
-      const int first = dp_->stats().local_grad_sq_first_unit;
-      const double g2_big = first == 0 ? r.grad_norm * r.grad_norm
-                                       : dp_->grad_sum_squares(first) * inv_scale * inv_scale;
-      gns_.update(r.local_grad_sq, g2_big, double(valid) / dp.size(), double(valid));
+    // The norm, and from it the unscale-and-clip factor AdamW applies, are computed on the device; a
+    // gradient sharded over ranks is summed through the host first (a collective anyway).
+    if (dp_->grad_norm_is_local()) {
+      dp_->grad_sum_squares_into(&dev->sum_sq);
+    } else {
+      const double sum_sq = dp_->grad_sum_squares();
+      arena_.mem().upload(&dev->sum_sq, &sum_sq, sizeof(sum_sq));
     }
-    double coef = inv_scale;
-    if (o_.optim.grad_clip > 0 && r.grad_norm > o_.optim.grad_clip) coef *= o_.optim.grad_clip / r.grad_norm;
-    if (coef != 1.0) dp_->scale_grads(float(coef));
-    adam_->step(dp_->master_shard(), dp_->grad_shard(), r.lr, ++updates_, ctx_);
+    ops::clip_coefficient(&dev->coef, &dev->sum_sq, inv_scale, o_.optim.grad_clip, ctx_);
+    adam_->step(dp_->master_shard(), dp_->grad_shard(), r.lr, ++updates_, ctx_, &dev->coef);
     dp_->publish_params();
   } else {
     r.skipped = true;
@@ -233,6 +249,12 @@ StepResult Trainer::step() {
   step_++;
   arena_.mem().sync();  // on a device the optimizer's kernels are still queued: time them, not their launch
   r.t_optimizer = since(t_opt);
+  if (finite) {
+    StepScalars host{};
+    arena_.mem().download(&host, dev, sizeof(host));
+    r.grad_norm = std::sqrt(host.sum_sq) * inv_scale;
+    update_noise_scale(r, host.first_sum_sq, inv_scale, valid, valid_local);
+  }
   if (o_.parallel.sdc_every > 0 && step_ % o_.parallel.sdc_every == 0) check_replicas();
   r.t_total = since(t0);
   return r;

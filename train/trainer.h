@@ -94,6 +94,11 @@ class Trainer {
   void check_replicas();  // silent-data-corruption check across dp replicas
   checkpoint::SaveRequest checkpoint_request();
   void load_checkpoint(const std::string& ckpt_path);
+  // With one rank, the noise scale compares the first micro-batch's gradient with the whole batch's.
+  bool noise_scale_from_micro() const {
+    return mesh_->dp_comm().size() == 1 && micro_.size() > 1 && store_.full_grads();
+  }
+  void update_noise_scale(StepResult& r, double first_sum_sq, double inv_scale, int32_t valid, int32_t valid_local);
   void fault(const char* phase) { checkpoint::fault_point(ckpt_opts_, world_.rank(), step_ + 1, phase); }
 
   TrainOptions o_;
@@ -113,6 +118,14 @@ class Trainer {
   NoiseScale gns_;
   std::unique_ptr<BatchSource> train_data_, val_data_;
   std::vector<HostBatch> micro_;
+  // Device scalars of a step, so the host need not wait inside it: the gradient's sum of squares,
+  // the first micro-batch's (noise scale, one rank) and the unscale-and-clip factor.
+  struct StepScalars {
+    double sum_sq, first_sum_sq;
+    float coef;
+  };
+  Buffer step_scalars_;
+  StepScalars* scalars() const { return static_cast<StepScalars*>(step_scalars_.data()); }
   ops::Ctx ctx_;
   int step_ = 0;     // optimizer steps taken (including fp16-skipped ones)
   int updates_ = 0;  // AdamW updates applied (the bias-correction count)

@@ -51,7 +51,8 @@ void softmax_xent(acc_t<S>* losses, S* dlogits, const S* logits, const int32_t* 
 template <class D, class S>
 void convert(D* out, const S* in, int64_t N);
 template <class T>
-void adamw(T* params, T* m, T* v, const T* grads, int64_t N, T lr, T beta1, T beta2, T eps, T weight_decay, int t);
+void adamw(T* params, T* m, T* v, const T* grads, int64_t N, T lr, T beta1, T beta2, T eps, T weight_decay, int t,
+           const T* grad_scale = nullptr);
 template <class T>
 double sum_squares(const T* x, int64_t N);
 template <class T>

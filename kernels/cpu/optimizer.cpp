@@ -23,14 +23,16 @@ constexpr int64_t kSumBlock = 4096;
 //   m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2,
 //   p -= lr (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd p).
 template <class T>
-void adamw(T* params, T* m, T* v, const T* grads, int64_t N, T lr, T beta1, T beta2, T eps, T weight_decay, int t) {
+void adamw(T* params, T* m, T* v, const T* grads, int64_t N, T lr, T beta1, T beta2, T eps, T weight_decay, int t,
+           const T* grad_scale) {
   MT_CHECK(t >= 1, "adamw: step t = %d, but bias correction needs t >= 1", t);
   const T bc1 = T(1.0 - std::pow(double(beta1), t));
   const T bc2 = T(1.0 - std::pow(double(beta2), t));
   const T one_b1 = T(1) - beta1, one_b2 = T(1) - beta2;
+  const T s = grad_scale ? *grad_scale : T(1);  // g * 1 is g, bit for bit
 #pragma omp parallel for schedule(static) if (parallel_worth(N))
   for (int64_t i = 0; i < N; i++) {
-    const T g = grads[i];
+    const T g = grads[i] * s;
     const T mi = beta1 * m[i] + one_b1 * g;
     const T vi = beta2 * v[i] + one_b2 * g * g;
     m[i] = mi;
@@ -122,9 +124,10 @@ bool all_finite(const float* x, int64_t N) {
   return bad == 0;
 }
 
-template void adamw<float>(float*, float*, float*, const float*, int64_t, float, float, float, float, float, int);
+template void adamw<float>(float*, float*, float*, const float*, int64_t, float, float, float, float, float, int,
+                           const float*);
 template void adamw<double>(double*, double*, double*, const double*, int64_t, double, double, double, double, double,
-                            int);
+                            int, const double*);
 template double sum_squares<float>(const float*, int64_t);
 template double sum_squares<double>(const double*, int64_t);
 template void scale<float>(float*, float, int64_t);

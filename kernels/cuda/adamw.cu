@@ -16,12 +16,17 @@ namespace mt::cuda {
 using namespace adamw_kernels;
 
 void adamw(float* params, float* m, float* v, const float* grads, int64_t N, float lr, float beta1, float beta2,
-           float eps, float weight_decay, int t, const ops::Ctx& ctx) {
+           float eps, float weight_decay, int t, const ops::Ctx& ctx, const float* grad_scale) {
   MT_CHECK(t >= 1, "adamw: step t must be >= 1 for bias correction (got %d)", t);
   if (N <= 0) return;
   const AdamWHyper h = make_hyper(lr, beta1, beta2, eps, weight_decay, t);
   const LaunchShape l = adamw_shape(N);
-  adamw_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(params, m, v, grads, N, h);
+  adamw_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(params, m, v, grads, N, h, grad_scale);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+void clip_coefficient(float* coef, const double* sum_sq, double inv_scale, double max_norm, const ops::Ctx& ctx) {
+  clip_coefficient_kernel<<<1, 1, 0, stream_of(ctx)>>>(coef, sum_sq, inv_scale, max_norm);
   MT_CUDA_CHECK_LAUNCH();
 }
 

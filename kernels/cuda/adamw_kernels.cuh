@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/clip_coefficient.h"
 #include "kernels/cuda/common.cuh"
 
 namespace mt::cuda::adamw_kernels {
@@ -22,10 +23,12 @@ inline AdamWHyper make_hyper(float lr, float beta1, float beta2, float eps, floa
                     float(1.0 - std::pow(double(beta2), t))};
 }
 
+// grad_scale: null, or the factor every gradient is multiplied by first (as ops::adamw says).
 MT_KERNEL_INLINE __global__ void adamw_kernel(float* params, float* m, float* v, const float* grads, int64_t n,
-                                              AdamWHyper h) {
+                                              AdamWHyper h, const float* grad_scale) {
+  const float s = grad_scale ? *grad_scale : 1.f;  // g * 1 is g, bit for bit
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = grads[i];
+    const float g = grads[i] * s;
     const float mi = h.beta1 * m[i] + (1.f - h.beta1) * g;
     const float vi = h.beta2 * v[i] + (1.f - h.beta2) * g * g;
     m[i] = mi;
@@ -35,6 +38,13 @@ MT_KERNEL_INLINE __global__ void adamw_kernel(float* params, float* m, float* v,
     const float p = params[i];
     params[i] = p - h.lr * (m_hat / (sqrtf(v_hat) + h.eps) + h.weight_decay * p);
   }
+}
+
+// One thread: *coef from *sum_sq (kernels/clip_coefficient.h), so that the host never reads the norm
+// inside a step.
+MT_KERNEL_INLINE __global__ void clip_coefficient_kernel(float* coef, const double* sum_sq, double inv_scale,
+                                                         double max_norm) {
+  *coef = ops::clip_coefficient(*sum_sq, inv_scale, max_norm);
 }
 
 // A grid-stride loop over the n parameters.

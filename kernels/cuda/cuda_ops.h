@@ -62,8 +62,10 @@ void softmax_xent(float* losses, S* dlogits, const S* logits, const int32_t* tar
 template <class D, class S>
 void convert(D* out, const S* in, int64_t N, const ops::Ctx& ctx);
 void adamw(float* params, float* m, float* v, const float* grads, int64_t N, float lr, float beta1, float beta2,
-           float eps, float weight_decay, int t, const ops::Ctx& ctx);
+           float eps, float weight_decay, int t, const ops::Ctx& ctx, const float* grad_scale);
 double sum_squares(const float* x, int64_t N, const ops::Ctx& ctx);
+void sum_squares_into(double* out, const float* x, int64_t N, bool accumulate, const ops::Ctx& ctx);
+void clip_coefficient(float* coef, const double* sum_sq, double inv_scale, double max_norm, const ops::Ctx& ctx);
 void scale(float* x, float s, int64_t N, const ops::Ctx& ctx);
 void round_to(float* x, int64_t N, DType t, const ops::Ctx& ctx);
 bool all_finite(const float* x, int64_t N, const ops::Ctx& ctx);

@@ -1,5 +1,6 @@
-// Reductions whose result the host needs: the sum of squares (gradient norm, clipping) and the
-// finiteness check (fp16 loss scaling). Both wait for their stream, since they return a value.
+// Reductions: the sum of squares (gradient norm, clipping) and the finiteness check (fp16 loss
+// scaling). sum_squares and all_finite return their value, so they wait for their stream;
+// sum_squares_into leaves the sum in device memory and does not wait.
 //
 // sum_squares is deterministic by construction: a fixed grid of kSumBlocks x kSumThreads threads
 // (independent of the device), thread g adds x[g], x[g + G], x[g + 2G], ... in double; each block
@@ -17,22 +18,31 @@ namespace mt::cuda {
 
 using namespace reduce_kernels;
 
+void sum_squares_into(double* out, const float* x, int64_t N, bool accumulate, const ops::Ctx& ctx) {
+  cudaStream_t stream = stream_of(ctx);
+  // Stream-ordered scratch: no per-process buffers, and safe when several streams reduce at once.
+  // N = 0 runs too: the partials are zeros, and *out is written (or kept) as for any N.
+  double* partial = nullptr;
+  MT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), kSumBlocks * sizeof(double), stream));
+  const LaunchShape lp = partial_shape(), ls = partials_shape();
+  sum_squares_partial_kernel<<<lp.grid, lp.block, lp.smem, stream>>>(partial, x, N);
+  MT_CUDA_CHECK_LAUNCH();
+  sum_partials_kernel<<<ls.grid, ls.block, ls.smem, stream>>>(out, partial, accumulate);
+  MT_CUDA_CHECK_LAUNCH();
+  MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
+}
+
 double sum_squares(const float* x, int64_t N, const ops::Ctx& ctx) {
   if (N <= 0) return 0.0;
   cudaStream_t stream = stream_of(ctx);
-  // Stream-ordered scratch: no per-process buffers, and safe when several streams reduce at once.
-  double* scratch = nullptr;
-  MT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&scratch), (kSumBlocks + 1) * sizeof(double), stream));
-  const LaunchShape lp = partial_shape(), ls = partials_shape();
-  sum_squares_partial_kernel<<<lp.grid, lp.block, lp.smem, stream>>>(scratch + 1, x, N);
-  MT_CUDA_CHECK_LAUNCH();
-  sum_partials_kernel<<<ls.grid, ls.block, ls.smem, stream>>>(scratch, scratch + 1);
-  MT_CUDA_CHECK_LAUNCH();
-  double result = 0.0;
-  MT_CUDA_CHECK(cudaMemcpyAsync(&result, scratch, sizeof(double), cudaMemcpyDeviceToHost, stream));
-  MT_CUDA_CHECK(cudaFreeAsync(scratch, stream));
+  double* result = nullptr;
+  MT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&result), sizeof(double), stream));
+  cuda::sum_squares_into(result, x, N, false, ctx);
+  double host = 0.0;
+  MT_CUDA_CHECK(cudaMemcpyAsync(&host, result, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  MT_CUDA_CHECK(cudaFreeAsync(result, stream));
   MT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return result;
+  return host;
 }
 
 bool all_finite(const float* x, int64_t N, const ops::Ctx& ctx) {

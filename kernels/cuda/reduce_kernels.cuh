@@ -24,10 +24,10 @@ MT_KERNEL_INLINE __global__ void sum_squares_partial_kernel(double* partial, con
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-// One block of kSumBlocks threads, one partial each.
-MT_KERNEL_INLINE __global__ void sum_partials_kernel(double* result, const double* partial) {
+// One block of kSumBlocks threads, one partial each; the total is stored, or added to *result.
+MT_KERNEL_INLINE __global__ void sum_partials_kernel(double* result, const double* partial, bool accumulate) {
   const double s = block_reduce(partial[threadIdx.x], SumOp{}, 0.0);
-  if (threadIdx.x == 0) *result = s;
+  if (threadIdx.x == 0) *result = accumulate ? *result + s : s;
 }
 
 MT_KERNEL_INLINE __global__ void all_finite_kernel(int* any_bad, const float* x, int64_t n) {

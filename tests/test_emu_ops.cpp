@@ -11,10 +11,12 @@
 // device does.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -72,11 +74,25 @@ TYPED_TEST(EmulatedOps, EncoderForwardIsExactlyTheCpuGather) {
   }
 }
 
+// encoder.cu's backward scatter: the pair kernel, a stable sort by key (CUB's radix sort on the GPU,
+// std::stable_sort here: the same order), then the run kernel.
+template <class D>
+void emulated_scatter(float* dst, const D* src, const int32_t* keys, int rows, int T, int C) {
+  std::vector<uint32_t> key(static_cast<size_t>(rows));
+  std::vector<int32_t> row(static_cast<size_t>(rows));
+  run(enc::pairs_shape(rows), enc::sort_pairs_kernel, key.data(), row.data(), keys, rows, T);
+  std::vector<std::pair<uint32_t, int32_t>> pairs;
+  for (int r = 0; r < rows; r++) pairs.emplace_back(key[size_t(r)], row[size_t(r)]);
+  std::stable_sort(pairs.begin(), pairs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (int r = 0; r < rows; r++) key[size_t(r)] = pairs[size_t(r)].first, row[size_t(r)] = pairs[size_t(r)].second;
+  run(enc::runs_shape(rows, C), enc::sum_runs_kernel<D>, dst, src, static_cast<const uint32_t*>(key.data()),
+      static_cast<const int32_t*>(row.data()), rows, C);
+}
+
 TYPED_TEST(EmulatedOps, EncoderBackwardAccumulatesLikeTheCpu) {
   using S = TypeParam;
   struct Shape { int B, T, C, V; bool pos; };
-  // Small vocabularies repeat tokens; 300 rows take two 256-row chunks of the match scan; C = 257 takes
-  // two column blocks.
+  // Small vocabularies repeat tokens (long runs after the sort); C = 257 takes two column blocks.
   for (Shape s : {Shape{1, 1, 1, 1, false}, Shape{2, 7, 13, 3, true}, Shape{2, 150, 9, 5, false},
                   Shape{1, 9, 257, 4, true}}) {
     SCOPED_TRACE(::testing::Message() << "B=" << s.B << " T=" << s.T << " C=" << s.C << " pos=" << s.pos);
@@ -88,10 +104,8 @@ TYPED_TEST(EmulatedOps, EncoderBackwardAccumulatesLikeTheCpu) {
     auto dwte = this->floats(size_t(s.V) * s.C), dwpe = this->floats(size_t(maxT) * s.C);
     auto got_wte = dwte, got_wpe = dwpe;
     mt::cpu::encoder_bwd<S>(dwte.data(), dwpe.data(), dout.data(), tokens.data(), p, s.B, s.T, s.C);
-    const LaunchShape l = enc::scatter_shape(rows, s.C);
-    const auto kernel = enc::scatter_rows_kernel<mt::cuda::dev_t<S>>;
-    run(l, kernel, got_wte.data(), dev_ptr(dout.data()), tokens.data(), rows, s.T, s.C);
-    run(l, kernel, got_wpe.data(), dev_ptr(dout.data()), p, rows, s.T, s.C);
+    emulated_scatter(got_wte.data(), dev_ptr(dout.data()), tokens.data(), rows, s.T, s.C);
+    emulated_scatter(got_wpe.data(), dev_ptr(dout.data()), p, rows, s.T, s.C);
     EXPECT_LE(error(got_wte, dwte), tol::kEncoderBwd.of<S>()) << "dwte";
     EXPECT_LE(error(got_wpe, dwpe), tol::kEncoderBwd.of<S>()) << "dwpe";
   }

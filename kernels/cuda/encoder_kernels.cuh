@@ -28,51 +28,42 @@ __global__ void encoder_fwd_kernel(D* out, const int32_t* tokens, const int32_t*
   }
 }
 
-// dst[key(r), c] += sum of src[r', c] over rows r' with key(r') == key(r), for r = blockIdx.x, columns
-// c = blockIdx.y * blockDim.x + threadIdx.x. key(r) = keys[r], or r % T when keys is null (positions).
-// Rows are scanned in chunks of blockDim.x; each chunk's matches are compacted, in row order, into
-// shared memory (warp ballots plus a prefix over warps), then summed by every column thread.
-template <class D>
-__global__ void scatter_rows_kernel(float* dst, const D* src, const int32_t* keys, int rows, int T, int C) {
-  MT_SHARED(int[kScatterThreads], matches);
-  MT_SHARED(int[kScatterThreads / kWarp], warp_count);
-  const int row = int(blockIdx.x);
-  const int key = position_of(keys, row, T);
-  const int c = int(blockIdx.y) * int(blockDim.x) + int(threadIdx.x);
-  const int lane = int(threadIdx.x) % kWarp, warp = int(threadIdx.x) / kWarp;
-  const int nwarps = int(blockDim.x) / kWarp;
-  float acc = 0.f;
-  bool seen_any = false;
-  for (int base = 0; base < rows; base += int(blockDim.x)) {
-    const int r = base + int(threadIdx.x);
-    const bool hit = r < rows && position_of(keys, r, T) == key;
-    const unsigned ballot = __ballot_sync(0xffffffffu, hit);
-    if (lane == 0) warp_count[warp] = __popc(ballot);
-    __syncthreads();
-    int offset = 0, n = 0;
-    for (int w = 0; w < nwarps; w++) {
-      if (w < warp) offset += warp_count[w];
-      n += warp_count[w];
-    }
-    if (hit) matches[offset + __popc(ballot & ((1u << lane) - 1u))] = r;
-    __syncthreads();
-    if (n > 0 && !seen_any) {
-      seen_any = true;
-      if (matches[0] < row) return;  // an earlier row owns this key; uniform across the block
-    }
-    // No barrier needed before the next chunk: warp_count[] was last read before the barrier above,
-    // and matches[] is next written only after the next chunk's first barrier, which every thread
-    // reaches only once it is done reading matches[] here.
-    if (c < C)
-      for (int i = 0; i < n; i++) acc += load(src[int64_t(matches[i]) * C + c]);
+// The backward adds the rows of src that share a key (a token, or a position) into one row of dst,
+// in row order, with no atomics: the launcher sorts (key, row) pairs by key with a stable sort, so
+// each key's rows form one run in ascending row order, and the block at the start of a run adds it.
+
+// keys_out[r] = key(r) (keys[r], or r % T when keys is null: positions), rows_out[r] = r: the pairs the
+// launcher sorts.
+MT_KERNEL_INLINE __global__ void sort_pairs_kernel(uint32_t* keys_out, int32_t* rows_out, const int32_t* keys,
+                                                   int rows, int T) {
+  for (int r = int(blockIdx.x * blockDim.x + threadIdx.x); r < rows; r += int(gridDim.x * blockDim.x)) {
+    keys_out[r] = uint32_t(position_of(keys, r, T));
+    rows_out[r] = r;
   }
-  if (c < C) dst[int64_t(key) * C + c] += acc;
+}
+
+// For sorted position i = blockIdx.x at the start of a run of equal keys: dst[key, c] += the sum of
+// src[row, c] over the run's rows, in order, for column c = blockIdx.y * blockDim.x + threadIdx.x.
+// Blocks inside a run leave at once.
+template <class D>
+__global__ void sum_runs_kernel(float* dst, const D* src, const uint32_t* sorted_keys, const int32_t* sorted_rows,
+                                int rows, int C) {
+  const int i = int(blockIdx.x);
+  const uint32_t key = sorted_keys[i];
+  if (i > 0 && sorted_keys[i - 1] == key) return;
+  const int c = int(blockIdx.y) * int(blockDim.x) + int(threadIdx.x);
+  if (c >= C) return;
+  float acc = 0.f;
+  for (int j = i; j < rows && sorted_keys[j] == key; j++) acc += load(src[int64_t(sorted_rows[j]) * C + c]);
+  dst[int64_t(key) * C + c] += acc;
 }
 
 // encoder_fwd_kernel: a grid-stride loop over the B T C outputs.
 inline LaunchShape fwd_shape(int64_t total) { return {dim3(grid_for(total)), dim3(kBlock)}; }
-// scatter_rows_kernel: a block per (row, kScatterThreads columns).
-inline LaunchShape scatter_shape(int rows, int C) {
+// sort_pairs_kernel: a grid-stride loop over the rows.
+inline LaunchShape pairs_shape(int rows) { return {dim3(grid_for(rows)), dim3(kBlock)}; }
+// sum_runs_kernel: a block per (sorted position, kScatterThreads columns).
+inline LaunchShape runs_shape(int rows, int C) {
   return {dim3(unsigned(rows), ceil_div(C, kScatterThreads)), dim3(kScatterThreads)};
 }
 

@@ -7,16 +7,17 @@
 
 namespace mt::ops {
 
-void OpTimer::begin(const char* op, double flops) {
+void OpTimer::begin(const char* op, double flops, double bytes) {
   MT_CHECK(open_op_ == nullptr, "op timer: %s began inside %s (ops do not nest)", op, open_op_);
   open_op_ = op;
   open_flops_ = flops;
+  open_bytes_ = bytes;
   open_mark_ = mark();
 }
 
 void OpTimer::end() {
   MT_CHECK(open_op_ != nullptr, "op timer: end() without begin()");
-  records_.push_back(Record{open_op_, open_flops_, open_mark_, mark()});
+  records_.push_back(Record{open_op_, open_flops_, open_bytes_, open_mark_, mark()});
   open_op_ = nullptr;
 }
 
@@ -30,6 +31,7 @@ std::vector<OpTotal> OpTimer::totals() {
     t.calls++;
     t.seconds += seconds_between(r.begin, r.end);
     t.flops += r.flops;
+    t.bytes += r.bytes;
   }
   return out;
 }

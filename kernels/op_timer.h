@@ -3,7 +3,9 @@
 // where a step's time goes. On the CPU a mark is a clock reading; on a GPU it is a CUDA event recorded
 // on the op's stream, so the time is the device's time for the op's kernels (resolved, with one
 // synchronisation, when the totals are read). An op that carries a FLOP count (the matmuls and the
-// attention products) reports its achieved rate too.
+// attention products) reports its achieved rate too, and every op carries the least number of bytes it
+// must move to and from memory (each input read once, each output written once), so a table can set
+// its time against the device's memory bandwidth as well as its FLOP rate.
 //
 // Marks cost little but not nothing (an event record per mark on a GPU): timed runs are for finding
 // the expensive ops, and the untimed run's tokens/s stay the figure to quote.
@@ -19,13 +21,14 @@ struct OpTotal {
   long calls = 0;
   double seconds = 0;
   double flops = 0;  // summed over the calls (0 for ops without a count)
+  double bytes = 0;  // least memory traffic, summed over the calls
 };
 
 class OpTimer {
  public:
   virtual ~OpTimer() = default;
   // Brackets one op (op: a string that outlives the timer, e.g. __func__). Not nested.
-  void begin(const char* op, double flops);
+  void begin(const char* op, double flops, double bytes = 0);
   void end();
   // Totals per op since the last reset, in order of first appearance.
   std::vector<OpTotal> totals();
@@ -39,12 +42,12 @@ class OpTimer {
  private:
   struct Record {
     const char* op;
-    double flops;
+    double flops, bytes;
     size_t begin, end;
   };
   std::vector<Record> records_;
   const char* open_op_ = nullptr;
-  double open_flops_ = 0;
+  double open_flops_ = 0, open_bytes_ = 0;
   size_t open_mark_ = 0;
 };
 

@@ -17,8 +17,8 @@ namespace {
 // Brackets one op with the Ctx's timer, if it has one (kernels/op_timer.h).
 class OpScope {
  public:
-  OpScope(const Ctx& ctx, const char* op, double flops) : timer_(ctx.timer) {
-    if (timer_) timer_->begin(op, flops);
+  OpScope(const Ctx& ctx, const char* op, double flops, double bytes) : timer_(ctx.timer) {
+    if (timer_) timer_->begin(op, flops, bytes);
   }
   ~OpScope() {
     if (!timer_) return;
@@ -42,127 +42,146 @@ double attention_flops(int B, int T, int C, int NH) {
 
 }  // namespace
 
+// Dispatches to the backend; a profiling run times the op and books its FLOPs and its least memory
+// traffic in bytes (every input read once, every output written once; what the table of `minitrain
+// bench profile_ops=1` sets against the device's peaks).
 #ifdef MT_HAVE_CUDA
-#define MT_DISPATCH_FLOPS(flops, cpu_call, cuda_call) \
-  do {                                                \
-    const OpScope mt_op_scope_(ctx, __func__, flops); \
-    if (ctx.device == Device::cuda) return cuda_call; \
-    return cpu_call;                                  \
+#define MT_DISPATCH_COST(flops, bytes, cpu_call, cuda_call)   \
+  do {                                                        \
+    const OpScope mt_op_scope_(ctx, __func__, flops, bytes);  \
+    if (ctx.device == Device::cuda) return cuda_call;         \
+    return cpu_call;                                          \
   } while (0)
 #else
-#define MT_DISPATCH_FLOPS(flops, cpu_call, cuda_call)                                                   \
+#define MT_DISPATCH_COST(flops, bytes, cpu_call, cuda_call)                                             \
   do {                                                                                                  \
     MT_CHECK(ctx.device == Device::cpu, "this build has no CUDA backend (configure with MT_CUDA=ON)"); \
-    const OpScope mt_op_scope_(ctx, __func__, flops);                                                   \
+    const OpScope mt_op_scope_(ctx, __func__, flops, bytes);                                            \
     return cpu_call;                                                                                    \
   } while (0)
 #endif
-#define MT_DISPATCH(cpu_call, cuda_call) MT_DISPATCH_FLOPS(0.0, cpu_call, cuda_call)
 
 template <class S>
 void encoder_fwd(S* out, const int32_t* tokens, const int32_t* pos, const S* wte, const S* wpe, int B, int T, int C,
                  const Ctx& ctx) {
-  MT_DISPATCH(cpu::encoder_fwd<S>(out, tokens, pos, wte, wpe, B, T, C),
+  MT_DISPATCH_COST(0.0, 3.0 * B * T * C * sizeof(S), cpu::encoder_fwd<S>(out, tokens, pos, wte, wpe, B, T, C),
               cuda::encoder_fwd<S>(out, tokens, pos, wte, wpe, B, T, C, ctx));
 }
 
 template <class S>
 void encoder_bwd(float* dwte, float* dwpe, const S* dout, const int32_t* tokens, const int32_t* pos, int B, int T,
                  int C, const Ctx& ctx) {
-  MT_DISPATCH(cpu::encoder_bwd<S>(dwte, dwpe, dout, tokens, pos, B, T, C),
+  // dout once; the gradient rows it lands in depend on the tokens (at most B T of each table).
+  MT_DISPATCH_COST(0.0, double(B) * T * C * sizeof(S), cpu::encoder_bwd<S>(dwte, dwpe, dout, tokens, pos, B, T, C),
               cuda::encoder_bwd<S>(dwte, dwpe, dout, tokens, pos, B, T, C, ctx));
 }
 
 template <class S>
 void layernorm_fwd(S* out, float* mean, float* rstd, const S* inp, const S* weight, const S* bias, int N, int C,
                    const Ctx& ctx) {
-  MT_DISPATCH(cpu::layernorm_fwd<S>(out, mean, rstd, inp, weight, bias, N, C),
+  MT_DISPATCH_COST(0.0, 2.0 * N * C * sizeof(S), cpu::layernorm_fwd<S>(out, mean, rstd, inp, weight, bias, N, C),
               cuda::layernorm_fwd<S>(out, mean, rstd, inp, weight, bias, N, C, ctx));
 }
 
 template <class S>
 void residual_layernorm_fwd(S* res, S* out, float* mean, float* rstd, const S* a, const S* b, const S* weight,
                             const S* bias, int N, int C, const Ctx& ctx) {
-  MT_DISPATCH(cpu::residual_layernorm_fwd<S>(res, out, mean, rstd, a, b, weight, bias, N, C),
+  MT_DISPATCH_COST(0.0, 4.0 * N * C * sizeof(S),
+                   cpu::residual_layernorm_fwd<S>(res, out, mean, rstd, a, b, weight, bias, N, C),
               cuda::residual_layernorm_fwd<S>(res, out, mean, rstd, a, b, weight, bias, N, C, ctx));
 }
 
 template <class S>
 void layernorm_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight,
                    const float* mean, const float* rstd, int N, int C, bool accumulate, const Ctx& ctx) {
-  MT_DISPATCH(cpu::layernorm_bwd<S>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate),
+  MT_DISPATCH_COST(0.0, (accumulate ? 4.0 : 3.0) * N * C * sizeof(S),
+                   cpu::layernorm_bwd<S>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate),
               cuda::layernorm_bwd<S>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, accumulate, ctx));
 }
 
 template <class S>
 void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, const Ctx& ctx,
                 S* pre_gelu) {
-  MT_DISPATCH_FLOPS(2.0 * N * IC * OC, cpu::matmul_fwd<S>(out, inp, weight, bias, N, IC, OC, pre_gelu),
+  const double elems = double(N) * IC + double(IC) * OC + double(N) * OC * (pre_gelu ? 2 : 1);
+  MT_DISPATCH_COST(2.0 * N * IC * OC, elems * sizeof(S), cpu::matmul_fwd<S>(out, inp, weight, bias, N, IC, OC, pre_gelu),
               cuda::matmul_fwd<S>(out, inp, weight, bias, N, IC, OC, ctx, pre_gelu));
 }
 
 template <class S>
 void matmul_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight, int N, int IC,
                 int OC, const Ctx& ctx, const S* pre_gelu) {
-  MT_DISPATCH_FLOPS((dinp ? 4.0 : 2.0) * N * IC * OC,
-                    cpu::matmul_bwd<S>(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, pre_gelu),
+  // dout; for dweight inp and the fp32 gradient (read and written); for dinp the weight, dinp and the
+  // GELU input.
+  const double bytes = (double(N) * OC + (dweight ? double(N) * IC : 0.0) +
+                        (dinp ? double(IC) * OC + double(N) * IC * (pre_gelu ? 2 : 1) : 0.0)) * sizeof(S) +
+                       (dweight ? 8.0 * IC * OC : 0.0);
+  MT_DISPATCH_COST((dinp ? 4.0 : 2.0) * N * IC * OC, bytes,
+                   cpu::matmul_bwd<S>(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, pre_gelu),
               cuda::matmul_bwd<S>(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, ctx, pre_gelu));
 }
 
 template <class S>
 void gelu_fwd(S* out, const S* inp, int64_t N, const Ctx& ctx) {
-  MT_DISPATCH(cpu::gelu_fwd<S>(out, inp, N), cuda::gelu_fwd<S>(out, inp, N, ctx));
+  MT_DISPATCH_COST(0.0, 2.0 * N * sizeof(S), cpu::gelu_fwd<S>(out, inp, N), cuda::gelu_fwd<S>(out, inp, N, ctx));
 }
 
 template <class S>
 void gelu_bwd(S* dinp, const S* dout, const S* inp, int64_t N, const Ctx& ctx) {
-  MT_DISPATCH(cpu::gelu_bwd<S>(dinp, dout, inp, N), cuda::gelu_bwd<S>(dinp, dout, inp, N, ctx));
+  MT_DISPATCH_COST(0.0, 3.0 * N * sizeof(S), cpu::gelu_bwd<S>(dinp, dout, inp, N),
+                   cuda::gelu_bwd<S>(dinp, dout, inp, N, ctx));
 }
 
 template <class S>
 void attention_fwd(S* out, S* att, const S* qkv, const int32_t* doc, int B, int T, int C, int NH, const Ctx& ctx) {
-  MT_DISPATCH_FLOPS(attention_flops(B, T, C, NH), cpu::attention_fwd<S>(out, att, qkv, doc, B, T, C, NH),
+  // qkv, out and the (B, NH, T, T) probabilities.
+  const double bytes = (4.0 * B * T * C + double(B) * NH * T * T) * sizeof(S);
+  MT_DISPATCH_COST(attention_flops(B, T, C, NH), bytes, cpu::attention_fwd<S>(out, att, qkv, doc, B, T, C, NH),
               cuda::attention_fwd<S>(out, att, qkv, doc, B, T, C, NH, ctx));
 }
 
 template <class S>
 void attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* att, const int32_t* doc, int B,
                    int T, int C, int NH, const Ctx& ctx) {
-  MT_DISPATCH_FLOPS(2 * attention_flops(B, T, C, NH),
-                    cpu::attention_bwd<S>(dqkv, scratch, dout, qkv, att, doc, B, T, C, NH),
+  const double bytes = (7.0 * B * T * C + double(B) * NH * T * T) * sizeof(S);  // qkv, dout, dqkv, probabilities
+  MT_DISPATCH_COST(2 * attention_flops(B, T, C, NH), bytes,
+                   cpu::attention_bwd<S>(dqkv, scratch, dout, qkv, att, doc, B, T, C, NH),
               cuda::attention_bwd<S>(dqkv, scratch, dout, qkv, att, doc, B, T, C, NH, ctx));
 }
 
 template <class S>
 void flash_attention_fwd(S* out, float* lse, const S* qkv, const int32_t* doc, int B, int T, int C, int NH,
                          const Ctx& ctx) {
-  MT_DISPATCH_FLOPS(attention_flops(B, T, C, NH), cpu::flash_attention_fwd<S>(out, lse, qkv, doc, B, T, C, NH),
+  const double bytes = 4.0 * B * T * C * sizeof(S) + 4.0 * B * NH * T;  // qkv, out, lse
+  MT_DISPATCH_COST(attention_flops(B, T, C, NH), bytes, cpu::flash_attention_fwd<S>(out, lse, qkv, doc, B, T, C, NH),
               cuda::flash_attention_fwd<S>(out, lse, qkv, doc, B, T, C, NH, ctx));
 }
 
 template <class S>
 void flash_attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* out, const float* lse,
                          const int32_t* doc, int B, int T, int C, int NH, const Ctx& ctx) {
-  MT_DISPATCH_FLOPS(2 * attention_flops(B, T, C, NH),
-                    cpu::flash_attention_bwd<S>(dqkv, scratch, dout, qkv, out, lse, doc, B, T, C, NH),
+  const double bytes = 8.0 * B * T * C * sizeof(S) + 4.0 * B * NH * T;  // qkv, out, dout, dqkv, lse
+  MT_DISPATCH_COST(2 * attention_flops(B, T, C, NH), bytes,
+                   cpu::flash_attention_bwd<S>(dqkv, scratch, dout, qkv, out, lse, doc, B, T, C, NH),
               cuda::flash_attention_bwd<S>(dqkv, scratch, dout, qkv, out, lse, doc, B, T, C, NH, ctx));
 }
 
 template <class S>
 void add(S* out, const S* a, const S* b, int64_t N, const Ctx& ctx) {
-  MT_DISPATCH(cpu::add<S>(out, a, b, N), cuda::add<S>(out, a, b, N, ctx));
+  MT_DISPATCH_COST(0.0, 3.0 * N * sizeof(S), cpu::add<S>(out, a, b, N), cuda::add<S>(out, a, b, N, ctx));
 }
 
 template <class S>
 void softmax_xent(float* losses, S* dlogits, const S* logits, const int32_t* targets, float dloss, int N, int V,
                   int Vp, const Ctx& ctx) {
-  MT_DISPATCH(cpu::softmax_xent<S>(losses, dlogits, logits, targets, dloss, N, V, Vp),
+  MT_DISPATCH_COST(0.0, double(N) * Vp * sizeof(S) * (dlogits ? 2 : 1),
+                   cpu::softmax_xent<S>(losses, dlogits, logits, targets, dloss, N, V, Vp),
               cuda::softmax_xent<S>(losses, dlogits, logits, targets, dloss, N, V, Vp, ctx));
 }
 
 template <class D, class S>
 void convert(D* out, const S* in, int64_t N, const Ctx& ctx) {
-  MT_DISPATCH((cpu::convert<D, S>(out, in, N)), (cuda::convert<D, S>(out, in, N, ctx)));
+  MT_DISPATCH_COST(0.0, double(N) * (sizeof(D) + sizeof(S)), (cpu::convert<D, S>(out, in, N)),
+                   (cuda::convert<D, S>(out, in, N, ctx)));
 }
 
 #define MT_OPS_INSTANTIATE(S)                                                                                     \
@@ -197,34 +216,35 @@ template void convert<float, f16>(float*, const f16*, int64_t, const Ctx&);
 
 void adamw(float* params, float* m, float* v, const float* grads, int64_t N, float lr, float beta1, float beta2,
            float eps, float weight_decay, int t, const Ctx& ctx, const float* grad_scale) {
-  MT_DISPATCH(cpu::adamw<float>(params, m, v, grads, N, lr, beta1, beta2, eps, weight_decay, t, grad_scale),
+  MT_DISPATCH_COST(0.0, 28.0 * N,  // params, m, v read and written; grads read
+                   cpu::adamw<float>(params, m, v, grads, N, lr, beta1, beta2, eps, weight_decay, t, grad_scale),
               cuda::adamw(params, m, v, grads, N, lr, beta1, beta2, eps, weight_decay, t, ctx, grad_scale));
 }
 
 double sum_squares(const float* x, int64_t N, const Ctx& ctx) {
-  MT_DISPATCH(cpu::sum_squares<float>(x, N), cuda::sum_squares(x, N, ctx));
+  MT_DISPATCH_COST(0.0, 4.0 * N, cpu::sum_squares<float>(x, N), cuda::sum_squares(x, N, ctx));
 }
 
 void sum_squares_into(double* out, const float* x, int64_t N, bool accumulate, const Ctx& ctx) {
-  MT_DISPATCH(void(*out = (accumulate ? *out : 0.0) + cpu::sum_squares<float>(x, N)),
+  MT_DISPATCH_COST(0.0, 4.0 * N, void(*out = (accumulate ? *out : 0.0) + cpu::sum_squares<float>(x, N)),
               cuda::sum_squares_into(out, x, N, accumulate, ctx));
 }
 
 void clip_coefficient(float* coef, const double* sum_sq, double inv_scale, double max_norm, const Ctx& ctx) {
-  MT_DISPATCH(void(*coef = ops::clip_coefficient(*sum_sq, inv_scale, max_norm)),
+  MT_DISPATCH_COST(0.0, 0.0, void(*coef = ops::clip_coefficient(*sum_sq, inv_scale, max_norm)),
               cuda::clip_coefficient(coef, sum_sq, inv_scale, max_norm, ctx));
 }
 
 void scale(float* x, float s, int64_t N, const Ctx& ctx) {
-  MT_DISPATCH(cpu::scale<float>(x, s, N), cuda::scale(x, s, N, ctx));
+  MT_DISPATCH_COST(0.0, 8.0 * N, cpu::scale<float>(x, s, N), cuda::scale(x, s, N, ctx));
 }
 
 void round_to(float* x, int64_t N, DType t, const Ctx& ctx) {
-  MT_DISPATCH(cpu::round_to(x, N, int(t)), cuda::round_to(x, N, t, ctx));
+  MT_DISPATCH_COST(0.0, 8.0 * N, cpu::round_to(x, N, int(t)), cuda::round_to(x, N, t, ctx));
 }
 
 bool all_finite(const float* x, int64_t N, const Ctx& ctx) {
-  MT_DISPATCH(cpu::all_finite(x, N), cuda::all_finite(x, N, ctx));
+  MT_DISPATCH_COST(0.0, 4.0 * N, cpu::all_finite(x, N), cuda::all_finite(x, N, ctx));
 }
 
 }  // namespace mt::ops

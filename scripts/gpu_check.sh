@@ -233,7 +233,7 @@ if ((built)); then
     if capped 60 "$build/profile.out" "$bin" bench model=gpt2 seq_len=1024 batch_size="$bench_b" precision=bf16 \
          device=cuda attention=flash steps=2 warmup=1 profile_ops=1 && grep -q '^| op (profile_ops=1)' "$build/profile.out"; then
       profile_row=$(sed -n '/^| op (profile_ops=1)/,$p' "$build/profile.out" | sed -n '3,5p' |
-        awk -F' *[|] *' '{printf "%s%s %s (%s)", (NR > 1 ? ", " : ""), $2, $5, $6}')
+        awk -F' *[|] *' '{printf "%s%s %s (%s, %s of roofline)", (NR > 1 ? ", " : ""), $2, $5, $6, $8}')
     else
       profile_row="FAILED: $(last_line "$build/profile.out")"
     fi

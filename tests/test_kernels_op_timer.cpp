@@ -46,6 +46,12 @@ TEST(OpTimer, CountsEachDispatchedOpWithItsFlops) {
   EXPECT_DOUBLE_EQ(b->flops, 4.0 * N * IC * OC + 2.0 * N * IC * OC);  // with dinp, then without
   EXPECT_EQ(a->calls, 1);
   EXPECT_EQ(a->flops, 0.0);
+  // Least traffic: each input read once, each output written once (fp32 here).
+  EXPECT_DOUBLE_EQ(f->bytes, 2 * 4.0 * (N * IC + IC * OC + N * OC));
+  // dout, inp and dweight (read and written), plus the weight and dinp when dinp is asked for.
+  EXPECT_DOUBLE_EQ(b->bytes, 4.0 * (N * OC + N * IC + IC * OC + N * IC) + 8.0 * IC * OC + 4.0 * (N * OC + N * IC) +
+                                 8.0 * IC * OC);
+  EXPECT_DOUBLE_EQ(a->bytes, 3 * 4.0 * double(out.size()));
   for (const OpTotal& t : ts) EXPECT_GE(t.seconds, 0.0);
 
   timer->reset();

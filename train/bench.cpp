@@ -23,23 +23,39 @@ std::string flop_rate(double flops, double seconds) {
   return r >= 1e12 ? strfmt("%.1f TFLOP/s", r / 1e12) : strfmt("%.1f GFLOP/s", r / 1e9);
 }
 
+// The least time an op can take on a device with these peaks: its FLOPs at the FLOP peak or its
+// least memory traffic at the bandwidth, whichever is longer (the roofline). 0 when unknown.
+double roofline_seconds(const ops::OpTotal& t, const Peak& peak) {
+  if (peak.bytes_per_s <= 0) return 0;
+  return std::max(peak.flops > 0 ? t.flops / peak.flops : 0.0, t.bytes / peak.bytes_per_s);
+}
+
 // Where the measured steps' time went, op by op (profile_ops=1), the most expensive first. On a GPU
-// the op times are the device's; the last row is what no op accounts for (host work, communication,
-// waiting).
-void print_op_table(ops::OpTimer& timer, double step_seconds, int steps) {
+// the op times are the device's, and "of roofline" is the roofline time over the measured time: how
+// close the op came to the device's FLOP peak or memory bandwidth, whichever bounds it. The last row
+// is what no op accounts for (host work, communication, waiting).
+void print_op_table(ops::OpTimer& timer, double step_seconds, int steps, const Peak& peak) {
   std::vector<ops::OpTotal> ts = timer.totals();
   std::sort(ts.begin(), ts.end(), [](const ops::OpTotal& a, const ops::OpTotal& b) { return a.seconds > b.seconds; });
   double in_ops = 0;
   for (const ops::OpTotal& t : ts) in_ops += t.seconds;
-  std::printf("\n| %-22s | calls/step | ms/step | share of step | rate |\n", "op (profile_ops=1)");
-  std::printf("|------------------------|-----------:|--------:|--------------:|------|\n");
-  for (const ops::OpTotal& t : ts)
-    std::printf("| %-22s | %10.1f | %7.2f | %12.1f%% | %s |\n", t.op.c_str(), double(t.calls) / steps,
+  std::printf("\n| %-22s | calls/step | ms/step | share of step | rate | memory | of roofline |\n",
+              "op (profile_ops=1)");
+  std::printf("|------------------------|-----------:|--------:|--------------:|------|-------:|------------:|\n");
+  for (const ops::OpTotal& t : ts) {
+    const double roof = roofline_seconds(t, peak);
+    std::printf("| %-22s | %10.1f | %7.2f | %12.1f%% | %s | %s | %s |\n", t.op.c_str(), double(t.calls) / steps,
                 1e3 * t.seconds / steps, 100.0 * t.seconds / steps / step_seconds,
-                flop_rate(t.flops, t.seconds).c_str());
+                flop_rate(t.flops, t.seconds).c_str(),
+                t.seconds > 0 ? strfmt("%.0f GB/s", t.bytes / t.seconds / 1e9).c_str() : "-",
+                roof > 0 && t.seconds > 0 ? strfmt("%.0f%%", 100.0 * roof / t.seconds).c_str() : "-");
+  }
   const double rest = step_seconds - in_ops / steps;
-  std::printf("| %-22s | %10s | %7.2f | %12.1f%% | %s |\n", "(outside the ops)", "", 1e3 * rest,
-              100.0 * rest / step_seconds, "-");
+  std::printf("| %-22s | %10s | %7.2f | %12.1f%% | %s | %s | %s |\n", "(outside the ops)", "", 1e3 * rest,
+              100.0 * rest / step_seconds, "-", "-", "-");
+  if (peak.bytes_per_s > 0)
+    std::printf("(roofline: %.0f TFLOP/s, %.2f TB/s; memory = least bytes moved / time)\n", peak.flops / 1e12,
+                peak.bytes_per_s / 1e12);
 }
 
 }  // namespace
@@ -152,7 +168,7 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
     std::printf("| %-22s | %.1f ms for the same reduction with nothing to overlap (median of 3) |\n",
                 "grad comm blocking", 1e3 * blocking[1]);
   }
-  if (ops::OpTimer* t = tr.op_timer()) print_op_table(*t, sum.t_total / double(n), int(n));
+  if (ops::OpTimer* t = tr.op_timer()) print_op_table(*t, sum.t_total / double(n), int(n), peak);
   return 0;
 }
 

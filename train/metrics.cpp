@@ -66,14 +66,17 @@ Peak calibrate_cpu_peak(int threads) {
 }
 
 Peak gpu_peak_from_name(const std::string& name) {
-  // Dense bf16 tensor-core peaks from the vendors' datasheets.
+  // Dense bf16 tensor-core peaks and memory bandwidths from the vendors' datasheets (SXM parts for
+  // H100 and A100 80GB; the PCIe variants have less bandwidth).
   struct Row {
     const char* key;
-    double tflops;
+    double tflops, tb_per_s;
   };
-  static const Row table[] = {{"H200", 989}, {"H100", 989}, {"A100", 312}, {"L40S", 362}, {"A10", 125}};
+  static const Row table[] = {{"H200", 989, 4.8},    {"H100", 989, 3.35}, {"A100", 312, 2.039},
+                              {"L40S", 362, 0.864}, {"A10", 125, 0.6}};
   for (const Row& r : table)
-    if (name.find(r.key) != std::string::npos) return {r.tflops * 1e12, strfmt("%s bf16 dense peak (datasheet)", r.key)};
+    if (name.find(r.key) != std::string::npos)
+      return {r.tflops * 1e12, strfmt("%s bf16 dense peak (datasheet)", r.key), r.tb_per_s * 1e12};
   return {0, "unknown GPU"};
 }
 

@@ -43,6 +43,7 @@ double hardware_flops_per_token(const model::GPTConfig& cfg, int T, model::Recom
 struct Peak {
   double flops = 0;
   std::string label;
+  double bytes_per_s = 0;  // memory bandwidth (datasheet) where known, else 0
 };
 Peak calibrate_cpu_peak(int threads);
 Peak gpu_peak_from_name(const std::string& device_name);  // 0 if unknown

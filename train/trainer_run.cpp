@@ -38,7 +38,7 @@ Peak run_peak(const TrainOptions& o, int threads) {
     const std::string name = cuda::device_name();
     const Peak p = gpu_peak_from_name(name);
     if (p.flops <= 0) fail("no datasheet peak known for GPU '%s': give it as peak_flops=<FLOP/s>", name.c_str());
-    return Peak{p.flops, name + ", " + p.label};
+    return Peak{p.flops, name + ", " + p.label, p.bytes_per_s};
   }
 #endif
   return calibrate_cpu_peak(threads);

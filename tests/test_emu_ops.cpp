@@ -163,11 +163,33 @@ TYPED_TEST(EmulatedOps, ResidualLayerNormStoresTheSumAndNormalisesIt) {
   }
 }
 
+// layernorm.cu's backward with dinp and both parameter gradients: the fused kernel and the blocks'
+// partials added in order where it takes C, else the column sums, then the dinp kernel.
+template <class D>
+void emulated_layernorm_bwd(D* dinp, float* dw, float* db, const D* dout, const D* inp, const D* w, const float* mean,
+                            const float* rstd, int N, int C, bool accumulate) {
+  namespace csk = mt::cuda::column_sum_kernels;
+  if (C <= ln::kFusedMaxC) {
+    const csk::ColumnSplit split = ln::fused_split(N, C);
+    std::vector<float> partial = nans<float>(csk::partial_floats(split, 2));
+    ln::with_cols_per_lane(C, [&](auto cols) {
+      run(ln::fused_shape(N, C), ln::layernorm_bwd_kernel<D, decltype(cols)::value>, dinp, partial.data(), dout, inp,
+          w, mean, rstd, N, C, accumulate);
+    });
+    run(csk::finish_shape(split), csk::column_finish_kernel<2>, csk::ColumnOutputs<2>{{dw, db}},
+        static_cast<const float*>(partial.data()), split);
+    return;
+  }
+  column_sums<2>({{dw, db}}, ln::ParamGradTerms<D>{dout, inp, mean, rstd}, N, C);
+  run(ln::rows_shape(N), ln::layernorm_bwd_dinp_kernel<D>, dinp, dout, inp, w, mean, rstd, N, C, accumulate);
+}
+
 TYPED_TEST(EmulatedOps, LayerNormBackwardMatchesTheCpu) {
   using S = TypeParam;
-  using D = mt::cuda::dev_t<S>;
-  // 40 rows: the 8 thread rows of the parameter sums take several rows each; 300 rows: two splits.
-  for (RowShape s : {RowShape{1, 1}, RowShape{3, 7}, RowShape{17, 97}, RowShape{40, 45}, RowShape{300, 35}}) {
+  // 40 and 300 rows: several blocks of the fused kernel, warps taking several rows; C = 2100: wider
+  // than the fused kernel takes (the column sums, two splits at 300 rows, and the dinp kernel).
+  for (RowShape s : {RowShape{1, 1}, RowShape{3, 7}, RowShape{17, 97}, RowShape{40, 45}, RowShape{300, 35},
+                     RowShape{300, 2100}}) {
     // 0: assigned dinp; 1: dinp added to the residual gradient already there; 2: dinp written over
     // dout (aliased), as the model's backward does.
     for (int mode = 0; mode < 3; mode++) {
@@ -184,13 +206,9 @@ TYPED_TEST(EmulatedOps, LayerNormBackwardMatchesTheCpu) {
       auto got_dw = dw, got_db = db;
       mt::cpu::layernorm_bwd<S>(aliased ? dout.data() : dinp.data(), dw.data(), db.data(), dout.data(), inp.data(),
                                 w.data(), mean.data(), rstd.data(), s.N, s.C, accumulate);
-      // The launcher's order: the column sums read dout before dinp (which may alias it) is written.
-      D* gd = dev_ptr(aliased ? got_dout.data() : got_dinp.data());
-      column_sums<2>({{got_dw.data(), got_db.data()}},
-                     ln::ParamGradTerms<D>{dev_ptr(got_dout.data()), dev_ptr(inp.data()), mean.data(), rstd.data()},
-                     s.N, s.C);
-      run(ln::rows_shape(s.N), ln::layernorm_bwd_dinp_kernel<D>, gd, dev_ptr(got_dout.data()), dev_ptr(inp.data()),
-          dev_ptr(w.data()), mean.data(), rstd.data(), s.N, s.C, accumulate);
+      emulated_layernorm_bwd(dev_ptr(aliased ? got_dout.data() : got_dinp.data()), got_dw.data(), got_db.data(),
+                             dev_ptr(got_dout.data()), dev_ptr(inp.data()), dev_ptr(w.data()), mean.data(),
+                             rstd.data(), s.N, s.C, accumulate);
       EXPECT_LE(error(aliased ? got_dout : got_dinp, aliased ? dout : dinp), tol::kLayerNorm.of<S>()) << "dinp";
       EXPECT_LE(error(got_dw, dw), tol::kLayerNormParamGrads.of<S>()) << "dweight";
       EXPECT_LE(error(got_db, db), tol::kLayerNormParamGrads.of<S>()) << "dbias";

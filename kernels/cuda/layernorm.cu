@@ -9,9 +9,11 @@
 //   dinp = [dinp +] rstd (g - mean(g) - n mean(g n))  (assigned, or added to the residual gradient
 //                                                       already in dinp when `accumulate`; one rounding)
 //   dweight += sum_rows dout n, dbias += sum_rows dout (fp32 parameter gradients accumulate)
-// The column sums run in their own two-pass reduction (column_sum_kernels.cuh) with a fixed order, not
-// atomics. dinp may alias dout: each element is read before it is written by the same thread, and the
-// column sums run first.
+// One kernel computes dinp and each block's partial parameter sums in the same pass over dout and inp
+// (C up to 2048); the blocks' partials are then added in block order. Larger C takes a two-pass
+// column sum (column_sum_kernels.cuh) and a dinp kernel. Fixed orders, no atomics. dinp may alias
+// dout: each element is read before it is written by the same thread (in the fused kernel the row's
+// parameter terms are taken in the first pass over the row, before its dinp is written).
 #include <cstdint>
 
 #include "kernels/cuda/column_sum.cuh"
@@ -54,15 +56,40 @@ template <class S>
 void layernorm_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight,
                    const float* mean, const float* rstd, int N, int C, bool accumulate, const ops::Ctx& ctx) {
   if (N == 0 || C == 0) return;
-  // Parameter sums first: they read dout, which dinp may alias (as on the CPU backend).
-  if (dweight || dbias) {
-    column_sums<2>({{dweight, dbias}}, ParamGradTerms<dev_t<S>>{dev_ptr(dout), dev_ptr(inp), mean, rstd}, N, C,
-                   stream_of(ctx));
+  using D = dev_t<S>;
+  cudaStream_t stream = stream_of(ctx);
+  D* dx = dev_ptr(dinp);
+  const D *dy = dev_ptr(dout), *x = dev_ptr(inp), *w = dev_ptr(weight);
+  const bool params = dweight || dbias;
+  if (params && dinp && C <= kFusedMaxC) {
+    // One pass for dinp and the parameter terms, then the blocks' partials added in order.
+    const column_sum_kernels::ColumnSplit split = fused_split(N, C);
+    float* partial = nullptr;
+    MT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial),
+                                  column_sum_kernels::partial_floats(split, 2) * sizeof(float), stream));
+    try {
+      with_cols_per_lane(C, [&](auto cols) {
+        const LaunchShape l = fused_shape(N, C);
+        layernorm_bwd_kernel<D, decltype(cols)::value>
+            <<<l.grid, l.block, l.smem, stream>>>(dx, partial, dy, x, w, mean, rstd, N, C, accumulate);
+        MT_CUDA_CHECK_LAUNCH();
+      });
+      const LaunchShape f = column_sum_kernels::finish_shape(split);
+      column_sum_kernels::column_finish_kernel<2>
+          <<<f.grid, f.block, f.smem, stream>>>({{dweight, dbias}}, partial, split);
+      MT_CUDA_CHECK_LAUNCH();
+    } catch (...) {
+      (void)cudaFreeAsync(partial, stream);
+      throw;
+    }
+    MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
+    return;
   }
+  // Wider rows, or only one of the two wanted: the column sums first (dinp may alias dout), then dinp.
+  if (params) column_sums<2>({{dweight, dbias}}, ParamGradTerms<D>{dy, x, mean, rstd}, N, C, stream);
   if (dinp) {
     const LaunchShape l = rows_shape(N);
-    layernorm_bwd_dinp_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(
-        dev_ptr(dinp), dev_ptr(dout), dev_ptr(inp), dev_ptr(weight), mean, rstd, N, C, accumulate);
+    layernorm_bwd_dinp_kernel<<<l.grid, l.block, l.smem, stream>>>(dx, dy, x, w, mean, rstd, N, C, accumulate);
     MT_CUDA_CHECK_LAUNCH();
   }
 }

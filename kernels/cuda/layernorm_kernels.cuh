@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/column_sum_kernels.cuh"
 #include "kernels/cuda/common.cuh"
@@ -60,6 +61,19 @@ __global__ void residual_layernorm_fwd_kernel(D* res, D* out, float* mean, float
   normalize_row(out + off, mean, rstd, res + off, weight, bias, row, C, lane);
 }
 
+// dinp of one row (the calling warp's), given the row's mean(g) and mean(g n): the second pass of the
+// backward, shared by both backward kernels.
+template <class D>
+__device__ inline void store_dinp_row(D* dx, const D* x, const D* dy, const D* weight, float m, float r, float mean_g,
+                                      float mean_gn, int C, int lane, bool accumulate) {
+  for (int c = lane; c < C; c += kWarp) {
+    const float n = (load(x[c]) - m) * r;
+    const float d = r * (load(dy[c]) * load(weight[c]) - mean_g - n * mean_gn);
+    dx[c] = store_as<D>(accumulate ? load(dx[c]) + d : d);
+  }
+}
+
+// dinp only, one warp per row (no parameter gradients, or C above the fused kernel's limit).
 template <class D>
 __global__ void layernorm_bwd_dinp_kernel(D* dinp, const D* dout, const D* inp, const D* weight, const float* mean,
                                           const float* rstd, int N, int C, bool accumulate) {
@@ -77,16 +91,66 @@ __global__ void layernorm_bwd_dinp_kernel(D* dinp, const D* dout, const D* inp, 
   }
   const float mean_g = warp_reduce(sum_g, SumOp{}) / float(C);
   const float mean_gn = warp_reduce(sum_gn, SumOp{}) / float(C);
-  D* dx = dinp + int64_t(row) * C;
-  for (int c = lane; c < C; c += kWarp) {
-    const float n = (load(x[c]) - m) * r;
-    const float d = r * (load(dy[c]) * load(weight[c]) - mean_g - n * mean_gn);
-    dx[c] = store_as<D>(accumulate ? load(dx[c]) + d : d);
+  store_dinp_row(dinp + int64_t(row) * C, x, dy, weight, m, r, mean_g, mean_gn, C, lane, accumulate);
+}
+
+// dinp and the parameter gradients in one pass over dout and inp. Each warp takes rows warp, warp +
+// 8 G, ... of its block's share (G = gridDim.x blocks, a function of N alone) and keeps, per lane, the
+// dweight and dbias terms of its columns c = lane + 32 j (j < kCols, kCols >= C / 32) summed over its
+// rows; the block adds its 8 warps' sums in warp order into partial[0][block][c] (dweight) and
+// partial[1][block][c] (dbias), which column_finish_kernel (column_sum_kernels.cuh) adds up in block
+// order. No atomics: the bits depend only on N and C.
+template <class D, int kCols>
+__global__ void layernorm_bwd_kernel(D* dinp, float* partial, const D* dout, const D* inp, const D* weight,
+                                     const float* mean, const float* rstd, int N, int C, bool accumulate) {
+  MT_SHARED(float[kRowsPerBlock][kWarp + 1], part_w);
+  MT_SHARED(float[kRowsPerBlock][kWarp + 1], part_b);
+  const int lane = int(threadIdx.x) % kWarp, warp = int(threadIdx.x) / kWarp;
+  float acc_w[kCols], acc_b[kCols];
+#pragma unroll
+  for (int j = 0; j < kCols; j++) acc_w[j] = acc_b[j] = 0.f;
+  for (int row = int(blockIdx.x) * kRowsPerBlock + warp; row < N; row += int(gridDim.x) * kRowsPerBlock) {
+    const D* x = inp + int64_t(row) * C;
+    const D* dy = dout + int64_t(row) * C;
+    const float m = mean[row], r = rstd[row];
+    float sum_g = 0.f, sum_gn = 0.f;
+#pragma unroll
+    for (int j = 0; j < kCols; j++) {
+      const int c = lane + j * kWarp;
+      if (c < C) {
+        const float dyv = load(dy[c]), n = (load(x[c]) - m) * r, g = dyv * load(weight[c]);
+        sum_g += g;
+        sum_gn += g * n;
+        acc_w[j] += dyv * n;
+        acc_b[j] += dyv;
+      }
+    }
+    const float mean_g = warp_reduce(sum_g, SumOp{}) / float(C);
+    const float mean_gn = warp_reduce(sum_gn, SumOp{}) / float(C);
+    store_dinp_row(dinp + int64_t(row) * C, x, dy, weight, m, r, mean_g, mean_gn, C, lane, accumulate);
+  }
+  const int64_t split = int64_t(blockIdx.x), splits = int64_t(gridDim.x);
+#pragma unroll
+  for (int j = 0; j < kCols; j++) {
+    part_w[warp][lane] = acc_w[j];
+    part_b[warp][lane] = acc_b[j];
+    __syncthreads();
+    const int c = lane + j * kWarp;
+    if (warp == 0 && c < C) {
+      float tw = 0.f, tb = 0.f;
+      for (int w = 0; w < kRowsPerBlock; w++) {
+        tw += part_w[w][lane];
+        tb += part_b[w][lane];
+      }
+      partial[split * C + c] = tw;
+      partial[(splits + split) * C + c] = tb;
+    }
+    __syncthreads();  // part_* are rewritten for the next j
   }
 }
 
-// The two terms of the parameter gradients at (r, c): dout n for dweight, dout for dbias; summed over
-// the rows by the two-pass column sum (column_sum_kernels.cuh).
+// The two terms of the parameter gradients at (r, c), dout n for dweight and dout for dbias, for the
+// two-pass column sum (column_sum_kernels.cuh) where the fused kernel does not take C.
 template <class D>
 struct ParamGradTerms {
   const D* dout;
@@ -102,5 +166,35 @@ struct ParamGradTerms {
 
 // One warp per row: layernorm_fwd_kernel, residual_layernorm_fwd_kernel, layernorm_bwd_dinp_kernel.
 inline LaunchShape rows_shape(int N) { return {dim3(ceil_div(N, kRowsPerBlock)), dim3(kBlock)}; }
+
+// layernorm_bwd_kernel: about 4 rows per warp, at most 2048 blocks; the parameter partials are summed by
+// column_finish_kernel over this split (one per block).
+constexpr int kFusedMaxBlocks = 2048;
+inline column_sum_kernels::ColumnSplit fused_split(int N, int C) {
+  column_sum_kernels::ColumnSplit s;
+  s.R = N, s.C = C;
+  s.splits = N <= 0 ? 1 : int(ceil_div(N, 4 * kRowsPerBlock));
+  if (s.splits > kFusedMaxBlocks) s.splits = kFusedMaxBlocks;
+  return s;
+}
+inline LaunchShape fused_shape(int N, int C) { return {dim3(unsigned(fused_split(N, C).splits)), dim3(kBlock)}; }
+
+// The widest row the fused backward takes (64 columns per lane).
+constexpr int kFusedMaxC = 64 * kWarp;
+
+// Calls f(std::integral_constant<int, K>{}) with the smallest instantiated columns-per-lane K that
+// covers C (K >= C / 32) and returns true; false when C is above kFusedMaxC (the unfused path).
+template <class F>
+bool with_cols_per_lane(int C, F&& f) {
+  const int need = int(ceil_div(C, kWarp));
+  if (need <= 4) return f(std::integral_constant<int, 4>{}), true;
+  if (need <= 8) return f(std::integral_constant<int, 8>{}), true;
+  if (need <= 16) return f(std::integral_constant<int, 16>{}), true;
+  if (need <= 24) return f(std::integral_constant<int, 24>{}), true;
+  if (need <= 32) return f(std::integral_constant<int, 32>{}), true;
+  if (need <= 48) return f(std::integral_constant<int, 48>{}), true;
+  if (need <= 64) return f(std::integral_constant<int, 64>{}), true;
+  return false;
+}
 
 }  // namespace mt::cuda::layernorm_kernels

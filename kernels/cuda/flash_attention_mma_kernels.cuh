@@ -31,14 +31,14 @@ constexpr unsigned kFull = 0xffffffffu;
 template <int HS>
 constexpr int kLd = HS + 8;
 
-// Starts copying rows t0 .. t0+63 (row stride ld_src elements) of a head slice into a shared tile,
+// Starts copying rows t0 .. t0+ROWS-1 (row stride ld_src elements) of a head slice into a shared tile,
 // 16 bytes per cp.async (the launchers check the alignment); rows past T are filled with zeros. The
 // copies join the thread's next cp.async group.
-template <int HS, class D>
+template <int HS, int ROWS = kTile, class D>
 __device__ inline void copy_rows_async(D* dst, const D* src, int64_t ld_src, int t0, int T) {
   constexpr int kChunks = HS / 8;
 #pragma unroll
-  for (int idx = int(threadIdx.x); idx < kTile * kChunks; idx += kThreads) {
+  for (int idx = int(threadIdx.x); idx < ROWS * kChunks; idx += kThreads) {
     const int r = idx / kChunks, c = (idx - r * kChunks) * 8;
     const bool in = t0 + r < T;
     async_copy::copy16(dst + r * kLd<HS> + c, in ? src + int64_t(t0 + r) * ld_src + c : src, in);
@@ -71,64 +71,85 @@ __device__ inline float quad_sum(float v) {
   return v + __shfl_xor_sync(kFull, v, 2);
 }
 
-// The warp's 16 x 64 score tile acc = A B^T: A is the warp's 16 rows of the block (KS k16 fragments
-// over the head dimension, held in registers), B the 64 rows of a shared tile (row stride LD).
-template <class D, int KS, int LD>
-__device__ inline void score_tile(float acc[kColTiles][4], const uint32_t (&a)[KS][4], const D* tile, Lane ln) {
+// The warp's RT score tiles of 16 x 64, acc[rt] = A[rt] B^T: A[rt] is one of the warp's 16-row tiles
+// (KS k16 fragments over the head dimension, held in registers), B the 64 rows of a shared tile (row
+// stride LD). Each B fragment is loaded once for all RT row tiles.
+template <class D, int KS, int LD, int RT = 1>
+__device__ inline void score_tile(float (*acc)[kColTiles][4], const uint32_t (*a)[KS][4], const D* tile, Lane ln) {
   static_assert(kColTiles % 2 == 0, "B fragments come two n8 tiles at a time");
 #pragma unroll
-  for (int n = 0; n < kColTiles; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+    for (int n = 0; n < kColTiles; n++) acc[rt][n][0] = acc[rt][n][1] = acc[rt][n][2] = acc[rt][n][3] = 0.f;
 #pragma unroll
   for (int kk = 0; kk < KS; kk++) {
 #pragma unroll
     for (int n = 0; n < kColTiles; n += 2) {
       uint32_t b[4];
       mma::load_b2_nmajor(b, tile, LD, n * 8, kk * 16, ln);
-      mma::mma<D>(acc[n], a[kk], b);
-      mma::mma<D>(acc[n + 1], a[kk], b + 2);
+#pragma unroll
+      for (int rt = 0; rt < RT; rt++) {
+        mma::mma<D>(acc[rt][n], a[rt][kk], b);
+        mma::mma<D>(acc[rt][n + 1], a[rt][kk], b + 2);
+      }
     }
   }
 }
 
-// out (the warp's 16 rows x NT * 8 head dimensions) += P V: P is a score tile in registers (rounded
-// to D here), V the 64 rows of a shared tile (row stride LD).
-template <class D, int NT, int LD>
-__device__ inline void accumulate_pv(float out[NT][4], const float p[kColTiles][4], const D* tile, Lane ln) {
+// out[rt] (a 16-row tile of the warp x NT * 8 head dimensions) += P[rt] V: P[rt] is a score tile in
+// registers (rounded to D here), V the 64 rows of a shared tile (row stride LD), each B fragment
+// loaded once for all RT row tiles.
+template <class D, int NT, int LD, int RT = 1>
+__device__ inline void accumulate_pv(float (*out)[NT][4], const float (*p)[kColTiles][4], const D* tile, Lane ln) {
   static_assert(NT % 2 == 0, "B fragments come two n8 tiles at a time");
 #pragma unroll
   for (int j = 0; j < kColSteps; j++) {
-    uint32_t a[4];
-    mma::a_from_acc<D>(a, p[2 * j], p[2 * j + 1]);
+    uint32_t a[RT][4];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++) mma::a_from_acc<D>(a[rt], p[rt][2 * j], p[rt][2 * j + 1]);
 #pragma unroll
     for (int n = 0; n < NT; n += 2) {
       uint32_t b[4];
       mma::load_b2_kmajor(b, tile, LD, n * 8, j * 16, ln);
-      mma::mma<D>(out[n], a, b);
-      mma::mma<D>(out[n + 1], a, b + 2);
+#pragma unroll
+      for (int rt = 0; rt < RT; rt++) {
+        mma::mma<D>(out[rt][n], a[rt], b);
+        mma::mma<D>(out[rt][n + 1], a[rt], b + 2);
+      }
     }
   }
 }
+
+// Row tiles of 16 per warp in the forward kernel: two where the registers allow, which halves the
+// shared-memory reads per product. At head size 32 that takes 173 registers; at 64 it would take all
+// 255 and spill (ptxas, sm_90), halving the blocks per SM, so 64 and 128 keep one.
+template <int HS>
+constexpr int kFwdRowTiles = HS <= 32 ? 2 : 1;
+// Query rows per forward block.
+template <int HS>
+constexpr int kFwdRows = kWarps * 16 * kFwdRowTiles<HS>;
 
 template <class D, int HS>
 __global__ void __launch_bounds__(kThreads)
     fwd_kernel(D* out, float* lse, const D* qkv, const int32_t* doc, int T, int C, int NH, float scale_log2) {
   constexpr int LD = kLd<HS>, KS = HS / 16, NT = HS / 8, kElems = kTile * LD;
+  constexpr int RT = kFwdRowTiles<HS>, kRows = kFwdRows<HS>;
   MT_DYNAMIC_SHARED(uint4, smem_raw);
-  D* Qs = reinterpret_cast<D*>(smem_raw);
-  D* Ks = Qs + kElems;                                   // key tile i in buffer i % 2
-  D* Vs = Ks + 2 * kElems;                               // likewise
-  int* kdoc = reinterpret_cast<int*>(Vs + 2 * kElems);   // 2 x kTile
-  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kTile;  // the longest rows start first
+  D* Qs = reinterpret_cast<D*>(smem_raw);                 // kRows rows
+  D* Ks = Qs + kRows * LD;                                 // key tile i in buffer i % 2
+  D* Vs = Ks + 2 * kElems;                                 // likewise
+  int* kdoc = reinterpret_cast<int*>(Vs + 2 * kElems);     // 2 x kTile
+  const int q0 = (int(gridDim.x) - 1 - int(blockIdx.x)) * kRows;  // the longest rows start first
   const int h = int(blockIdx.y), b = int(blockIdx.z);
-  const int r0 = int(threadIdx.x) / kLanes * 16;
+  const int r0 = int(threadIdx.x) / kLanes * 16 * RT;     // the warp's first row in the block
   const Lane ln(int(threadIdx.x) % kLanes);
   const int64_t ld = 3 * int64_t(C);
   const D* head = qkv + int64_t(b) * T * ld + int64_t(h) * HS;
   const int32_t* bdoc = doc ? doc + int64_t(b) * T : nullptr;
-  const int n_tiles = (min(q0 + kTile, T) - 1) / kTile + 1;  // causal: key tiles past the diagonal are skipped
+  const int n_tiles = (min(q0 + kRows, T) - 1) / kTile + 1;  // causal: key tiles past the diagonal are skipped
 
   // cp.async groups: Q, then one per key tile; tile i + 1 is in flight while tile i is worked on.
-  copy_rows_async<HS>(Qs, head, ld, q0, T);
+  copy_rows_async<HS, kRows>(Qs, head, ld, q0, T);
   async_copy::commit();
   copy_rows_async<HS>(Ks, head + C, ld, 0, T);
   copy_rows_async<HS>(Vs, head + 2 * C, ld, 0, T);
@@ -136,15 +157,23 @@ __global__ void __launch_bounds__(kThreads)
   async_copy::commit();
   async_copy::wait<1>();  // Q has landed
   __syncthreads();
-  uint32_t qf[KS][4];
+  uint32_t qf[RT][KS][4];
 #pragma unroll
-  for (int kk = 0; kk < KS; kk++) mma::load_a(qf[kk], Qs, LD, r0, kk * 16, ln);
-  // This lane's rows: r = 0 is row g of the warp's 16, r = 1 is row g + 8.
-  const int row[2] = {q0 + r0 + ln.g, q0 + r0 + ln.g + 8};
-  int rdoc[2];
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, o[NT][4] = {};
+  for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-  for (int r = 0; r < 2; r++) rdoc[r] = row[r] < T ? (bdoc ? bdoc[row[r]] : 0) : -1;
+    for (int kk = 0; kk < KS; kk++) mma::load_a(qf[rt][kk], Qs, LD, r0 + 16 * rt, kk * 16, ln);
+  // This lane's rows: in row tile rt, r = 0 is row g of its 16 and r = 1 is row g + 8.
+  int row[RT][2], rdoc[RT][2];
+  float m[RT][2], l[RT][2], o[RT][NT][4] = {};
+#pragma unroll
+  for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      row[rt][r] = q0 + r0 + 16 * rt + ln.g + 8 * r;
+      rdoc[rt][r] = row[rt][r] < T ? (bdoc ? bdoc[row[rt][r]] : 0) : -1;
+      m[rt][r] = -INFINITY;
+      l[rt][r] = 0.f;
+    }
 
   for (int i = 0; i < n_tiles; i++) {
     const int k0 = i * kTile, cur = i & 1;
@@ -156,64 +185,72 @@ __global__ void __launch_bounds__(kThreads)
     async_copy::commit();
     async_copy::wait<1>();  // tile i has landed
     __syncthreads();
-    const D* Kt = Ks + cur * kElems;
-    const D* Vt = Vs + cur * kElems;
-    const int* tdoc = kdoc + cur * kTile;
-
-    float s[kColTiles][4];
-    score_tile<D, KS, LD>(s, qf, Kt, ln);
-    // Every key of the tile precedes every row of the warp: no mask to evaluate.
-    const bool unmasked = !bdoc && k0 + kTile - 1 <= q0 + r0;
-    float mx[2] = {m[0], m[1]};
+    // A warp whose rows all precede the tile sees none of it (with two row tiles per warp, the warps
+    // of the block's first half at its last key tile; never with one).
+    if (RT == 1 || k0 <= q0 + r0 + 16 * RT - 1) {
+      const D* Kt = Ks + cur * kElems;
+      const D* Vt = Vs + cur * kElems;
+      const int* tdoc = kdoc + cur * kTile;
+      float s[RT][kColTiles][4];
+      score_tile<D, KS, LD, RT>(s, qf, Kt, ln);
+      // Every key of the tile precedes every row of the warp: no mask to evaluate.
+      const bool unmasked = !bdoc && k0 + kTile - 1 <= q0 + r0;
 #pragma unroll
-    for (int n = 0; n < kColTiles; n++) {
+      for (int rt = 0; rt < RT; rt++) {
+        float mx[2] = {m[rt][0], m[rt][1]};
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int r = e >> 1, jj = n * 8 + 2 * ln.t + (e & 1);
-        float v = s[n][e] * scale_log2;
-        if (!unmasked && !visible(row[r], k0 + jj, T, rdoc[r], tdoc[jj])) v = -INFINITY;
-        s[n][e] = v;
-        mx[r] = fmaxf(mx[r], v);
+        for (int n = 0; n < kColTiles; n++) {
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const int r = e >> 1, jj = n * 8 + 2 * ln.t + (e & 1);
+            float v = s[rt][n][e] * scale_log2;
+            if (!unmasked && !visible(row[rt][r], k0 + jj, T, rdoc[rt][r], tdoc[jj])) v = -INFINITY;
+            s[rt][n][e] = v;
+            mx[r] = fmaxf(mx[r], v);
+          }
+        }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+          mx[r] = quad_max(mx[r]);
+          // A row that has seen no key yet has m = -inf, l = 0 and o = 0: its rescale factor is 0.
+          alpha[r] = mx[r] == -INFINITY ? 0.f : exp2f(m[rt][r] - mx[r]);
+          m[rt][r] = mx[r];
+          l[rt][r] *= alpha[r];
+        }
+#pragma unroll
+        for (int n = 0; n < kColTiles; n++) {
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            const int r = e >> 1;
+            const float p = s[rt][n][e] == -INFINITY ? 0.f : exp2f(s[rt][n][e] - m[rt][r]);
+            s[rt][n][e] = p;
+            l[rt][r] += p;
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+          o[rt][n][0] *= alpha[0], o[rt][n][1] *= alpha[0];
+          o[rt][n][2] *= alpha[1], o[rt][n][3] *= alpha[1];
+        }
       }
+      accumulate_pv<D, NT, LD, RT>(o, s, Vt, ln);
     }
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      mx[r] = quad_max(mx[r]);
-      // A row that has seen no key yet has m = -inf, l = 0 and o = 0: its rescale factor is 0.
-      alpha[r] = mx[r] == -INFINITY ? 0.f : exp2f(m[r] - mx[r]);
-      m[r] = mx[r];
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int n = 0; n < kColTiles; n++) {
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int r = e >> 1;
-        const float p = s[n][e] == -INFINITY ? 0.f : exp2f(s[n][e] - m[r]);
-        s[n][e] = p;
-        l[r] += p;
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < NT; n++) {
-      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-    }
-    accumulate_pv<D, NT, LD>(o, s, Vt, ln);
     __syncthreads();  // every warp is done with buffer cur before tile i + 2 is copied into it
   }
 
 #pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const float sum = quad_sum(l[r]);
-    if (row[r] >= T) continue;
-    const float inv = 1.f / sum;  // sum >= 1: every query sees itself
-    D* y = out + (int64_t(b) * T + row[r]) * C + int64_t(h) * HS + 2 * ln.t;
+  for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-    for (int n = 0; n < NT; n++) store_pair(y + n * 8, o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    if (ln.t == 0) lse[(int64_t(b) * NH + h) * T + row[r]] = (m[r] + log2f(sum)) * kLn2;
-  }
+    for (int r = 0; r < 2; r++) {
+      const float sum = quad_sum(l[rt][r]);
+      if (row[rt][r] >= T) continue;
+      const float inv = 1.f / sum;  // sum >= 1: every query sees itself
+      D* y = out + (int64_t(b) * T + row[rt][r]) * C + int64_t(h) * HS + 2 * ln.t;
+#pragma unroll
+      for (int n = 0; n < NT; n++) store_pair(y + n * 8, o[rt][n][2 * r] * inv, o[rt][n][2 * r + 1] * inv);
+      if (ln.t == 0) lse[(int64_t(b) * NH + h) * T + row[rt][r]] = (m[rt][r] + log2f(sum)) * kLn2;
+    }
 }
 
 // dK, dV of the 64 keys of one block, looping over the query tiles from its diagonal on.
@@ -286,8 +323,8 @@ __global__ void __launch_bounds__(kThreads)
     const int* tdoc = qdoc + u * kTile;
 
     float st[kColTiles][4], dpt[kColTiles][4];  // rows: keys, columns: queries
-    score_tile<D, KS, LD>(st, kf, Qs, ln);
-    score_tile<D, KS, LD>(dpt, vf, dOs, ln);
+    score_tile<D, KS, LD>(&st, &kf, Qs, ln);
+    score_tile<D, KS, LD>(&dpt, &vf, dOs, ln);
     // Every key of the warp precedes every (real) query of the tile: no mask to evaluate.
     const bool unmasked = !bdoc && k0 + r0 + 15 <= q0 && q0 + kTile <= T;
 #pragma unroll
@@ -301,8 +338,8 @@ __global__ void __launch_bounds__(kThreads)
         dpt[n][e] = p * (dpt[n][e] - tdsum[ii]);
       }
     }
-    accumulate_pv<D, NT, LD>(dv, st, dOs, ln);   // dV += P^T dO
-    accumulate_pv<D, NT, LD>(dk, dpt, Qs, ln);   // dK += dS^T Q (scaled on store)
+    accumulate_pv<D, NT, LD>(&dv, &st, dOs, ln);   // dV += P^T dO
+    accumulate_pv<D, NT, LD>(&dk, &dpt, Qs, ln);   // dK += dS^T Q (scaled on store)
     __syncthreads();  // every warp is done with buffer u before tile j + 2 is copied into it
   }
 
@@ -383,8 +420,8 @@ __global__ void __launch_bounds__(kThreads)
     const int* tdoc = kdoc + u * kTile;
 
     float s[kColTiles][4], dp[kColTiles][4];
-    score_tile<D, KS, LD>(s, qf, Ks, ln);
-    score_tile<D, KS, LD>(dp, of, Vs, ln);
+    score_tile<D, KS, LD>(&s, &qf, Ks, ln);
+    score_tile<D, KS, LD>(&dp, &of, Vs, ln);
     const bool unmasked = !bdoc && k0 + kTile - 1 <= q0 + r0;
 #pragma unroll
     for (int n = 0; n < kColTiles; n++) {
@@ -396,7 +433,7 @@ __global__ void __launch_bounds__(kThreads)
         s[n][e] = p * (dp[n][e] - rdsum[r]);  // dS
       }
     }
-    accumulate_pv<D, NT, LD>(dq, s, Ks, ln);  // dQ += dS K (scaled on store)
+    accumulate_pv<D, NT, LD>(&dq, &s, Ks, ln);  // dQ += dS K (scaled on store)
     __syncthreads();  // every warp is done with buffer u before tile i + 2 is copied into it
   }
 
@@ -409,12 +446,13 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Shared bytes of each kernel. Forward: Q and two buffers of (K, V) tiles, with the keys' document ids.
+// Shared bytes of each kernel. Forward: Q (kFwdRows rows) and two buffers of (K, V) tiles, with the keys'
+// document ids.
 // Backward: two buffers of two tiles (the first starts with the block's own two tiles), with the
 // streamed rows' statistics and document ids (dK/dV: lse, dsum, ids; dQ: ids only).
 template <class D, int HS>
 constexpr size_t fwd_smem() {
-  return size_t(5) * kTile * kLd<HS> * sizeof(D) + 2 * kTile * sizeof(int);
+  return (size_t(kFwdRows<HS>) + 4 * kTile) * kLd<HS> * sizeof(D) + 2 * kTile * sizeof(int);
 }
 template <class D, int HS>
 constexpr size_t bwd_smem() {
@@ -424,8 +462,8 @@ constexpr size_t bwd_smem() {
 // One block of kThreads per (64-row block, head, batch row) for each kernel.
 inline dim3 tile_grid(int B, int T, int NH) { return dim3(ceil_div(T, kTile), unsigned(NH), unsigned(B)); }
 template <class D, int HS>
-LaunchShape fwd_shape(int B, int T, int NH) {
-  return {tile_grid(B, T, NH), dim3(kThreads), fwd_smem<D, HS>()};
+LaunchShape fwd_shape(int B, int T, int NH) {  // a block per kFwdRows<HS> queries
+  return {dim3(ceil_div(T, kFwdRows<HS>), unsigned(NH), unsigned(B)), dim3(kThreads), fwd_smem<D, HS>()};
 }
 template <class D, int HS>
 LaunchShape bwd_shape(int B, int T, int NH) {  // dkdv_kernel and dq_kernel

@@ -45,9 +45,12 @@ TYPED_TEST_SUITE(FlashMmaEmulated, StorageTypes);
 
 using Shape = AttnShape;
 // hs = C / NH = 64 (GPT-2's), 32 and 128 (forward only); T = 1, 70 and 130 end in partial tiles,
-// T = 192 has whole tiles below the diagonal.
+// T = 192 has whole tiles below the diagonal. At hs = 32 the forward's warps own two row tiles (128-row
+// blocks): T = 65 is one partial block, T = 200 two blocks with whole tiles below the diagonal and
+// warps that skip the block's last key tile.
 const Shape kShapes[] = {{1, 1, 64, 1, false},  {2, 70, 128, 2, false}, {1, 130, 64, 1, true},
-                         {1, 192, 64, 1, false}, {2, 65, 64, 2, true},  {1, 70, 256, 2, true}};
+                         {1, 192, 64, 1, false}, {2, 65, 64, 2, true},  {1, 70, 256, 2, true},
+                         {1, 200, 64, 2, false}};
 
 template <class D, int HS>
 struct Run {

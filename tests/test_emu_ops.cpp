@@ -116,24 +116,48 @@ struct RowShape { int N, C; };
 // lanes idle, 33 and 97 take a second and fourth pass over the columns.
 const RowShape kRowShapes[] = {{1, 1}, {3, 7}, {9, 33}, {17, 97}};
 
+// The forward tests add rows whose width the 16-byte kernels take (a multiple of 16 bytes of values):
+// one chunk per lane and some lanes idle (C = 8), two (264 in 16-bit, three in fp32), and the widest
+// (2048: eight chunks per lane in 16-bit; fp32 takes only the scalar kernel there).
+const RowShape kForwardShapes[] = {{1, 1}, {3, 7}, {9, 33}, {17, 97}, {5, 8}, {9, 264}, {2, 2048}};
+
+// The forward kernels layernorm.cu picks from: 0 the scalar one, 1 the 16-byte one (when it takes C).
+template <class D, class Scalar, class Vec>
+void run_forward(int path, int N, int C, Scalar scalar, Vec vec) {
+  if (path == 0) return scalar(ln::rows_shape(N));
+  ln::with_chunks_per_lane<D>(C, [&](auto chunks) { vec(ln::rows_shape(N), chunks); });
+}
+
 TYPED_TEST(EmulatedOps, LayerNormForwardMatchesTheCpu) {
   using S = TypeParam;
   using D = mt::cuda::dev_t<S>;
-  for (RowShape s : kRowShapes) {
-    for (bool bias : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << "N=" << s.N << " C=" << s.C << " bias=" << bias);
-      const auto inp = this->values(size_t(s.N) * s.C, 2.f, 5.f);  // a large mean tests the two-pass variance
-      const auto w = this->values(size_t(s.C)), b = this->values(size_t(s.C));
-      std::vector<S> out(inp.size()), got = nans<S>(inp.size());
-      std::vector<float> mean(size_t(s.N)), rstd(size_t(s.N)), got_mean = nans<float>(mean.size()),
-                                                                got_rstd = nans<float>(rstd.size());
-      mt::cpu::layernorm_fwd<S>(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), bias ? b.data() : nullptr,
-                                s.N, s.C);
-      run(ln::rows_shape(s.N), ln::layernorm_fwd_kernel<D>, dev_ptr(got.data()), got_mean.data(), got_rstd.data(),
-          dev_ptr(inp.data()), dev_ptr(w.data()), bias ? dev_ptr(b.data()) : nullptr, s.N, s.C);
-      EXPECT_LE(error(got, out), tol::kLayerNorm.of<S>()) << "out";
-      EXPECT_LE(error(got_mean, mean), tol::kLayerNormStats.of<S>()) << "mean";
-      EXPECT_LE(error(got_rstd, rstd), tol::kLayerNormStats.of<S>()) << "rstd";
+  for (RowShape s : kForwardShapes) {
+    for (int path = 0; path < 2; path++) {
+      if (path == 1 && !ln::with_chunks_per_lane<D>(s.C, [](auto) {})) continue;
+      for (bool bias : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "N=" << s.N << " C=" << s.C << " bias=" << bias << " path=" << path);
+        const auto inp = this->values(size_t(s.N) * s.C, 2.f, 5.f);  // a large mean tests the two-pass variance
+        const auto w = this->values(size_t(s.C)), b = this->values(size_t(s.C));
+        std::vector<S> out(inp.size()), got = nans<S>(inp.size());
+        std::vector<float> mean(size_t(s.N)), rstd(size_t(s.N)), got_mean = nans<float>(mean.size()),
+                                                                 got_rstd = nans<float>(rstd.size());
+        mt::cpu::layernorm_fwd<S>(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), bias ? b.data() : nullptr,
+                                  s.N, s.C);
+        const D* bp = bias ? dev_ptr(b.data()) : nullptr;
+        run_forward<D>(
+            path, s.N, s.C,
+            [&](LaunchShape l) {
+              run(l, ln::layernorm_fwd_kernel<D>, dev_ptr(got.data()), got_mean.data(), got_rstd.data(),
+                  dev_ptr(inp.data()), dev_ptr(w.data()), bp, s.N, s.C);
+            },
+            [&](LaunchShape l, auto chunks) {
+              run(l, ln::layernorm_fwd_vec_kernel<D, decltype(chunks)::value>, dev_ptr(got.data()), got_mean.data(),
+                  got_rstd.data(), dev_ptr(inp.data()), dev_ptr(w.data()), bp, s.N, s.C);
+            });
+        EXPECT_LE(error(got, out), tol::kLayerNorm.of<S>()) << "out";
+        EXPECT_LE(error(got_mean, mean), tol::kLayerNormStats.of<S>()) << "mean";
+        EXPECT_LE(error(got_rstd, rstd), tol::kLayerNormStats.of<S>()) << "rstd";
+      }
     }
   }
 }
@@ -141,24 +165,36 @@ TYPED_TEST(EmulatedOps, LayerNormForwardMatchesTheCpu) {
 TYPED_TEST(EmulatedOps, ResidualLayerNormStoresTheSumAndNormalisesIt) {
   using S = TypeParam;
   using D = mt::cuda::dev_t<S>;
-  for (RowShape s : kRowShapes) {
-    for (bool in_place : {false, true}) {  // in place: res written over a, as the residual stream does
-      SCOPED_TRACE(::testing::Message() << "N=" << s.N << " C=" << s.C << " in_place=" << in_place);
-      auto a = this->values(size_t(s.N) * s.C, -2.f, 2.f);
-      const auto b = this->values(a.size(), 1.f, 4.f);
-      const auto w = this->values(size_t(s.C)), bias = this->values(size_t(s.C));
-      std::vector<S> res(a.size()), out(a.size()), got_res = nans<S>(a.size()), got_out = nans<S>(a.size());
-      std::vector<float> mean(size_t(s.N)), rstd(size_t(s.N)), got_mean(mean.size()), got_rstd(rstd.size());
-      mt::cpu::residual_layernorm_fwd<S>(res.data(), out.data(), mean.data(), rstd.data(), a.data(), b.data(),
-                                         w.data(), bias.data(), s.N, s.C);
-      S* r = in_place ? a.data() : got_res.data();
-      run(ln::rows_shape(s.N), ln::residual_layernorm_fwd_kernel<D>, dev_ptr(r), dev_ptr(got_out.data()),
-          got_mean.data(), got_rstd.data(), dev_ptr(a.data()), dev_ptr(b.data()), dev_ptr(w.data()),
-          dev_ptr(bias.data()), s.N, s.C);
-      EXPECT_LE(error(in_place ? a : got_res, res), tol::kExact.of<S>()) << "res";
-      EXPECT_LE(error(got_out, out), tol::kLayerNorm.of<S>()) << "out";
-      EXPECT_LE(error(got_mean, mean), tol::kLayerNormStats.of<S>()) << "mean";
-      EXPECT_LE(error(got_rstd, rstd), tol::kLayerNormStats.of<S>()) << "rstd";
+  for (RowShape s : kForwardShapes) {
+    for (int path = 0; path < 2; path++) {
+      if (path == 1 && !ln::with_chunks_per_lane<D>(s.C, [](auto) {})) continue;
+      for (bool in_place : {false, true}) {  // in place: res written over a, as the residual stream does
+        SCOPED_TRACE(::testing::Message()
+                     << "N=" << s.N << " C=" << s.C << " in_place=" << in_place << " path=" << path);
+        auto a = this->values(size_t(s.N) * s.C, -2.f, 2.f);
+        const auto b = this->values(a.size(), 1.f, 4.f);
+        const auto w = this->values(size_t(s.C)), bias = this->values(size_t(s.C));
+        std::vector<S> res(a.size()), out(a.size()), got_res = nans<S>(a.size()), got_out = nans<S>(a.size());
+        std::vector<float> mean(size_t(s.N)), rstd(size_t(s.N)), got_mean(mean.size()), got_rstd(rstd.size());
+        mt::cpu::residual_layernorm_fwd<S>(res.data(), out.data(), mean.data(), rstd.data(), a.data(), b.data(),
+                                           w.data(), bias.data(), s.N, s.C);
+        D* r = dev_ptr(in_place ? a.data() : got_res.data());
+        run_forward<D>(
+            path, s.N, s.C,
+            [&](LaunchShape l) {
+              run(l, ln::residual_layernorm_fwd_kernel<D>, r, dev_ptr(got_out.data()), got_mean.data(), got_rstd.data(),
+                  dev_ptr(a.data()), dev_ptr(b.data()), dev_ptr(w.data()), dev_ptr(bias.data()), s.N, s.C);
+            },
+            [&](LaunchShape l, auto chunks) {
+              run(l, ln::residual_layernorm_fwd_vec_kernel<D, decltype(chunks)::value>, r, dev_ptr(got_out.data()),
+                  got_mean.data(), got_rstd.data(), dev_ptr(a.data()), dev_ptr(b.data()), dev_ptr(w.data()),
+                  dev_ptr(bias.data()), s.N, s.C);
+            });
+        EXPECT_LE(error(in_place ? a : got_res, res), tol::kExact.of<S>()) << "res";
+        EXPECT_LE(error(got_out, out), tol::kLayerNorm.of<S>()) << "out";
+        EXPECT_LE(error(got_mean, mean), tol::kLayerNormStats.of<S>()) << "mean";
+        EXPECT_LE(error(got_rstd, rstd), tol::kLayerNormStats.of<S>()) << "rstd";
+      }
     }
   }
 }

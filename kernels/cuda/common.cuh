@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "kernels/ops.h"
@@ -55,6 +56,14 @@ inline unsigned grid_for(int64_t n, int block = kBlock) {
 }
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
+
+// True when every pointer is 16-byte aligned (null counts as aligned): what kernels with 16-byte
+// accesses (cp.async, uint4 loads) ask of their tensors.
+inline bool aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
 
 // What a launcher passes in <<<grid, block, smem>>>. Each kernel header computes it in one function
 // that the launcher and the emulator test both call, so the test runs the launcher's shape.

@@ -23,7 +23,6 @@
 // are rounded to 16 bits as the multiplicands of the last products; all sums are fp32.
 #include <cmath>
 #include <cstdint>
-#include <initializer_list>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.cuh"
@@ -63,12 +62,6 @@ void launch_bwd(D* dqkv, const D* dout, const D* qkv, const float* lse, const fl
   prepare_smem(dq_kernel<D, HS>, ls.smem);
   dq_kernel<D, HS><<<ls.grid, ls.block, ls.smem, st>>>(dqkv, dout, qkv, lse, dsum, doc, T, C, NH, scale, scale_log2);
   MT_CUDA_CHECK_LAUNCH();
-}
-
-bool aligned16(std::initializer_list<const void*> ptrs) {
-  for (const void* p : ptrs)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
-  return true;
 }
 
 bool tensor_cores_available() {

@@ -2,7 +2,9 @@
 // storage type S with fp32 statistics.
 //
 // Forward: mean = sum(x)/C, var = sum((x - mean)^2)/C (two passes, no E[x^2] - mean^2 cancellation),
-// rstd = 1/sqrt(var + eps), out = (x - mean) rstd w + b, rounded once to S.
+// rstd = 1/sqrt(var + eps), out = (x - mean) rstd w + b, rounded once to S. Where the pointers are
+// 16-byte aligned and C a multiple of 16 bytes' worth of values (up to 2048 in 16-bit storage), each
+// lane holds its part of the row in registers, read with 16-byte loads (layernorm_fwd_vec_kernel).
 // The fused residual form first stores res = a + b (rounded to S) and normalises that stored value,
 // so it gives exactly what add followed by layernorm_fwd gives.
 // Backward with n = (x - mean) rstd and g = dout w:
@@ -35,9 +37,19 @@ void layernorm_fwd(S* out, float* mean, float* rstd, const S* inp, const S* weig
                    const ops::Ctx& ctx) {
   if (N == 0) return;
   MT_CHECK(C > 0, "layernorm_fwd: C must be positive (got %d)", C);
+  using D = dev_t<S>;
   const LaunchShape l = rows_shape(N);
-  layernorm_fwd_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(
-      dev_ptr(out), mean, rstd, dev_ptr(inp), dev_ptr(weight), dev_ptr(bias), N, C);
+  cudaStream_t stream = stream_of(ctx);
+  if (aligned16({out, inp, weight, bias}) &&
+      with_chunks_per_lane<D>(C, [&](auto chunks) {
+        layernorm_fwd_vec_kernel<D, decltype(chunks)::value><<<l.grid, l.block, l.smem, stream>>>(
+            dev_ptr(out), mean, rstd, dev_ptr(inp), dev_ptr(weight), dev_ptr(bias), N, C);
+      })) {
+    MT_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  layernorm_fwd_kernel<<<l.grid, l.block, l.smem, stream>>>(dev_ptr(out), mean, rstd, dev_ptr(inp), dev_ptr(weight),
+                                                            dev_ptr(bias), N, C);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -46,8 +58,18 @@ void residual_layernorm_fwd(S* res, S* out, float* mean, float* rstd, const S* a
                             const S* bias, int N, int C, const ops::Ctx& ctx) {
   if (N == 0) return;
   MT_CHECK(C > 0, "residual_layernorm_fwd: C must be positive (got %d)", C);
+  using D = dev_t<S>;
   const LaunchShape l = rows_shape(N);
-  residual_layernorm_fwd_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(
+  cudaStream_t stream = stream_of(ctx);
+  if (aligned16({res, out, a, b, weight, bias}) &&
+      with_chunks_per_lane<D>(C, [&](auto chunks) {
+        residual_layernorm_fwd_vec_kernel<D, decltype(chunks)::value><<<l.grid, l.block, l.smem, stream>>>(
+            dev_ptr(res), dev_ptr(out), mean, rstd, dev_ptr(a), dev_ptr(b), dev_ptr(weight), dev_ptr(bias), N, C);
+      })) {
+    MT_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  residual_layernorm_fwd_kernel<<<l.grid, l.block, l.smem, stream>>>(
       dev_ptr(res), dev_ptr(out), mean, rstd, dev_ptr(a), dev_ptr(b), dev_ptr(weight), dev_ptr(bias), N, C);
   MT_CUDA_CHECK_LAUNCH();
 }

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/column_sum_kernels.cuh"
@@ -59,6 +60,132 @@ __global__ void residual_layernorm_fwd_kernel(D* res, D* out, float* mean, float
   const int64_t off = int64_t(row) * C;
   for (int c = lane; c < C; c += kWarp) res[off + c] = store_as<D>(load(a[off + c]) + load(b[off + c]));
   normalize_row(out + off, mean, rstd, res + off, weight, bias, row, C, lane);
+}
+
+// ---- the forward with 16-byte accesses ----
+// Where every row, weight and bias is 16-byte aligned and C is a multiple of kVec<D> = 16 / sizeof(D),
+// lane l holds the row's chunks l, l + 32, ... of kVec<D> values in registers (kChunks of them at
+// most): one 16-byte load per chunk and the row read from memory once, against three scalar passes.
+template <class D>
+constexpr int kVec = int(16 / sizeof(D));
+constexpr int kMaxChunksPerLane = 8;
+
+// One 16-byte access per chunk; the values move between the uint4 and the D array by memcpy (register
+// moves on the device, and no aliasing of one type as another).
+template <class D>
+__device__ inline void load_chunk(float (&v)[kVec<D>], const D* p) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  D e[kVec<D>];
+  memcpy(static_cast<void*>(e), &raw, sizeof(raw));
+#pragma unroll
+  for (int i = 0; i < kVec<D>; i++) v[i] = load(e[i]);
+}
+
+template <class D>
+__device__ inline void store_chunk(D* p, const float (&v)[kVec<D>]) {
+  D e[kVec<D>];
+#pragma unroll
+  for (int i = 0; i < kVec<D>; i++) e[i] = store_as<D>(v[i]);
+  uint4 raw;
+  memcpy(&raw, e, sizeof(raw));
+  *reinterpret_cast<uint4*>(p) = raw;
+}
+
+// Normalises the row held in v (chunk j of lane l is the row's chunk l + 32 j; chunks past the row are
+// not used) and writes out, mean and rstd, as normalize_row does.
+template <class D, int kChunks>
+__device__ void normalize_chunks(D* y, float* mean, float* rstd, const float (&v)[kChunks][kVec<D>], const D* weight,
+                                 const D* bias, int row, int C, int lane) {
+  const int nchunks = C / kVec<D>;
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < kChunks; j++)
+    if (lane + j * kWarp < nchunks)
+#pragma unroll
+      for (int i = 0; i < kVec<D>; i++) s += v[j][i];
+  const float m = warp_reduce(s, SumOp{}) / float(C);
+  float var = 0.f;
+#pragma unroll
+  for (int j = 0; j < kChunks; j++)
+    if (lane + j * kWarp < nchunks)
+#pragma unroll
+      for (int i = 0; i < kVec<D>; i++) var += (v[j][i] - m) * (v[j][i] - m);
+  const float r = 1.f / sqrtf(warp_reduce(var, SumOp{}) / float(C) + kEps);
+#pragma unroll
+  for (int j = 0; j < kChunks; j++) {
+    const int q = lane + j * kWarp;
+    if (q >= nchunks) continue;
+    float w[kVec<D>], b[kVec<D>], o[kVec<D>];
+    load_chunk(w, weight + q * kVec<D>);
+    if (bias) load_chunk(b, bias + q * kVec<D>);
+#pragma unroll
+    for (int i = 0; i < kVec<D>; i++) o[i] = (v[j][i] - m) * r * w[i] + (bias ? b[i] : 0.f);
+    store_chunk(y + q * kVec<D>, o);
+  }
+  if (lane == 0) {
+    if (mean) mean[row] = m;
+    if (rstd) rstd[row] = r;
+  }
+}
+
+template <class D, int kChunks>
+__global__ void layernorm_fwd_vec_kernel(D* out, float* mean, float* rstd, const D* inp, const D* weight,
+                                         const D* bias, int N, int C) {
+  const int row = int(blockIdx.x) * kRowsPerBlock + int(threadIdx.x) / kWarp;
+  const int lane = int(threadIdx.x) % kWarp;
+  if (row >= N) return;
+  const int64_t off = int64_t(row) * C;
+  const int nchunks = C / kVec<D>;
+  float v[kChunks][kVec<D>];
+#pragma unroll
+  for (int j = 0; j < kChunks; j++)
+    if (lane + j * kWarp < nchunks) load_chunk(v[j], inp + off + (lane + j * kWarp) * kVec<D>);
+  normalize_chunks<D, kChunks>(out + off, mean, rstd, v, weight, bias, row, C, lane);
+}
+
+// res = a + b, rounded to D and stored, then normalised from those rounded values (as
+// residual_layernorm_fwd_kernel). res may alias a or b: each lane reads and writes its own chunks only.
+template <class D, int kChunks>
+__global__ void residual_layernorm_fwd_vec_kernel(D* res, D* out, float* mean, float* rstd, const D* a, const D* b,
+                                                  const D* weight, const D* bias, int N, int C) {
+  const int row = int(blockIdx.x) * kRowsPerBlock + int(threadIdx.x) / kWarp;
+  const int lane = int(threadIdx.x) % kWarp;
+  if (row >= N) return;
+  const int64_t off = int64_t(row) * C;
+  const int nchunks = C / kVec<D>;
+  float v[kChunks][kVec<D>];
+#pragma unroll
+  for (int j = 0; j < kChunks; j++) {
+    const int q = lane + j * kWarp;
+    if (q >= nchunks) continue;
+    float va[kVec<D>], vb[kVec<D>];
+    load_chunk(va, a + off + q * kVec<D>);
+    load_chunk(vb, b + off + q * kVec<D>);
+#pragma unroll
+    for (int i = 0; i < kVec<D>; i++) v[j][i] = load(store_as<D>(va[i] + vb[i]));  // the value res holds
+    store_chunk(res + off + q * kVec<D>, v[j]);
+  }
+  normalize_chunks<D, kChunks>(out + off, mean, rstd, v, weight, bias, row, C, lane);
+}
+
+// Calls f(std::integral_constant<int, K>{}) with the smallest K (chunks per lane) that covers C and
+// returns true; false when the 16-byte forward does not take C (not a multiple of kVec<D>, or above
+// 32 x kMaxChunksPerLane chunks).
+template <class D, class F>
+bool with_chunks_per_lane(int C, F&& f) {
+  if (C <= 0 || C % kVec<D> != 0) return false;
+  const int per_lane = int(ceil_div(C / kVec<D>, kWarp));
+  switch (per_lane) {
+    case 1: return f(std::integral_constant<int, 1>{}), true;
+    case 2: return f(std::integral_constant<int, 2>{}), true;
+    case 3: return f(std::integral_constant<int, 3>{}), true;
+    case 4: return f(std::integral_constant<int, 4>{}), true;
+    case 5: return f(std::integral_constant<int, 5>{}), true;
+    case 6: return f(std::integral_constant<int, 6>{}), true;
+    case 7: return f(std::integral_constant<int, 7>{}), true;
+    case 8: return f(std::integral_constant<int, 8>{}), true;
+    default: return false;
+  }
 }
 
 // dinp of one row (the calling warp's), given the row's mean(g) and mean(g n): the second pass of the

@@ -23,6 +23,8 @@
 // are rounded to 16 bits as the multiplicands of the last products; all sums are fp32.
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.cuh"
@@ -64,7 +66,19 @@ void launch_bwd(D* dqkv, const D* dout, const D* qkv, const float* lse, const fl
   MT_CUDA_CHECK_LAUNCH();
 }
 
+// MT_FLASH_SIMT=1 (any value but empty or 0) sends every call to the SIMT kernels: a way around the
+// tensor-core kernels, without a rebuild, on a device where `minitrain selftest` finds them wrong. Read
+// once per process.
+bool disabled_by_environment() {
+  static const bool disabled = [] {
+    const char* v = std::getenv("MT_FLASH_SIMT");
+    return v != nullptr && *v != '\0' && std::string(v) != "0";
+  }();
+  return disabled;
+}
+
 bool tensor_cores_available() {
+  if (disabled_by_environment()) return false;
   int dev = 0, major = 0;
   MT_CUDA_CHECK(cudaGetDevice(&dev));
   MT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));

@@ -253,6 +253,30 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+// The start of a backward kernel's pipeline. The block's own two tiles (rows t0 .. t0+63 of src_a and
+// src_b) go to buffer 0 of `tiles` and the first streamed tile to buffer 1 (issue(0)), each as one
+// cp.async group; once the own tiles land, every warp reads its 16 rows of them into the A fragments
+// fa and fb, and a barrier frees buffer 0 for the streamed tile 1.
+template <int HS, class D, class Issue>
+__device__ inline void start_backward(uint32_t (&fa)[HS / 16][4], uint32_t (&fb)[HS / 16][4], D* tiles,
+                                      const D* src_a, int64_t ld_a, const D* src_b, int64_t ld_b, int t0, int T,
+                                      int r0, Lane ln, Issue& issue) {
+  constexpr int LD = kLd<HS>, kElems = kTile * LD;
+  copy_rows_async<HS>(tiles, src_a, ld_a, t0, T);
+  copy_rows_async<HS>(tiles + kElems, src_b, ld_b, t0, T);
+  async_copy::commit();
+  issue(0);
+  async_copy::commit();
+  async_copy::wait<1>();  // the own tiles have landed
+  __syncthreads();
+#pragma unroll
+  for (int kk = 0; kk < HS / 16; kk++) {
+    mma::load_a(fa[kk], tiles, LD, r0, kk * 16, ln);
+    mma::load_a(fb[kk], tiles + kElems, LD, r0, kk * 16, ln);
+  }
+  __syncthreads();  // every warp has its fragments: buffer 0 is free
+}
+
 // dK, dV of the 64 keys of one block, looping over the query tiles from its diagonal on.
 template <class D, int HS>
 __global__ void __launch_bounds__(kThreads)
@@ -290,20 +314,8 @@ __global__ void __launch_bounds__(kThreads)
   };
 
   // cp.async groups: K and V, then one per query tile; tile j + 1 is in flight while j is worked on.
-  copy_rows_async<HS>(tiles, head + C, ld, k0, T);
-  copy_rows_async<HS>(tiles + kElems, head + 2 * C, ld, k0, T);
-  async_copy::commit();
-  issue(0);
-  async_copy::commit();
-  async_copy::wait<1>();  // K and V have landed
-  __syncthreads();
   uint32_t kf[KS][4], vf[KS][4];
-#pragma unroll
-  for (int kk = 0; kk < KS; kk++) {
-    mma::load_a(kf[kk], tiles, LD, r0, kk * 16, ln);
-    mma::load_a(vf[kk], tiles + kElems, LD, r0, kk * 16, ln);
-  }
-  __syncthreads();  // every warp has its K, V fragments: buffer 0 is free
+  start_backward<HS>(kf, vf, tiles, head + C, ld, head + 2 * C, ld, k0, T, r0, ln, issue);
   const int key[2] = {k0 + r0 + ln.g, k0 + r0 + ln.g + 8};
   int kd[2];
 #pragma unroll
@@ -384,20 +396,8 @@ __global__ void __launch_bounds__(kThreads)
   };
 
   // cp.async groups: Q and dO, then one per key tile; tile i + 1 is in flight while i is worked on.
-  copy_rows_async<HS>(tiles, head, ld, q0, T);
-  copy_rows_async<HS>(tiles + kElems, dout + int64_t(b) * T * C + int64_t(h) * HS, C, q0, T);
-  async_copy::commit();
-  issue(0);
-  async_copy::commit();
-  async_copy::wait<1>();  // Q and dO have landed
-  __syncthreads();
   uint32_t qf[KS][4], of[KS][4];
-#pragma unroll
-  for (int kk = 0; kk < KS; kk++) {
-    mma::load_a(qf[kk], tiles, LD, r0, kk * 16, ln);
-    mma::load_a(of[kk], tiles + kElems, LD, r0, kk * 16, ln);
-  }
-  __syncthreads();  // every warp has its Q, dO fragments: buffer 0 is free
+  start_backward<HS>(qf, of, tiles, head, ld, dout + int64_t(b) * T * C + int64_t(h) * HS, C, q0, T, r0, ln, issue);
   const int row[2] = {q0 + r0 + ln.g, q0 + r0 + ln.g + 8};
   int rdoc[2];
   float rlse[2], rdsum[2], dq[NT][4] = {};

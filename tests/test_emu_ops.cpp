@@ -151,8 +151,9 @@ TYPED_TEST(EmulatedOps, LayerNormForwardMatchesTheCpu) {
                   dev_ptr(inp.data()), dev_ptr(w.data()), bp, s.N, s.C);
             },
             [&](LaunchShape l, auto chunks) {
-              run(l, ln::layernorm_fwd_vec_kernel<D, decltype(chunks)::value>, dev_ptr(got.data()), got_mean.data(),
-                  got_rstd.data(), dev_ptr(inp.data()), dev_ptr(w.data()), bp, s.N, s.C);
+              run(l, ln::layernorm_fwd_vec_kernel<D, decltype(chunks)::value>, static_cast<D*>(nullptr),
+                  dev_ptr(got.data()), got_mean.data(), got_rstd.data(), dev_ptr(inp.data()),
+                  static_cast<const D*>(nullptr), dev_ptr(w.data()), bp, s.N, s.C);
             });
         EXPECT_LE(error(got, out), tol::kLayerNorm.of<S>()) << "out";
         EXPECT_LE(error(got_mean, mean), tol::kLayerNormStats.of<S>()) << "mean";
@@ -186,7 +187,7 @@ TYPED_TEST(EmulatedOps, ResidualLayerNormStoresTheSumAndNormalisesIt) {
                   dev_ptr(a.data()), dev_ptr(b.data()), dev_ptr(w.data()), dev_ptr(bias.data()), s.N, s.C);
             },
             [&](LaunchShape l, auto chunks) {
-              run(l, ln::residual_layernorm_fwd_vec_kernel<D, decltype(chunks)::value>, r, dev_ptr(got_out.data()),
+              run(l, ln::layernorm_fwd_vec_kernel<D, decltype(chunks)::value>, r, dev_ptr(got_out.data()),
                   got_mean.data(), got_rstd.data(), dev_ptr(a.data()), dev_ptr(b.data()), dev_ptr(w.data()),
                   dev_ptr(bias.data()), s.N, s.C);
             });

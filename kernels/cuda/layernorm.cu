@@ -43,7 +43,7 @@ void layernorm_fwd(S* out, float* mean, float* rstd, const S* inp, const S* weig
   if (aligned16({out, inp, weight, bias}) &&
       with_chunks_per_lane<D>(C, [&](auto chunks) {
         layernorm_fwd_vec_kernel<D, decltype(chunks)::value><<<l.grid, l.block, l.smem, stream>>>(
-            dev_ptr(out), mean, rstd, dev_ptr(inp), dev_ptr(weight), dev_ptr(bias), N, C);
+            nullptr, dev_ptr(out), mean, rstd, dev_ptr(inp), nullptr, dev_ptr(weight), dev_ptr(bias), N, C);
       })) {
     MT_CUDA_CHECK_LAUNCH();
     return;
@@ -63,7 +63,7 @@ void residual_layernorm_fwd(S* res, S* out, float* mean, float* rstd, const S* a
   cudaStream_t stream = stream_of(ctx);
   if (aligned16({res, out, a, b, weight, bias}) &&
       with_chunks_per_lane<D>(C, [&](auto chunks) {
-        residual_layernorm_fwd_vec_kernel<D, decltype(chunks)::value><<<l.grid, l.block, l.smem, stream>>>(
+        layernorm_fwd_vec_kernel<D, decltype(chunks)::value><<<l.grid, l.block, l.smem, stream>>>(
             dev_ptr(res), dev_ptr(out), mean, rstd, dev_ptr(a), dev_ptr(b), dev_ptr(weight), dev_ptr(bias), N, C);
       })) {
     MT_CUDA_CHECK_LAUNCH();

@@ -128,26 +128,12 @@ __device__ void normalize_chunks(D* y, float* mean, float* rstd, const float (&v
   }
 }
 
+// The LayerNorm of x = a (b null), or of x = a + b rounded to D and stored to res (the residual form,
+// normalised from the rounded values it stores, as residual_layernorm_fwd_kernel). res may alias a or
+// b: each lane reads and writes its own chunks only.
 template <class D, int kChunks>
-__global__ void layernorm_fwd_vec_kernel(D* out, float* mean, float* rstd, const D* inp, const D* weight,
-                                         const D* bias, int N, int C) {
-  const int row = int(blockIdx.x) * kRowsPerBlock + int(threadIdx.x) / kWarp;
-  const int lane = int(threadIdx.x) % kWarp;
-  if (row >= N) return;
-  const int64_t off = int64_t(row) * C;
-  const int nchunks = C / kVec<D>;
-  float v[kChunks][kVec<D>];
-#pragma unroll
-  for (int j = 0; j < kChunks; j++)
-    if (lane + j * kWarp < nchunks) load_chunk(v[j], inp + off + (lane + j * kWarp) * kVec<D>);
-  normalize_chunks<D, kChunks>(out + off, mean, rstd, v, weight, bias, row, C, lane);
-}
-
-// res = a + b, rounded to D and stored, then normalised from those rounded values (as
-// residual_layernorm_fwd_kernel). res may alias a or b: each lane reads and writes its own chunks only.
-template <class D, int kChunks>
-__global__ void residual_layernorm_fwd_vec_kernel(D* res, D* out, float* mean, float* rstd, const D* a, const D* b,
-                                                  const D* weight, const D* bias, int N, int C) {
+__global__ void layernorm_fwd_vec_kernel(D* res, D* out, float* mean, float* rstd, const D* a, const D* b,
+                                         const D* weight, const D* bias, int N, int C) {
   const int row = int(blockIdx.x) * kRowsPerBlock + int(threadIdx.x) / kWarp;
   const int lane = int(threadIdx.x) % kWarp;
   if (row >= N) return;
@@ -158,11 +144,12 @@ __global__ void residual_layernorm_fwd_vec_kernel(D* res, D* out, float* mean, f
   for (int j = 0; j < kChunks; j++) {
     const int q = lane + j * kWarp;
     if (q >= nchunks) continue;
-    float va[kVec<D>], vb[kVec<D>];
-    load_chunk(va, a + off + q * kVec<D>);
+    load_chunk(v[j], a + off + q * kVec<D>);
+    if (!b) continue;
+    float vb[kVec<D>];
     load_chunk(vb, b + off + q * kVec<D>);
 #pragma unroll
-    for (int i = 0; i < kVec<D>; i++) v[j][i] = load(store_as<D>(va[i] + vb[i]));  // the value res holds
+    for (int i = 0; i < kVec<D>; i++) v[j][i] = load(store_as<D>(v[j][i] + vb[i]));  // the value res holds
     store_chunk(res + off + q * kVec<D>, v[j]);
   }
   normalize_chunks<D, kChunks>(out + off, mean, rstd, v, weight, bias, row, C, lane);

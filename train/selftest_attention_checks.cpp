@@ -24,10 +24,12 @@ struct AttnShape { int B, T, C, NH; bool docs, big; };
 const AttnShape kAttnShapes[] = {{2, 7, 12, 3, false, false}, {3, 33, 40, 5, true, false},
                                  {1, 1024, 768, 12, false, true}};
 // The flash kernels' tiles are 64 rows: T = 70 and 130 end in a partial tile, hs = 128 is their limit.
-// In bf16/fp16 hs = 64 runs the tensor-core kernels (flash_attention_mma.cu), hs = 128 their forward.
+// In bf16/fp16 hs = 32 and 64 run the tensor-core kernels (flash_attention_mma.cu), hs = 128 their
+// forward; at hs = 32 the forward's blocks are 128 rows (two row tiles per warp), so T = 200 gives a
+// whole block and a partial one.
 const AttnShape kFlashShapes[] = {{2, 7, 12, 3, false, false},  {3, 70, 40, 5, true, false},
                                   {3, 130, 128, 2, true, false}, {2, 130, 256, 2, true, false},
-                                  {1, 1024, 768, 12, false, true}};
+                                  {2, 200, 64, 2, false, false}, {1, 1024, 768, 12, false, true}};
 
 std::string label(const AttnShape& s) {
   return strfmt("B=%d T=%d C=%d NH=%d%s", s.B, s.T, s.C, s.NH, s.docs ? " docs" : "");

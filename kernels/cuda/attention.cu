@@ -25,29 +25,12 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/storage.cuh"
+#include "kernels/cuda/stream_temp.cuh"
 
 namespace mt::cuda {
 namespace {
 
 using namespace attention_kernels;
-
-// An fp32 device temporary on the op's stream, freed on scope exit (also when a check throws).
-class StreamTemp {
- public:
-  StreamTemp(size_t floats, cudaStream_t stream) : stream_(stream) {
-    if (floats) MT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&p_), floats * sizeof(float), stream));
-  }
-  StreamTemp(const StreamTemp&) = delete;
-  StreamTemp& operator=(const StreamTemp&) = delete;
-  ~StreamTemp() {
-    if (p_) (void)cudaFreeAsync(p_, stream_);
-  }
-  float* get() const { return p_; }
-
- private:
-  float* p_ = nullptr;
-  cudaStream_t stream_;
-};
 
 }  // namespace
 
@@ -59,7 +42,7 @@ void attention_fwd(S* out, S* att, const S* qkv, const int32_t* doc, int B, int 
   constexpr bool kF32 = std::is_same_v<S, float>;
   const Dims s{B, T, C, NH, C / NH};
   cudaStream_t stream = stream_of(ctx);
-  StreamTemp temp(kF32 ? 0 : size_t(B) * NH * s.tt(), stream);
+  StreamTemp<float> temp(kF32 ? 0 : size_t(B) * NH * s.tt(), stream);
   float* scores = kF32 ? reinterpret_cast<float*>(att) : temp.get();
   for (int b = 0; b < B; b++) gemm(scores_gemm(s, scores, qkv, b), ctx);
   const int64_t rows = int64_t(B) * NH * T;
@@ -81,7 +64,7 @@ void attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S
   const int64_t nqkv = int64_t(B) * T * 3 * C;
 
   // fp32 views of qkv (read) and of dQ, dK (written): the tensors themselves for float storage.
-  StreamTemp qkv_temp(kF32 ? 0 : size_t(nqkv), stream), dqk_temp(kF32 ? 0 : size_t(nqkv), stream);
+  StreamTemp<float> qkv_temp(kF32 ? 0 : size_t(nqkv), stream), dqk_temp(kF32 ? 0 : size_t(nqkv), stream);
   const float* qkv32 = kF32 ? reinterpret_cast<const float*>(qkv) : qkv_temp.get();
   float* dqk32 = kF32 ? reinterpret_cast<float*>(dqkv) : dqk_temp.get();
   if constexpr (!kF32) cuda::convert<float, S>(qkv_temp.get(), qkv, nqkv, ctx);

@@ -6,29 +6,23 @@
 #include "kernels/cuda/column_sum_kernels.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/stream_temp.cuh"
 
 namespace mt::cuda {
 
-// outs[k][c] += sum over the R rows of term's k-th value at (r, c). The partials live in a stream-ordered
-// scratch buffer (splits x C floats per sum), freed after pass 2 on the same stream.
+// outs[k][c] += sum over the R rows of term's k-th value at (r, c). The partials (splits x C floats per
+// sum) live in a stream-ordered temporary.
 template <int K, class Term>
 void column_sums(column_sum_kernels::ColumnOutputs<K> outs, Term term, int R, int C, cudaStream_t stream) {
   namespace csk = column_sum_kernels;
   if (R <= 0 || C <= 0) return;
   const csk::ColumnSplit s = csk::column_split(R, C);
-  float* partial = nullptr;
-  MT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial), csk::partial_floats(s, K) * sizeof(float), stream));
-  try {
-    const LaunchShape p = csk::partials_shape(s), f = csk::finish_shape(s);
-    csk::column_partials_kernel<K, Term><<<p.grid, p.block, p.smem, stream>>>(partial, term, s);
-    MT_CUDA_CHECK_LAUNCH();
-    csk::column_finish_kernel<K><<<f.grid, f.block, f.smem, stream>>>(outs, partial, s);
-    MT_CUDA_CHECK_LAUNCH();
-  } catch (...) {
-    (void)cudaFreeAsync(partial, stream);
-    throw;
-  }
-  MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
+  const StreamTemp<float> partial(csk::partial_floats(s, K), stream);
+  const LaunchShape p = csk::partials_shape(s), f = csk::finish_shape(s);
+  csk::column_partials_kernel<K, Term><<<p.grid, p.block, p.smem, stream>>>(partial.get(), term, s);
+  MT_CUDA_CHECK_LAUNCH();
+  csk::column_finish_kernel<K><<<f.grid, f.block, f.smem, stream>>>(outs, partial.get(), s);
+  MT_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace mt::cuda

@@ -18,6 +18,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/encoder_kernels.cuh"
 #include "kernels/cuda/storage.cuh"
+#include "kernels/cuda/stream_temp.cuh"
 
 namespace mt::cuda {
 
@@ -37,34 +38,23 @@ void encoder_fwd(S* out, const int32_t* tokens, const int32_t* pos, const S* wte
 namespace {
 
 // dst[key(r)] += src[r] for every row r, summed per key in row order (see the top of the file). The
-// pairs and CUB's temporary storage are stream-ordered scratch.
+// pairs and CUB's temporary storage are stream-ordered temporaries.
 template <class D>
 void scatter_rows(float* dst, const D* src, const int32_t* keys, int rows, int T, int C, cudaStream_t stream) {
-  struct Scratch {
-    cudaStream_t stream;
-    void* p[5] = {};
-    ~Scratch() {
-      for (void* q : p)
-        if (q) (void)cudaFreeAsync(q, stream);
-    }
-  } s{stream};
-  const size_t pair_bytes = size_t(rows) * 4;
-  for (int i = 0; i < 4; i++) MT_CUDA_CHECK(cudaMallocAsync(&s.p[i], pair_bytes, stream));
-  auto* keys_in = static_cast<uint32_t*>(s.p[0]);
-  auto* keys_out = static_cast<uint32_t*>(s.p[1]);
-  auto* rows_in = static_cast<int32_t*>(s.p[2]);
-  auto* rows_out = static_cast<int32_t*>(s.p[3]);
+  const size_t n = size_t(rows);
+  const StreamTemp<uint32_t> keys_in(n, stream), keys_out(n, stream);
+  const StreamTemp<int32_t> rows_in(n, stream), rows_out(n, stream);
   const LaunchShape lp = pairs_shape(rows);
-  sort_pairs_kernel<<<lp.grid, lp.block, lp.smem, stream>>>(keys_in, rows_in, keys, rows, T);
+  sort_pairs_kernel<<<lp.grid, lp.block, lp.smem, stream>>>(keys_in.get(), rows_in.get(), keys, rows, T);
   MT_CUDA_CHECK_LAUNCH();
   size_t temp_bytes = 0;
-  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, rows_in, rows_out, rows, 0,
-                                                32, stream));
-  MT_CUDA_CHECK(cudaMallocAsync(&s.p[4], temp_bytes, stream));
-  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s.p[4], temp_bytes, keys_in, keys_out, rows_in, rows_out, rows, 0, 32,
-                                                stream));
+  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in.get(), keys_out.get(), rows_in.get(),
+                                                rows_out.get(), rows, 0, 32, stream));
+  const StreamTemp<char> temp(temp_bytes, stream);
+  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys_in.get(), keys_out.get(), rows_in.get(),
+                                                rows_out.get(), rows, 0, 32, stream));
   const LaunchShape lr = runs_shape(rows, C);
-  sum_runs_kernel<<<lr.grid, lr.block, lr.smem, stream>>>(dst, src, keys_out, rows_out, rows, C);
+  sum_runs_kernel<<<lr.grid, lr.block, lr.smem, stream>>>(dst, src, keys_out.get(), rows_out.get(), rows, C);
   MT_CUDA_CHECK_LAUNCH();
 }
 

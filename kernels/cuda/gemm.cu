@@ -21,6 +21,7 @@
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/gemm_kernels.cuh"
 #include "kernels/cuda/storage.cuh"
+#include "kernels/cuda/stream_temp.cuh"
 
 namespace mt::cuda {
 namespace {
@@ -144,12 +145,9 @@ bool lt_matmul(const Gemm& g, const Target& t, cublasLtEpilogue_t epi, cudaStrea
   if (found == 0) return false;
 
   // Stream-ordered workspace: safe when several streams run GEMMs at once, and the pool makes it cheap.
-  void* workspace = nullptr;
-  if (algo.workspaceSize > 0) MT_CUDA_CHECK(cudaMallocAsync(&workspace, algo.workspaceSize, stream));
-  const cublasStatus_t run = cublasLtMatmul(lt_handle(), call.op, &g.alpha, g.a, call.a, g.b, call.b, &t.beta, t.d,
-                                            call.d, t.d, call.d, &algo.algo, workspace, algo.workspaceSize, stream);
-  if (workspace) MT_CUDA_CHECK(cudaFreeAsync(workspace, stream));
-  MT_CUBLAS_CHECK(run);
+  const StreamTemp<char> workspace(algo.workspaceSize, stream);
+  MT_CUBLAS_CHECK(cublasLtMatmul(lt_handle(), call.op, &g.alpha, g.a, call.a, g.b, call.b, &t.beta, t.d, call.d, t.d,
+                                 call.d, &algo.algo, workspace.get(), algo.workspaceSize, stream));
   return true;
 }
 
@@ -227,22 +225,14 @@ void gemm(const Gemm& g, const ops::Ctx& ctx) {
   if (aux_ld_ok && lt_matmul(g, direct, fused_epilogue(g), stream)) return;
 
   // Fallback: the product in an fp32 temporary, then the epilogue kernel.
-  float* x = nullptr;
-  const size_t bytes = size_t(g.m) * size_t(g.n) * sizeof(float);
-  MT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&x), bytes, stream));
-  const Target temp{x, DType::f32, g.m, 0, 0.f};
-  try {
-    if (!lt_matmul(g, temp, CUBLASLT_EPILOGUE_DEFAULT, stream)) simple_gemm(g, temp, stream);
-    switch (g.d_type) {
-      case DType::bf16: launch_epilogue<__nv_bfloat16>(g, x, stream); break;
-      case DType::f16: launch_epilogue<__half>(g, x, stream); break;
-      default: launch_epilogue<float>(g, x, stream); break;
-    }
-  } catch (...) {
-    (void)cudaFreeAsync(x, stream);
-    throw;
+  const StreamTemp<float> x(size_t(g.m) * size_t(g.n), stream);
+  const Target temp{x.get(), DType::f32, g.m, 0, 0.f};
+  if (!lt_matmul(g, temp, CUBLASLT_EPILOGUE_DEFAULT, stream)) simple_gemm(g, temp, stream);
+  switch (g.d_type) {
+    case DType::bf16: launch_epilogue<__nv_bfloat16>(g, x.get(), stream); break;
+    case DType::f16: launch_epilogue<__half>(g, x.get(), stream); break;
+    default: launch_epilogue<float>(g, x.get(), stream); break;
   }
-  MT_CUDA_CHECK(cudaFreeAsync(x, stream));
 }
 
 }  // namespace mt::cuda

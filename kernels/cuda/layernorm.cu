@@ -86,25 +86,17 @@ void layernorm_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S
   if (params && dinp && C <= kFusedMaxC) {
     // One pass for dinp and the parameter terms, then the blocks' partials added in order.
     const column_sum_kernels::ColumnSplit split = fused_split(N, C);
-    float* partial = nullptr;
-    MT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partial),
-                                  column_sum_kernels::partial_floats(split, 2) * sizeof(float), stream));
-    try {
-      with_cols_per_lane(C, [&](auto cols) {
-        const LaunchShape l = fused_shape(N, C);
-        layernorm_bwd_kernel<D, decltype(cols)::value>
-            <<<l.grid, l.block, l.smem, stream>>>(dx, partial, dy, x, w, mean, rstd, N, C, accumulate);
-        MT_CUDA_CHECK_LAUNCH();
-      });
-      const LaunchShape f = column_sum_kernels::finish_shape(split);
-      column_sum_kernels::column_finish_kernel<2>
-          <<<f.grid, f.block, f.smem, stream>>>({{dweight, dbias}}, partial, split);
+    const StreamTemp<float> partial(column_sum_kernels::partial_floats(split, 2), stream);
+    with_cols_per_lane(C, [&](auto cols) {
+      const LaunchShape l = fused_shape(N, C);
+      layernorm_bwd_kernel<D, decltype(cols)::value>
+          <<<l.grid, l.block, l.smem, stream>>>(dx, partial.get(), dy, x, w, mean, rstd, N, C, accumulate);
       MT_CUDA_CHECK_LAUNCH();
-    } catch (...) {
-      (void)cudaFreeAsync(partial, stream);
-      throw;
-    }
-    MT_CUDA_CHECK(cudaFreeAsync(partial, stream));
+    });
+    const LaunchShape f = column_sum_kernels::finish_shape(split);
+    column_sum_kernels::column_finish_kernel<2>
+        <<<f.grid, f.block, f.smem, stream>>>({{dweight, dbias}}, partial.get(), split);
+    MT_CUDA_CHECK_LAUNCH();
     return;
   }
   // Wider rows, or only one of the two wanted: the column sums first (dinp may alias dout), then dinp.

@@ -101,10 +101,13 @@ void layernorm_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S
 
 template <class S>
 void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, const Ctx& ctx,
-                S* pre_gelu) {
-  const double elems = double(N) * IC + double(IC) * OC + double(N) * OC * (pre_gelu ? 2 : 1);
-  MT_DISPATCH_COST(2.0 * N * IC * OC, elems * sizeof(S), cpu::matmul_fwd<S>(out, inp, weight, bias, N, IC, OC, pre_gelu),
-              cuda::matmul_fwd<S>(out, inp, weight, bias, N, IC, OC, ctx, pre_gelu));
+                S* pre_gelu, const S* residual) {
+  MT_CHECK(!(pre_gelu && residual), "matmul_fwd: a residual cannot be added after the GELU epilogue");
+  MT_CHECK(residual == nullptr || residual != out, "matmul_fwd: residual must not alias out");
+  const double elems = double(N) * IC + double(IC) * OC + double(N) * OC * (pre_gelu || residual ? 2 : 1);
+  MT_DISPATCH_COST(2.0 * N * IC * OC, elems * sizeof(S),
+                   cpu::matmul_fwd<S>(out, inp, weight, bias, N, IC, OC, pre_gelu, residual),
+                   cuda::matmul_fwd<S>(out, inp, weight, bias, N, IC, OC, ctx, pre_gelu, residual));
 }
 
 template <class S>
@@ -193,7 +196,7 @@ void convert(D* out, const S* in, int64_t N, const Ctx& ctx) {
                                           int, const Ctx&);                                                      \
   template void layernorm_bwd<S>(S*, float*, float*, const S*, const S*, const S*, const float*, const float*,    \
                                  int, int, bool, const Ctx&);                                                    \
-  template void matmul_fwd<S>(S*, const S*, const S*, const S*, int, int, int, const Ctx&, S*);                   \
+  template void matmul_fwd<S>(S*, const S*, const S*, const S*, int, int, int, const Ctx&, S*, const S*);                   \
   template void matmul_bwd<S>(S*, float*, float*, const S*, const S*, const S*, int, int, int, const Ctx&,        \
                               const S*);                                                                         \
   template void gelu_fwd<S>(S*, const S*, int64_t, const Ctx&);                                                   \

@@ -58,9 +58,11 @@ void layernorm_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S
 // out (N,OC) = inp (N,IC) @ weight (OC,IC)^T + bias (OC); bias may be nullptr.
 // If pre_gelu != nullptr, GELU is fused as an epilogue: pre_gelu = inp @ weight^T + bias (rounded)
 // and out = gelu(that value before rounding), as one GEMM with a GELU_AUX epilogue does.
+// If residual != nullptr (N,OC; not with pre_gelu, not aliasing out), out = inp @ weight^T + bias +
+// residual, rounded once: a residual connection added by the GEMM itself (its C, beta = 1).
 template <class S>
 void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, const Ctx& ctx,
-                S* pre_gelu = nullptr);
+                S* pre_gelu = nullptr, const S* residual = nullptr);
 // dinp = dout @ weight (skipped if dinp == nullptr); dweight += dout^T @ inp; dbias += colsum(dout)
 // (skipped if dbias == nullptr). If pre_gelu != nullptr (the pre-activation of the layer that
 // produced inp), dinp = gelu'(pre_gelu) * (dout @ weight), rounded once: the backward of GELU fused.

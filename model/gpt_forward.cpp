@@ -151,8 +151,9 @@ void Pass<S>::layer_forward(int l, const S* x, S* x_next, LayerActs& a, const in
   ops::residual_layernorm_fwd(p(a.res2), p(a.ln2), a.ln2_mean.f32(), a.ln2_rstd.f32(), x, x_next, w(lp.ln2_w),
                               w(lp.ln2_b), N, C, c_);
   ops::matmul_fwd(p(a.fch_gelu), p(a.ln2), w(lp.fc_w), w(lp.fc_b), N, C, 4 * C, c_, p(a.fch));  // GELU epilogue
-  ops::matmul_fwd(x_next, p(a.fch_gelu), w(lp.fcproj_w), w(lp.fcproj_b), N, 4 * C, C, c_);
-  ops::add(x_next, p(a.res2), x_next, NC_, c_);
+  // x_next = res2 + MLP branch: the residual is the GEMM's C, added before the one rounding.
+  ops::matmul_fwd(x_next, p(a.fch_gelu), w(lp.fcproj_w), w(lp.fcproj_b), N, 4 * C, C, c_,
+                  static_cast<S*>(nullptr), p(a.res2));
 }
 
 // On entry dx holds dL/d(layer output); on exit dL/d(layer input).

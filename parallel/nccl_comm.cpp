@@ -38,6 +38,10 @@ class NcclOp final : public PendingOp {
   bool test() override {
     cudaError_t e = cudaEventQuery(done_);
     if (e == cudaErrorNotReady) {
+      // "Not ready" is no failure, but the runtime may still record it as the thread's last error,
+      // which the next launch check (cudaGetLastError) would then report against an unrelated
+      // kernel: clear it. (Every launch is checked at once, so no real error is pending here.)
+      (void)cudaGetLastError();
       // A peer that died leaves NCCL waiting forever; the async error turns that into an exception.
       ncclResult_t async = ncclSuccess;
       MT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));

@@ -152,27 +152,30 @@ TYPED_TEST(CudaOps, LayerNormBackwardAssignsOrAccumulatesDinpAndAccumulatesParam
   }
 }
 
-TYPED_TEST(CudaOps, MatmulForwardMatchesCpuWithBiasAndGeluEpilogues) {
+TYPED_TEST(CudaOps, MatmulForwardMatchesCpuWithBiasGeluAndResidualEpilogues) {
   using S = TypeParam;
   struct Shape { int N, IC, OC; };
   // OC = 40 and 384 are multiples of 8 (cuBLASLt can fuse the GELU epilogue), 1, 5 and 53 are not.
   for (Shape s : {Shape{1, 1, 1}, Shape{7, 13, 5}, Shape{37, 101, 53}, Shape{19, 64, 40}, Shape{128, 257, 384}}) {
     // offset 1 leaves every device pointer only element-aligned.
     for (int offset : {0, 1}) {
-      for (int variant = 0; variant < 3; variant++) {  // 0: no bias, 1: bias, 2: bias + GELU
-        const bool bias = variant > 0, gelu = variant == 2;
+      // 0: no bias, 1: bias, 2: bias + GELU, 3: bias + residual (the GEMM's C), 4: residual
+      for (int variant = 0; variant < 5; variant++) {
+        const bool bias = variant >= 1 && variant <= 3, gelu = variant == 2, residual = variant >= 3;
         SCOPED_TRACE(testing::Message() << "N=" << s.N << " IC=" << s.IC << " OC=" << s.OC << " offset=" << offset
-                                        << " bias=" << bias << " gelu=" << gelu);
+                                        << " bias=" << bias << " gelu=" << gelu << " residual=" << residual);
         const size_t nout = size_t(s.N) * s.OC;
         auto inp = this->values(size_t(s.N) * s.IC + 1), w = this->values(size_t(s.OC) * s.IC + 1);
-        auto b = this->values(size_t(s.OC) + 1);
+        auto b = this->values(size_t(s.OC) + 1), res = this->values(nout + 1);
         std::vector<S> want(nout), want_pre(nout);
         mt::cpu::matmul_fwd<S>(want.data(), inp.data() + offset, w.data() + offset, bias ? b.data() + offset : nullptr,
-                               s.N, s.IC, s.OC, gelu ? want_pre.data() : nullptr);
-        DeviceArray<S> d_inp(inp), d_w(w), d_b(b), d_out(this->values(nout + 1)), d_pre(this->values(nout + 1));
+                               s.N, s.IC, s.OC, gelu ? want_pre.data() : nullptr,
+                               residual ? res.data() + offset : nullptr);
+        DeviceArray<S> d_inp(inp), d_w(w), d_b(b), d_res(res), d_out(this->values(nout + 1)),
+            d_pre(this->values(nout + 1));
         mt::cuda::matmul_fwd<S>(d_out.get() + offset, d_inp.get() + offset, d_w.get() + offset,
                                 bias ? d_b.get() + offset : nullptr, s.N, s.IC, s.OC, this->gpu,
-                                gelu ? d_pre.get() + offset : nullptr);
+                                gelu ? d_pre.get() + offset : nullptr, residual ? d_res.get() + offset : nullptr);
         auto window = [&](const std::vector<S>& v) {
           return std::vector<S>(v.begin() + offset, v.begin() + offset + long(nout));
         };

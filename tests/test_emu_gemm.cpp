@@ -70,13 +70,14 @@ void simple_gemm(const Gemm& g, void* d, DType d_type, int ldd, int64_t stride_d
 template <class D>
 void epilogue(const Gemm& g, const float* x) {
   run(gk::epilogue_shape(g.m, g.n), gk::epilogue_kernel<D>, static_cast<D*>(g.d), g.ldd, x,
-      static_cast<const D*>(g.bias), static_cast<D*>(g.aux), g.epilogue, g.m, g.n);
+      static_cast<const D*>(g.bias), static_cast<const D*>(g.c ? g.c : g.d), g.beta, static_cast<D*>(g.aux),
+      g.epilogue, g.m, g.n);
 }
 
 // gemm(g) when cuBLASLt has no algorithm: the product straight into D, or, with a bias or GELU
-// epilogue, into an fp32 (m x n) temporary that the epilogue kernel reads.
+// epilogue or a separate C, into an fp32 (m x n) temporary that the epilogue kernel reads.
 void emulated_gemm(const Gemm& g) {
-  if (g.bias == nullptr && g.epilogue == Epilogue::none) {
+  if (g.bias == nullptr && g.epilogue == Epilogue::none && g.c == nullptr) {
     simple_gemm(g, g.d, g.d_type, g.ldd, g.stride_d, g.beta);
     return;
   }
@@ -103,18 +104,21 @@ const LinearShape kLinearShapes[] = {{1, 1, 1}, {7, 13, 5}, {37, 19, 53}, {300, 
 TYPED_TEST(EmulatedGemmOps, MatmulForwardMatchesTheCpu) {
   using S = TypeParam;
   for (LinearShape s : kLinearShapes) {
-    for (int variant = 0; variant < 4; variant++) {  // 0: plain, 1: bias, 2: bias + GELU, 3: GELU
-      const bool bias = variant == 1 || variant == 2, gelu = variant >= 2;
+    // 0: plain, 1: bias, 2: bias + GELU, 3: GELU, 4: bias + residual, 5: residual
+    for (int variant = 0; variant < 6; variant++) {
+      const bool bias = variant == 1 || variant == 2 || variant == 4, gelu = variant == 2 || variant == 3;
+      const bool residual = variant >= 4;
       SCOPED_TRACE(::testing::Message() << "N=" << s.N << " IC=" << s.IC << " OC=" << s.OC << " bias=" << bias
-                                        << " gelu=" << gelu);
+                                        << " gelu=" << gelu << " residual=" << residual);
       const auto inp = this->values(size_t(s.N) * s.IC), w = this->values(size_t(s.OC) * s.IC);
       const auto b = this->values(size_t(s.OC));
       const size_t nout = size_t(s.N) * s.OC;
+      const auto res = this->values(nout);
       std::vector<S> out(nout), pre(nout), got = nans<S>(nout), got_pre = nans<S>(nout);
       mt::cpu::matmul_fwd<S>(out.data(), inp.data(), w.data(), bias ? b.data() : nullptr, s.N, s.IC, s.OC,
-                             gelu ? pre.data() : nullptr);
+                             gelu ? pre.data() : nullptr, residual ? res.data() : nullptr);
       emulated_gemm(mk::fwd_gemm<S>(got.data(), inp.data(), w.data(), bias ? b.data() : nullptr, s.N, s.IC, s.OC,
-                                    gelu ? got_pre.data() : nullptr));
+                                    gelu ? got_pre.data() : nullptr, residual ? res.data() : nullptr));
       EXPECT_LE(error(got, out), (gelu ? tol::kMatmulGelu : tol::kMatmul).of<S>()) << "out";
       if (gelu) {
         EXPECT_LE(error(got_pre, pre), tol::kMatmul.of<S>()) << "pre_gelu";

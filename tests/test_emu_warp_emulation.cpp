@@ -1,8 +1,9 @@
 // The warp emulator itself (kernels/cuda/warp_emulation.h): what the CUDA kernels rely on when the
 // host compiler builds them against it. Thread numbering in 2-D and 3-D blocks, static shared memory
 // as one array per block, the warp exchanges (shuffles of 32- and 64-bit values, ballots), the
-// block-wide vote, ldmatrix against the PTX ISA's description, cp.async groups under both timings, and
-// a barrier that not every thread reaches reported as an error instead of hanging.
+// block-wide vote, ldmatrix against the PTX ISA's description, cp.async groups under both timings, the
+// shared-memory-only addressing of both, and a barrier that not every thread reaches reported as an
+// error instead of hanging.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -122,7 +123,7 @@ TEST(WarpEmulation, LdmatrixDeliversTheFragmentsOfThePtxIsa) {
 // One thread copies two 16-byte rows in two cp.async groups and records what shared memory holds:
 // before any wait, after wait<1> (the first group landed) and after wait<0> (both).
 __global__ void async_copy_kernel(int* seen, const int* src) {
-  MT_DYNAMIC_SHARED(int, dst);  // 8 ints, zeroed at the start of the block
+  MT_DYNAMIC_SHARED(int, dst);  // 8 ints, all bits set (-1) at the start of the block, as the emulator fills it
   namespace ac = mt::cuda::async_copy;
   if (threadIdx.x != 0) return;
   ac::copy16(dst, src, true);
@@ -140,10 +141,38 @@ TEST(WarpEmulation, AsyncCopiesLandAtTheirWaitOrAtOnce) {
   alignas(16) const int src[8] = {11, 12, 13, 14, 21, 22, 23, 24};
   std::vector<int> seen(6);
   launch(dim3(1), dim3(32), 32, async_copy_kernel, seen.data(), src);  // late timing, the default
-  EXPECT_EQ(seen, (std::vector<int>{0, 0, 11, 0, 11, 21}));
+  EXPECT_EQ(seen, (std::vector<int>{-1, -1, 11, -1, 11, 21}));
   const mt::cuda::emu::TimingScope early(mt::cuda::emu::Timing::early);
   launch(dim3(1), dim3(32), 32, async_copy_kernel, seen.data(), src);
   EXPECT_EQ(seen, (std::vector<int>{11, 21, 11, 21, 11, 21}));
+}
+
+// ldmatrix and cp.async address shared memory only, and cp.async wants a 16-byte aligned source even
+// when it reads nothing (zero fill). what: 0 ldmatrix from global memory, 1 cp.async into global
+// memory, 2 a zero-filling cp.async from an unaligned source, 3 both in shared memory (allowed).
+__global__ void shared_only_kernel(int what, const uint16_t* global_src, uint16_t* global_dst) {
+  MT_DYNAMIC_SHARED(uint16_t, tile);  // 32 rows of 8 values
+  uint32_t r[4];
+  const int lane = int(threadIdx.x);
+  switch (what) {
+    case 0: mt::cuda::mma::ldmatrix_x4<false>(r, global_src + 8 * (lane % 8)); break;
+    case 1: mt::cuda::async_copy::copy16(global_dst, global_src, true); break;
+    case 2: mt::cuda::async_copy::copy16(tile + 8 * lane, global_src + 1, false); break;
+    default:
+      mt::cuda::async_copy::copy16(tile + 8 * lane, global_src, false);
+      mt::cuda::mma::ldmatrix_x4<false>(r, tile + 8 * lane);
+  }
+  mt::cuda::async_copy::commit();
+  mt::cuda::async_copy::wait<0>();
+}
+
+TEST(WarpEmulation, SharedMemoryInstructionsRefuseOtherAddresses) {
+  alignas(16) uint16_t src[72] = {}, dst[8] = {};
+  const size_t smem = 32 * 8 * 2;
+  EXPECT_THROW(launch(dim3(1), dim3(32), smem, shared_only_kernel, 0, src, dst), std::logic_error);
+  EXPECT_THROW(launch(dim3(1), dim3(32), smem, shared_only_kernel, 1, src, dst), std::logic_error);
+  EXPECT_THROW(launch(dim3(1), dim3(32), smem, shared_only_kernel, 2, src, dst), std::logic_error);
+  EXPECT_NO_THROW(launch(dim3(1), dim3(32), smem, shared_only_kernel, 3, src, dst));
 }
 
 __global__ void divergent_barrier_kernel(int* out) {

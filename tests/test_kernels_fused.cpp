@@ -2,6 +2,7 @@
 //  - residual_layernorm_fwd == add, then layernorm_fwd (bitwise, every storage type, res in place);
 //  - layernorm_bwd(accumulate) == layernorm_bwd into a temporary, then add onto dinp;
 //  - matmul_fwd with pre_gelu == matmul_fwd, then gelu_fwd;
+//  - matmul_fwd with a residual == matmul_fwd, then add;
 //  - matmul_bwd with pre_gelu == matmul_bwd, then gelu_bwd.
 // For float the fused and unfused results are the same arithmetic in the same order, so they must
 // agree bitwise. For bf16/f16 the fusion removes one intermediate rounding, so they agree "within
@@ -196,6 +197,37 @@ TYPED_TEST(Fused, MatmulForwardGeluEpilogue) {
     std::vector<double> bound(out.size());
     for (size_t i = 0; i < out.size(); i++)
       bound[i] = u * (1.2 * std::fabs(double(acc[i])) + 2.01 * std::fabs(double(g[i]))) + 2 * kF16Tiny;
+    this->expect_within(out, out_u, bound, "out vs unfused");
+  }
+}
+
+TYPED_TEST(Fused, MatmulForwardResidual) {
+  using S = TypeParam;
+  const int N = 67, IC = 45, OC = 131;
+  std::vector<S> x, w, bias, res;
+  auto xa = this->rand(x, sz(N) * IC, -2, 2);
+  auto wa = this->rand(w, sz(OC) * IC, -0.5, 0.5);
+  auto ba = this->rand(bias, sz(OC));
+  auto ra = this->rand(res, sz(N) * OC, -4, 4);
+  std::vector<S> out(sz(N) * OC), prod(sz(N) * OC), out_u(sz(N) * OC);
+  matmul_fwd<S>(out.data(), x.data(), w.data(), bias.data(), N, IC, OC, nullptr, res.data());
+  matmul_fwd<S>(prod.data(), x.data(), w.data(), bias.data(), N, IC, OC);
+  add<S>(out_u.data(), res.data(), prod.data(), int64_t(out.size()));
+  if constexpr (!TestFixture::kNarrow) {
+    expect_bitwise(out, out_u, "out");
+  } else {
+    // Exactly: out = round((acc + bias) + res) with the GEMM + bias unrounded in fp32.
+    std::vector<float> acc(out.size());
+    matmul_fwd<float>(acc.data(), xa.data(), wa.data(), ba.data(), N, IC, OC, nullptr, ra.data());
+    expect_bitwise(out, TestFixture::stored(acc), "out = round(acc + res)");
+    // Unfused: round(res + round(p)) with p = acc - res: the inner rounding moves the sum by u |p|,
+    // the two final roundings add u |acc| each.
+    const double u = unit_roundoff<S>();
+    std::vector<double> bound(out.size());
+    for (size_t i = 0; i < out.size(); i++) {
+      const double p = double(acc[i]) - double(ra[i]);
+      bound[i] = u * (1.01 * std::fabs(p) + 2.01 * std::fabs(double(acc[i]))) + 2 * kF16Tiny;
+    }
     this->expect_within(out, out_u, bound, "out vs unfused");
   }
 }

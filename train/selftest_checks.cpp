@@ -188,28 +188,30 @@ void layernorm_bwd_check(Checker& c) {
 }
 MT_TYPED_CHECK(layernorm_bwd)
 
-struct MatShape { int N, IC, OC; bool flag; int offset; bool gelu, big; };
+struct MatShape { int N, IC, OC; bool flag; int offset; bool gelu, big, residual = false; };
 
 template <class S>
 void matmul_fwd_check(Checker& c) {
   // flag: with bias. offset 1 leaves every device pointer only element-aligned. gelu: the fused GELU
   // epilogue; OC = 37 is not a multiple of 8, which cuBLASLt's aux matrix needs (the unfused path).
+  // residual: added as the GEMM's C (the MLP's output projection, 3072 -> 768 in gpt2).
   for (MatShape s : {MatShape{7, 13, 5, true, 0, false, false}, MatShape{37, 101, 53, false, 1, false, false},
                      MatShape{19, 64, 40, true, 0, true, false}, MatShape{23, 29, 37, true, 1, true, false},
-                     MatShape{1024, 768, 2304, true, 0, false, true}, MatShape{1024, 768, 3072, true, 0, true, true}}) {
+                     MatShape{29, 31, 17, true, 1, false, false, true}, MatShape{1024, 768, 2304, true, 0, false, true},
+                     MatShape{1024, 768, 3072, true, 0, true, true}, MatShape{1024, 3072, 768, true, 0, false, true, true}}) {
     if (!runs_at<S>(s.big)) continue;
-    c.at<S>(strfmt("N=%d IC=%d OC=%d%s%s%s", s.N, s.IC, s.OC, s.flag ? " bias" : "", s.gelu ? " gelu" : "",
-                   s.offset ? " unaligned" : ""));
+    c.at<S>(strfmt("N=%d IC=%d OC=%d%s%s%s%s", s.N, s.IC, s.OC, s.flag ? " bias" : "", s.gelu ? " gelu" : "",
+                   s.residual ? " residual" : "", s.offset ? " unaligned" : ""));
     const int o = s.offset;
     const size_t nout = size_t(s.N) * s.OC;
     auto inp = c.values<S>(size_t(s.N) * s.IC + 1), w = c.values<S>(size_t(s.OC) * s.IC + 1);
-    auto b = c.values<S>(size_t(s.OC) + 1);
+    auto b = c.values<S>(size_t(s.OC) + 1), res = c.values<S>(nout + 1);
     std::vector<S> want(nout), want_pre(nout);
     cpu::matmul_fwd<S>(want.data(), inp.data() + o, w.data() + o, s.flag ? b.data() + o : nullptr, s.N, s.IC, s.OC,
-                       s.gelu ? want_pre.data() : nullptr);
-    DeviceArray<S> d_inp(inp), d_w(w), d_b(b), d_out(c.values<S>(nout + 1)), d_pre(c.values<S>(nout + 1));
+                       s.gelu ? want_pre.data() : nullptr, s.residual ? res.data() + o : nullptr);
+    DeviceArray<S> d_inp(inp), d_w(w), d_b(b), d_res(res), d_out(c.values<S>(nout + 1)), d_pre(c.values<S>(nout + 1));
     ops::matmul_fwd(d_out.get() + o, d_inp.get() + o, d_w.get() + o, s.flag ? d_b.get() + o : nullptr, s.N, s.IC,
-                    s.OC, kGpu, s.gelu ? d_pre.get() + o : nullptr);
+                    s.OC, kGpu, s.gelu ? d_pre.get() + o : nullptr, s.residual ? d_res.get() + o : nullptr);
     auto window = [&](std::vector<S> v) { return std::vector<S>(v.begin() + o, v.begin() + o + long(nout)); };
     c.rel("out", window(d_out.host()), want, (s.gelu ? tol::kMatmulGelu : tol::kMatmul).of<S>());
     if (s.gelu) c.rel("pre_gelu", window(d_pre.host()), want_pre, tol::kMatmul.of<S>());

@@ -25,7 +25,8 @@ template <class S>
 void layernorm_bwd(S* dinp, acc_t<S>* dweight, acc_t<S>* dbias, const S* dout, const S* inp, const S* weight,
                    const acc_t<S>* mean, const acc_t<S>* rstd, int N, int C, bool accumulate = false);
 template <class S>
-void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, S* pre_gelu = nullptr);
+void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, S* pre_gelu = nullptr,
+                const S* residual = nullptr);
 template <class S>
 void matmul_bwd(S* dinp, acc_t<S>* dweight, acc_t<S>* dbias, const S* dout, const S* inp, const S* weight, int N,
                 int IC, int OC, const S* pre_gelu = nullptr);

@@ -5,7 +5,8 @@
 //
 // GELU can be fused at either end, as cuBLASLt epilogues do on the GPU: the forward with pre_gelu
 // writes the GEMM result (+ bias) to pre_gelu and gelu of it to out; the backward with pre_gelu
-// multiplies dout @ W by gelu'(pre_gelu) before storing dinp.
+// multiplies dout @ W by gelu'(pre_gelu) before storing dinp. A residual is added to the forward's
+// result before its one rounding, as the GEMM's C term (beta = 1) does on the GPU.
 //
 // Storage: for float/double the GEMMs run on the caller's buffers. For bf16/f16 the operands are
 // loaded into fp32 scratch, the fp32 GEMM runs on it, bias and GELU are applied to the fp32 result,
@@ -59,6 +60,13 @@ void bias_grad(A* dbias, const A* dout, int N, int OC) {
   }
 }
 
+// out[i] += residual[i] over n values, in parallel.
+template <class A>
+void add_residual(A* out, const A* residual, int64_t n) {
+#pragma omp parallel for schedule(static) if (parallel_worth(n))
+  for (int64_t i = 0; i < n; i++) out[i] += residual[i];
+}
+
 // out (N,OC) = inp @ weight^T + bias in the accumulation type, on A buffers.
 template <class A>
 void linear(A* out, const A* inp, const A* weight, const A* bias, int N, int IC, int OC) {
@@ -74,17 +82,19 @@ void linear(A* out, const A* inp, const A* weight, const A* bias, int N, int IC,
 }  // namespace
 
 template <class S>
-void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, S* pre_gelu) {
+void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, S* pre_gelu,
+                const S* residual) {
   if constexpr (kWide<S>) {
-    // Rounding is the identity here, so the fused epilogue is literally the unfused sequence:
-    // pre_gelu = the GEMM result, out = gelu_fwd(pre_gelu), bitwise.
+    // Rounding is the identity here, so the fused epilogues are literally the unfused sequences:
+    // pre_gelu = the GEMM result, out = gelu_fwd(pre_gelu); out = (product + bias) + residual, bitwise.
     linear<S>(pre_gelu ? pre_gelu : out, inp, weight, bias, N, IC, OC);
     if (pre_gelu) gelu_fwd<S>(out, pre_gelu, int64_t(N) * OC);
+    if (residual) add_residual<S>(out, residual, int64_t(N) * OC);
   } else {
     const std::vector<float> w = load_all(weight, int64_t(OC) * IC);
     const std::vector<float> b = bias ? load_all(bias, OC) : std::vector<float>();
     const int rows = chunk_rows(N, IC, OC);
-    std::vector<float> x(size_t(rows) * IC), acc(size_t(rows) * OC);
+    std::vector<float> x(size_t(rows) * IC), acc(size_t(rows) * OC), res(residual ? acc.size() : 0);
     for (int i0 = 0; i0 < N; i0 += rows) {
       const int n = std::min(rows, N - i0);
       const int64_t in_off = int64_t(i0) * IC, out_off = int64_t(i0) * OC, n_out = int64_t(n) * OC;
@@ -95,6 +105,10 @@ void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int
         // rounded sum for the backward.
         convert<S, float>(pre_gelu + out_off, acc.data(), n_out);
         gelu_fwd<float>(acc.data(), acc.data(), n_out);
+      }
+      if (residual) {  // added in fp32 before the one rounding, as the GEMM's C term
+        convert<float, S>(res.data(), residual + out_off, n_out);
+        add_residual<float>(acc.data(), res.data(), n_out);
       }
       convert<S, float>(out + out_off, acc.data(), n_out);
     }
@@ -138,7 +152,7 @@ void matmul_bwd(S* dinp, acc_t<S>* dweight, acc_t<S>* dbias, const S* dout, cons
 }
 
 #define MT_MATMUL_INSTANTIATE(S)                                                                                 \
-  template void matmul_fwd<S>(S*, const S*, const S*, const S*, int, int, int, S*);                              \
+  template void matmul_fwd<S>(S*, const S*, const S*, const S*, int, int, int, S*, const S*);                    \
   template void matmul_bwd<S>(S*, acc_t<S>*, acc_t<S>*, const S*, const S*, const S*, int, int, int, const S*);
 MT_MATMUL_INSTANTIATE(float)
 MT_MATMUL_INSTANTIATE(double)

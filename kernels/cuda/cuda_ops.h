@@ -31,7 +31,7 @@ void layernorm_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S
                    const float* mean, const float* rstd, int N, int C, bool accumulate, const ops::Ctx& ctx);
 template <class S>
 void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, const ops::Ctx& ctx,
-                S* pre_gelu);
+                S* pre_gelu, const S* residual);
 template <class S>
 void matmul_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight, int N, int IC,
                 int OC, const ops::Ctx& ctx, const S* pre_gelu);

@@ -26,7 +26,20 @@ int device_count() {
 void* device_alloc(size_t bytes) {
   if (bytes == 0) return nullptr;
   void* p = nullptr;
-  MT_CUDA_CHECK(cudaMalloc(&p, bytes));
+  cudaError_t cuda_malloc_status = cudaMalloc(&p, bytes);
+  if (cuda_malloc_status == cudaErrorMemoryAllocation) {
+    // The stream-ordered pool keeps what it frees (set_device sets its release threshold to "never"):
+    // give its unused blocks back to the driver and try once more.
+    (void)cudaGetLastError();
+    int dev = 0;
+    cudaMemPool_t pool;
+    MT_CUDA_CHECK(cudaGetDevice(&dev));
+    MT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+    MT_CUDA_CHECK(cudaDeviceSynchronize());
+    MT_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+    cuda_malloc_status = cudaMalloc(&p, bytes);
+  }
+  MT_CUDA_CHECK(cuda_malloc_status);
   return p;
 }
 

@@ -3,13 +3,15 @@
 //
 // cuBLASLt rules this file relies on (cublasLt.h, cublasLtMatmulDescAttributes_t):
 //  - type combination: compute CUBLAS_COMPUTE_32F, scale CUDA_R_32F, A = B in {32F, 16BF, 16F} and
-//    C = D in {A's type, 32F}. C and D share one layout here (beta reads D's old contents).
+//    C = D in {A's type, 32F}. C and D share one layout descriptor here; C is D itself (beta reads
+//    D's old contents) or, out of place, the caller's separate matrix (Gemm::c, a residual).
 //  - BIAS epilogue: the bias vector has D's type by default (BIAS_DATA_TYPE left unset), length m.
 //  - GELU_AUX(_BIAS) / DGELU: the aux matrix has D's type by default (EPILOGUE_AUX_DATA_TYPE unset);
 //    its leading dimension (EPILOGUE_AUX_LD) must be a multiple of 8 and at least m. The bias and aux
 //    pointers are set before the heuristic, which reads their values to decide alignment.
 //  - operands are assumed 256-byte aligned unless the preference says otherwise, so the true
 //    alignment of every operand (pointer, leading dimension and batch stride) is passed in.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -90,13 +92,15 @@ void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttribute
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
 }
 
-// Where one cuBLASLt call writes: D itself, or the fp32 temporary of the fallback path.
+// Where one cuBLASLt call writes: D itself, or the fp32 temporary of the fallback path. C (read when
+// beta != 0) shares D's type and layout: D itself, or the caller's separate matrix.
 struct Target {
   void* d;
   DType type;
   int ld;
   int64_t stride;
   float beta;
+  const void* c;
 };
 
 // One cublasLtMatmul with the given epilogue. Returns false, having launched nothing, when cuBLASLt has
@@ -127,7 +131,9 @@ bool lt_matmul(const Gemm& g, const Target& t, cublasLtEpilogue_t epi, cudaStrea
   const size_t ab_size = dtype_size(g.ab_type), d_size = dtype_size(t.type);
   const uint32_t al_a = alignment_bytes(g.a, g.lda, g.stride_a, g.batch, ab_size);
   const uint32_t al_b = alignment_bytes(g.b, g.ldb, g.stride_b, g.batch, ab_size);
-  const uint32_t al_d = alignment_bytes(t.d, t.ld, t.stride, g.batch, d_size);
+  // C and D share one layout descriptor, so one alignment that holds for both.
+  const uint32_t al_d = std::min(alignment_bytes(t.d, t.ld, t.stride, g.batch, d_size),
+                                 alignment_bytes(t.c, t.ld, t.stride, g.batch, d_size));
   set_pref(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a);
   set_pref(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b);
   set_pref(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d);
@@ -146,7 +152,7 @@ bool lt_matmul(const Gemm& g, const Target& t, cublasLtEpilogue_t epi, cudaStrea
 
   // Stream-ordered workspace: safe when several streams run GEMMs at once, and the pool makes it cheap.
   const StreamTemp<char> workspace(algo.workspaceSize, stream);
-  MT_CUBLAS_CHECK(cublasLtMatmul(lt_handle(), call.op, &g.alpha, g.a, call.a, g.b, call.b, &t.beta, t.d, call.d, t.d,
+  MT_CUBLAS_CHECK(cublasLtMatmul(lt_handle(), call.op, &g.alpha, g.a, call.a, g.b, call.b, &t.beta, t.c, call.d, t.d,
                                  call.d, &algo.algo, workspace.get(), algo.workspaceSize, stream));
   return true;
 }
@@ -185,8 +191,10 @@ void simple_gemm(const Gemm& g, const Target& t, cudaStream_t stream) {
 template <class D>
 void launch_epilogue(const Gemm& g, const float* x, cudaStream_t stream) {
   const LaunchShape l = epilogue_shape(g.m, g.n);
+  const void* c = g.c ? g.c : g.d;
   epilogue_kernel<D><<<l.grid, l.block, l.smem, stream>>>(static_cast<D*>(g.d), g.ldd, x, static_cast<const D*>(g.bias),
-                                                          static_cast<D*>(g.aux), g.epilogue, g.m, g.n);
+                                                          static_cast<const D*>(c), g.beta, static_cast<D*>(g.aux),
+                                                          g.epilogue, g.m, g.n);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -208,13 +216,15 @@ void gemm(const Gemm& g, const ops::Ctx& ctx) {
            "gemm: operands of type %s are not supported", dtype_name(g.ab_type));
   MT_CHECK(g.d_type == g.ab_type || g.d_type == DType::f32, "gemm: %s operands cannot produce a %s result",
            dtype_name(g.ab_type), dtype_name(g.d_type));
-  const bool fused = g.bias != nullptr || g.epilogue != Epilogue::none;
-  MT_CHECK(!fused || (g.batch == 1 && g.beta == 0.f), "gemm: bias and GELU epilogues need batch == 1 and beta == 0");
+  // A separate C goes the epilogue's way too: its fallback kernel is the one that reads C.
+  const bool fused = g.bias != nullptr || g.epilogue != Epilogue::none || g.c != nullptr;
+  MT_CHECK(!fused || g.batch == 1, "gemm: bias, GELU epilogues and a separate C need batch == 1");
+  MT_CHECK(g.epilogue == Epilogue::none || g.beta == 0.f, "gemm: GELU epilogues need beta == 0");
   MT_CHECK(g.epilogue == Epilogue::none || g.aux != nullptr, "gemm: a GELU epilogue needs its aux matrix");
   if (g.m == 0 || g.n == 0) return;
   MT_CHECK(g.k > 0, "gemm: empty inner dimension (k=0) is not supported");
   cudaStream_t stream = stream_of(ctx);
-  const Target direct{g.d, g.d_type, g.ldd, g.stride_d, g.beta};
+  const Target direct{g.d, g.d_type, g.ldd, g.stride_d, g.beta, g.c ? g.c : g.d};
 
   if (!fused) {
     if (!lt_matmul(g, direct, CUBLASLT_EPILOGUE_DEFAULT, stream)) simple_gemm(g, direct, stream);
@@ -226,7 +236,7 @@ void gemm(const Gemm& g, const ops::Ctx& ctx) {
 
   // Fallback: the product in an fp32 temporary, then the epilogue kernel.
   const StreamTemp<float> x(size_t(g.m) * size_t(g.n), stream);
-  const Target temp{x.get(), DType::f32, g.m, 0, 0.f};
+  const Target temp{x.get(), DType::f32, g.m, 0, 0.f, x.get()};
   if (!lt_matmul(g, temp, CUBLASLT_EPILOGUE_DEFAULT, stream)) simple_gemm(g, temp, stream);
   switch (g.d_type) {
     case DType::bf16: launch_epilogue<__nv_bfloat16>(g, x.get(), stream); break;

@@ -12,6 +12,9 @@
 //   bias     D[:, j] += bias            (bias has D's type, length m; batch == 1)
 //   gelu     aux = x + bias, D = gelu(x + bias), x the product; aux has D's type and layout (ld = ldd)
 //   dgelu    D = gelu'(aux) * x         (aux input: the pre-activation, D's type and layout)
+// With beta != 0 the product is x = alpha op(A) op(B) + beta C, C being D's old contents or, when c is
+// given, a separate matrix of D's type and layout (a residual added in the same pass: cuBLASLt's
+// out-of-place C). The bias epilogue may take beta != 0; gelu and dgelu take beta == 0.
 // When cuBLASLt offers no algorithm with the fused epilogue (shape, alignment, an aux leading
 // dimension that is not a multiple of 8), the product goes to an fp32 temporary and a small kernel
 // applies the same epilogue, rounding once: the results have the same meaning either way.
@@ -41,7 +44,8 @@ struct Gemm {
   int ldd = 0;
   int64_t stride_d = 0;
   float alpha = 1.f, beta = 0.f;
-  const void* bias = nullptr;  // length m, type d_type, added to every column (batch == 1, beta == 0)
+  const void* c = nullptr;  // read when beta != 0 instead of D's old contents; D's type and layout (batch == 1)
+  const void* bias = nullptr;  // length m, type d_type, added to every column (batch == 1)
   Epilogue epilogue = Epilogue::none;
   void* aux = nullptr;  // gelu: written (the pre-activation); dgelu: read. Type d_type, ld = ldd.
 };

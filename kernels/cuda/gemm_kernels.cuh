@@ -41,10 +41,12 @@ __global__ void simple_gemm_kernel(D* d, int ldd, int64_t stride_d, float beta, 
   }
 }
 
-// The unfused epilogue: x (m x n, column-major, ld m, fp32) is the product; writes D (and aux for gelu)
-// with one rounding per stored value, exactly what the fused epilogue means.
+// The unfused epilogue: x (m x n, column-major, ld m, fp32) is the product; adds the bias, then beta C
+// (C may be D itself: each element is read before it is written, by the same thread); writes D (and
+// aux for gelu) with one rounding per stored value, exactly what the fused epilogue means.
 template <class D>
-__global__ void epilogue_kernel(D* d, int ldd, const float* x, const D* bias, D* aux, Epilogue kind, int m, int n) {
+__global__ void epilogue_kernel(D* d, int ldd, const float* x, const D* bias, const D* c, float beta, D* aux,
+                                Epilogue kind, int m, int n) {
   const int64_t total = int64_t(m) * n;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -53,6 +55,7 @@ __global__ void epilogue_kernel(D* d, int ldd, const float* x, const D* bias, D*
     const int64_t at = j * ldd + i;
     float v = x[idx];
     if (bias) v += load(bias[i]);
+    if (beta != 0.f) v += beta * load(c[at]);
     if (kind == Epilogue::gelu) {
       aux[at] = store_as<D>(v);
       d[at] = store_as<D>(gelu(v));

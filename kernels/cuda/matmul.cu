@@ -2,7 +2,8 @@
 //
 // A row-major (r, c) array is the column-major (c x r) matrix cuBLAS sees. With X = inp^T (IC x N),
 // W = weight^T (IC x OC) and G = dout^T (OC x N) in that view:
-//   matmul_fwd:  out      D (OC x N)   = W^T X   (+ bias on every column; GELU epilogue with pre_gelu)
+//   matmul_fwd:  out      D (OC x N)   = W^T X   (+ bias on every column; GELU epilogue with pre_gelu;
+//                                                 + residual as C with beta = 1)
 //   matmul_bwd:  dinp     D (IC x N)   = W G     (DGELU epilogue with the previous layer's pre_gelu)
 //                dweight  D (IC x OC) += X G^T   (S operands, fp32 C = D, beta = 1: parameter gradients
 //                                                 accumulate in fp32)
@@ -24,9 +25,10 @@ using namespace matmul_kernels;
 
 template <class S>
 void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, const ops::Ctx& ctx,
-                S* pre_gelu) {
+                S* pre_gelu, const S* residual) {
   MT_CHECK(N >= 0 && IC > 0 && OC > 0, "matmul_fwd: bad sizes N=%d IC=%d OC=%d", N, IC, OC);
-  gemm(fwd_gemm(out, inp, weight, bias, N, IC, OC, pre_gelu), ctx);
+  MT_CHECK(!(pre_gelu && residual), "matmul_fwd: a residual cannot be added after the GELU epilogue");
+  gemm(fwd_gemm(out, inp, weight, bias, N, IC, OC, pre_gelu, residual), ctx);
 }
 
 template <class S>
@@ -42,7 +44,7 @@ void matmul_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* i
 }
 
 #define MT_MATMUL_INSTANTIATE(S)                                                                           \
-  template void matmul_fwd<S>(S*, const S*, const S*, const S*, int, int, int, const ops::Ctx&, S*);       \
+  template void matmul_fwd<S>(S*, const S*, const S*, const S*, int, int, int, const ops::Ctx&, S*, const S*); \
   template void matmul_bwd<S>(S*, float*, float*, const S*, const S*, const S*, int, int, int, const ops::Ctx&, \
                               const S*);
 MT_MATMUL_INSTANTIATE(float)

@@ -17,9 +17,11 @@ namespace mt::cuda::matmul_kernels {
 // ---- the GEMMs, as the descriptors matmul.cu hands to gemm() (gemm.cuh) ----
 // (The emulator tests run the same descriptors through gemm()'s SIMT fallback kernel.)
 
-// out (OC x N) = weight^T-view inp (+ bias; GELU epilogue, pre-activation into pre_gelu, when given).
+// out (OC x N) = weight^T-view inp (+ bias; GELU epilogue, pre-activation into pre_gelu, when given;
+// + residual, as the GEMM's C with beta = 1, when given).
 template <class S>
-Gemm fwd_gemm(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, S* pre_gelu) {
+Gemm fwd_gemm(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, S* pre_gelu,
+              const S* residual = nullptr) {
   Gemm g;
   g.m = OC, g.n = N, g.k = IC;
   g.ab_type = g.d_type = dtype_of<S>();
@@ -28,6 +30,7 @@ Gemm fwd_gemm(S* out, const S* inp, const S* weight, const S* bias, int N, int I
   g.d = out, g.ldd = OC;
   g.bias = bias;
   if (pre_gelu) g.epilogue = Epilogue::gelu, g.aux = pre_gelu;
+  if (residual) g.c = residual, g.beta = 1.f;
   return g;
 }
 

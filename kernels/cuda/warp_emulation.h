@@ -105,7 +105,9 @@ struct Block {
   Block(int threads, size_t smem_bytes)
       : sync(threads),
         warps(size_t(threads / kLanes)),
-        smem((smem_bytes + 15) / 16),
+        // Undefined on a GPU: filled with 0xff bytes (NaN as any float type), so that a kernel reading
+        // shared memory it never wrote cannot pass on zeros that happen to look like padding.
+        smem((smem_bytes + 15) / 16, uint4{~0u, ~0u, ~0u, ~0u}),
         votes{std::vector<int>(size_t(threads)), std::vector<int>(size_t(threads))} {}
   Barrier sync;
   std::deque<Warp> warps;                             // barriers do not move
@@ -359,12 +361,28 @@ inline void mma_m16n8k16(float c[4], const uint32_t a[4], const uint32_t b[2], b
   w.sync.arrive_and_wait();
 }
 
+// Throws unless [p, p + bytes) lies in the calling block's shared memory (dynamic or MT_SHARED):
+// ldmatrix and cp.async address shared memory only, undefined behaviour anywhere else.
+inline void require_shared(const void* p, size_t bytes, const char* what) {
+  const Block& b = *self().block;
+  auto inside = [&](const std::vector<uint4>& v) {
+    const auto* lo = reinterpret_cast<const char*>(v.data());
+    const auto* q = static_cast<const char*>(p);
+    return !v.empty() && q >= lo && q + bytes <= lo + v.size() * sizeof(uint4);
+  };
+  if (inside(b.smem)) return;
+  for (const auto& [tag, v] : b.statics)
+    if (inside(v)) return;
+  throw std::logic_error(std::string("warp emulator: ") + what + " address outside the block's shared memory");
+}
+
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane 8 m + i gives the address of row i (8
 // consecutive 16-bit values, 16-byte aligned) of matrix m; lane 4 g + t receives in r[m] the elements
 // (g, 2t) and (g, 2t + 1) of matrix m, or with trans (2t, g) and (2t + 1, g), the lower one in the low half.
 inline void ldmatrix_x4(uint32_t r[4], const void* row, bool trans) {
   if (reinterpret_cast<uintptr_t>(row) % 16 != 0)
     throw std::logic_error("warp emulator: ldmatrix row address not 16-byte aligned");
+  require_shared(row, 16, "ldmatrix row");
   Warp& w = warp();
   const int l = lane(), g = l / 4, t = l % 4;
   uint64_t* word = w.word[self().warp_exchanges++ % 2];
@@ -384,8 +402,10 @@ inline void ldmatrix_x4(uint32_t r[4], const void* row, bool trans) {
 // kernels copy from inputs nobody writes.)
 
 inline void cp_async_16(void* dst, const void* src, bool valid) {
-  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0))
+  // The source must be aligned even for a zero-filling copy (src-size 0), which reads nothing.
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
     throw std::logic_error("warp emulator: cp.async address not 16-byte aligned");
+  require_shared(dst, 16, "cp.async destination");
   if (timing == Timing::early) {
     if (valid) {
       std::memcpy(dst, src, 16);

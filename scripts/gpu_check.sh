@@ -192,9 +192,11 @@ if ((built)); then
     ops_row="FAILED (exit $rc): $(last_line "$build/selftest.out")"
   fi
   say "selftest: $ops_row"
-  # The tensor-core flash kernels are the newest code here: if the selftest finds them wrong, the
-  # benchmarks still run, on the SIMT flash kernels (MT_FLASH_SIMT=1), and the table says so.
-  if grep -E '^\| flash_attention_(fwd|bwd)' "$build/selftest.out" | grep 'tensor cores' | grep -qE '\| FAIL +\|'; then
+  # The tensor-core flash kernels are the newest code here: if the selftest finds them (or the
+  # fragment probe they stand on) wrong, the benchmarks still run, on the SIMT flash kernels
+  # (MT_FLASH_SIMT=1), and the table says so.
+  if grep -E '^\| (tensor_core_fragments |flash_attention_(fwd|bwd) .*tensor cores)' "$build/selftest.out" |
+       grep -qE '\| FAIL +\|'; then
     export MT_FLASH_SIMT=1
     flash_note="tensor-core flash kernels FAILED the selftest; benchmarks ran with MT_FLASH_SIMT=1 (SIMT kernels)"
     say "$flash_note"

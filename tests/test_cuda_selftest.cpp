@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/fragment_probe.h"
 #include "runtime/check.h"
 #include "tests/test_util.h"
 #include "train/selftest.h"
@@ -43,12 +44,19 @@ class CudaSelftest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(CudaSelftest, CudaOpMatchesItsCpuTwinAtEveryShapeAndStorageType) {
   const std::vector<OpCheckResult> results = mt::train::run_op_check(GetParam(), mt::testing::test_seed());
+  if (results.empty() && GetParam() == "tensor_core_fragments" && !mt::cuda::fragment_probe::supported())
+    GTEST_SKIP() << "no tensor-core instructions to probe below compute capability 8.0";
   ASSERT_FALSE(results.empty());
   for (const OpCheckResult& r : results) EXPECT_TRUE(r.pass) << describe(r);
   // Ops on activations are checked in every storage type; the rest work on fp32 only; the training
-  // step runs in the two training precisions that matter on a GPU.
+  // step runs in the two training precisions that matter on a GPU; the tensor-core probe in the two
+  // 16-bit types the tensor-core kernels take.
   const std::set<std::string> fp32_ops = {"convert", "scale", "adamw", "sum_squares", "round_to", "all_finite"};
-  if (GetParam() == "train_step") {
+  if (GetParam() == "tensor_core_fragments") {
+    std::set<std::string> dtypes;
+    for (const OpCheckResult& r : results) dtypes.insert(r.dtype);
+    EXPECT_EQ(dtypes, (std::set<std::string>{"bf16", "f16"}));
+  } else if (GetParam() == "train_step") {
     std::set<std::string> dtypes;
     for (const OpCheckResult& r : results) dtypes.insert(r.dtype);
     EXPECT_EQ(dtypes, (std::set<std::string>{"f32", "bf16"}));
@@ -62,6 +70,8 @@ TEST_P(CudaSelftest, CudaOpMatchesItsCpuTwinAtEveryShapeAndStorageType) {
 TEST_P(CudaSelftest, EveryComparisonFailsWhenADeviceResultIsCorrupted) {
   const std::vector<OpCheckResult> results =
       mt::train::run_op_check(GetParam(), mt::testing::test_seed(), /*perturb=*/true);
+  if (results.empty() && GetParam() == "tensor_core_fragments" && !mt::cuda::fragment_probe::supported())
+    GTEST_SKIP() << "no tensor-core instructions to probe below compute capability 8.0";
   ASSERT_FALSE(results.empty());
   for (const OpCheckResult& r : results) EXPECT_FALSE(r.pass) << "a corrupted result passed: " << describe(r);
 }
@@ -71,11 +81,12 @@ INSTANTIATE_TEST_SUITE_P(EveryOp, CudaSelftest, ::testing::ValuesIn(mt::train::s
 
 TEST(Selftest, HasOneCheckForEveryOpOfTheInterfaceAndATrainingStep) {
   // The op list of kernels/ops.h; a new op needs a selftest check before it can run on a GPU unchecked.
-  // The whole training step comes last.
+  // The tensor-core fragment probe runs before the flash kernels; the whole training step comes last.
   const std::vector<std::string> ops = {
       "encoder_fwd",   "encoder_bwd",   "layernorm_fwd",       "residual_layernorm_fwd", "layernorm_bwd",
       "matmul_fwd",    "matmul_bwd",    "gelu_fwd",            "gelu_bwd",               "attention_fwd",
-      "attention_bwd", "flash_attention_fwd", "flash_attention_bwd", "add",              "softmax_xent",
+      "attention_bwd", "tensor_core_fragments", "flash_attention_fwd", "flash_attention_bwd", "add",
+      "softmax_xent",
       "convert",       "scale",         "adamw",               "sum_squares",            "round_to",
       "all_finite",    "train_step"};
   EXPECT_EQ(mt::train::selftest_check_names(), ops);

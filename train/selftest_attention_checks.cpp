@@ -1,7 +1,9 @@
 // The attention checks of `minitrain selftest`: the materialised path (attention_fwd/bwd) and the flash
 // path (flash_attention_fwd/bwd), each against its CPU twin, causal and document-masked, in f32, bf16
 // and (at the small shapes) f16. Each backward is compared on its own: both backends start from the
-// CPU forward's saved tensors (att, or out and lse).
+// CPU forward's saved tensors (att, or out and lse). Before the flash checks, the tensor-core fragment
+// probe (kernels/cuda/fragment_probe_kernels.cuh) compares the instructions the tensor-core flash
+// kernels stand on with the PTX ISA's fragment tables, bit for bit.
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/fragment_probe.h"
 
 namespace mt::train::selftest_detail {
 namespace {
@@ -141,7 +144,24 @@ void flash_attention_bwd_check(Checker& c) {
   }
 }
 
+template <class S>
+void tensor_core_fragments_check(Checker& c) {
+  c.at<S>("one warp, 16 x 16 tiles");
+  const cuda::fragment_probe::Result r = cuda::fragment_probe::run(dtype_of<S>());
+  c.bits("ldmatrix B frags", r.regs, r.regs_want);
+  c.bits("mma B n-major", r.c_nmajor, r.c_want);
+  c.bits("mma B k-major", r.c_kmajor, r.c_want);
+  c.bits("cp.async + zfill", r.copied, r.copied_want);
+}
+
 }  // namespace
+
+void check_tensor_core_fragments(Checker& c) {
+  // Below compute capability 8.0 the flash kernels run on CUDA cores only: nothing to probe.
+  if (!cuda::fragment_probe::supported()) return;
+  tensor_core_fragments_check<bf16>(c);
+  tensor_core_fragments_check<f16>(c);
+}
 
 #define MT_TYPED_ATTENTION_CHECK(name) \
   void check_##name(Checker& c) {      \

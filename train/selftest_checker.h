@@ -91,7 +91,9 @@ class Checker {
 // Packed documents: per batch row, ids 0, 1, 2, ... in runs of random length (possibly one token).
 std::vector<int32_t> random_docs(Checker& c, int B, int T);
 
-// The attention checks (selftest_attention_checks.cpp).
+// The attention checks (selftest_attention_checks.cpp), and the tensor-core fragment probe the flash
+// checks follow (records nothing below compute capability 8.0).
+void check_tensor_core_fragments(Checker& c);
 void check_attention_fwd(Checker& c);
 void check_attention_bwd(Checker& c);
 void check_flash_attention_fwd(Checker& c);

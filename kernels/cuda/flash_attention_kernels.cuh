@@ -40,6 +40,27 @@ __device__ inline bool visible(int i, int j, int T, int doc_i, int doc_j) {
   return j <= i && i < T && doc_i == doc_j;
 }
 
+// The two products both backward kernels build their scores from, over the head dimension:
+//   s[r][c] += a[own r][d] x[lane c][d]     dp[r][c] += b[own r][d] y[lane c][d]
+// where "own r" is the warp's row warp * 8 + r of a and b (row stride hs) and "lane c" the row
+// lane + 32 c of x and y (row stride ld). dK/dV: a, b = K, V and x, y = Q, dO; dQ the reverse.
+__device__ inline void score_pair(float (&s)[kRowsPerWarp][kColsPerLane], float (&dp)[kRowsPerWarp][kColsPerLane],
+                                  const float* a, const float* b, const float* x, const float* y, int ld, int hs,
+                                  int warp, int lane) {
+  for (int d = 0; d < hs; d++) {
+    const float x0 = x[lane * ld + d], x1 = x[(lane + kWarp) * ld + d];
+    const float y0 = y[lane * ld + d], y1 = y[(lane + kWarp) * ld + d];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; r++) {
+      const float a_r = a[(warp * kRowsPerWarp + r) * hs + d], b_r = b[(warp * kRowsPerWarp + r) * hs + d];
+      s[r][0] += a_r * x0;
+      s[r][1] += a_r * x1;
+      dp[r][0] += b_r * y0;
+      dp[r][1] += b_r * y1;
+    }
+  }
+}
+
 // Shared-memory floats of each kernel for head size hs.
 constexpr size_t fwd_smem_floats(int hs) {
   return size_t(kTile) * hs * 2 + size_t(kTile) * (hs + 1) + size_t(kWarps) * kRowsPerWarp * kTile + kTile;
@@ -217,18 +238,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
 
     float s[kRowsPerWarp][kColsPerLane] = {}, dp[kRowsPerWarp][kColsPerLane] = {};
-    for (int d = 0; d < hs; d++) {
-      const float q_a = Qs[lane * ps + d], q_b = Qs[(lane + kWarp) * ps + d];
-      const float g_a = dOs[lane * ps + d], g_b = dOs[(lane + kWarp) * ps + d];
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; r++) {
-        const float k = Ks[(warp * kRowsPerWarp + r) * hs + d], v = Vs[(warp * kRowsPerWarp + r) * hs + d];
-        s[r][0] += k * q_a;
-        s[r][1] += k * q_b;
-        dp[r][0] += v * g_a;
-        dp[r][1] += v * g_b;
-      }
-    }
+    score_pair(s, dp, Ks, Vs, Qs, dOs, ps, hs, warp, lane);
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; r++) {
 #pragma unroll
@@ -322,18 +332,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
 
     float s[kRowsPerWarp][kColsPerLane] = {}, dp[kRowsPerWarp][kColsPerLane] = {};
-    for (int d = 0; d < hs; d++) {
-      const float k_a = Ks[lane * ks + d], k_b = Ks[(lane + kWarp) * ks + d];
-      const float v_a = Vs[lane * ks + d], v_b = Vs[(lane + kWarp) * ks + d];
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; r++) {
-        const float q = Qs[(warp * kRowsPerWarp + r) * hs + d], g = dOs[(warp * kRowsPerWarp + r) * hs + d];
-        s[r][0] += q * k_a;
-        s[r][1] += q * k_b;
-        dp[r][0] += g * v_a;
-        dp[r][1] += g * v_b;
-      }
-    }
+    score_pair(s, dp, Qs, dOs, Ks, Vs, ks, hs, warp, lane);
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; r++) {
 #pragma unroll

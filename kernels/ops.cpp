@@ -40,6 +40,11 @@ double attention_flops(int B, int T, int C, int NH) {
   return 2.0 * B * NH * (double(T) * (T + 1) / 2) * 2.0 * (NH > 0 ? C / NH : 0);
 }
 
+// An op the CUDA backend does not have yet (the trainer refuses the layouts that would need it first).
+[[noreturn]] void no_cuda_kernel(const char* op) {
+  fail("%s has no CUDA kernel yet: tensor parallelism runs on the CPU backend so far", op);
+}
+
 }  // namespace
 
 // Dispatches to the backend; a profiling run times the op and books its FLOPs and its least memory
@@ -181,6 +186,34 @@ void softmax_xent(float* losses, S* dlogits, const S* logits, const int32_t* tar
               cuda::softmax_xent<S>(losses, dlogits, logits, targets, dloss, N, V, Vp, ctx));
 }
 
+template <class S>
+void embedding_fwd(S* out, const int32_t* ids, const S* table, int row0, int rows, int N, int C, const Ctx& ctx) {
+  MT_DISPATCH_COST(0.0, 2.0 * N * C * sizeof(S), cpu::embedding_fwd<S>(out, ids, table, row0, rows, N, C),
+                   no_cuda_kernel("embedding_fwd"));
+}
+
+template <class S>
+void embedding_bwd(float* dtable, const S* dout, const int32_t* ids, int row0, int rows, int N, int C,
+                   const Ctx& ctx) {
+  MT_DISPATCH_COST(0.0, double(N) * C * sizeof(S), cpu::embedding_bwd<S>(dtable, dout, ids, row0, rows, N, C),
+                   no_cuda_kernel("embedding_bwd"));
+}
+
+template <class S>
+void xent_slice_stats(float* stats, const S* logits, const int32_t* targets, int col0, int N, int V, int Vl,
+                      const Ctx& ctx) {
+  MT_DISPATCH_COST(0.0, double(N) * Vl * sizeof(S), cpu::xent_slice_stats<S>(stats, logits, targets, col0, N, V, Vl),
+                   no_cuda_kernel("xent_slice_stats"));
+}
+
+template <class S>
+void xent_slice_finish(float* losses, S* dlogits, const S* logits, const float* stats, int P,
+                       const int32_t* targets, float dloss, int col0, int N, int V, int Vl, const Ctx& ctx) {
+  MT_DISPATCH_COST(0.0, double(N) * Vl * sizeof(S) * (dlogits ? 2 : 1),
+                   cpu::xent_slice_finish<S>(losses, dlogits, logits, stats, P, targets, dloss, col0, N, V, Vl),
+                   no_cuda_kernel("xent_slice_finish"));
+}
+
 template <class D, class S>
 void convert(D* out, const S* in, int64_t N, const Ctx& ctx) {
   MT_DISPATCH_COST(0.0, double(N) * (sizeof(D) + sizeof(S)), (cpu::convert<D, S>(out, in, N)),
@@ -209,7 +242,12 @@ void convert(D* out, const S* in, int64_t N, const Ctx& ctx) {
                                        int, int, int, int, const Ctx&);                                          \
   template void add<S>(S*, const S*, const S*, int64_t, const Ctx&);                                              \
   template void softmax_xent<S>(float*, S*, const S*, const int32_t*, float, int, int, int, const Ctx&);          \
-  template void convert<S, float>(S*, const float*, int64_t, const Ctx&);
+  template void convert<S, float>(S*, const float*, int64_t, const Ctx&);                                       \
+  template void embedding_fwd<S>(S*, const int32_t*, const S*, int, int, int, int, const Ctx&);                  \
+  template void embedding_bwd<S>(float*, const S*, const int32_t*, int, int, int, int, const Ctx&);              \
+  template void xent_slice_stats<S>(float*, const S*, const int32_t*, int, int, int, int, const Ctx&);           \
+  template void xent_slice_finish<S>(float*, S*, const S*, const float*, int, const int32_t*, float, int, int,   \
+                                     int, int, const Ctx&);
 MT_OPS_INSTANTIATE(float)
 MT_OPS_INSTANTIATE(bf16)
 MT_OPS_INSTANTIATE(f16)

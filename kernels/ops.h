@@ -114,6 +114,31 @@ template <class S>
 void softmax_xent(float* losses, S* dlogits, const S* logits, const int32_t* targets, float dloss, int N, int V,
                   int Vp, const Ctx& ctx);
 
+// Vocabulary parallelism (parallel/tensor_parallel.h). A rank holds rows [row0, row0 + rows) of an
+// embedding table split by rows; an id outside them contributes nothing:
+// out[i,:] = table[ids[i] - row0,:] for an id in range, else 0. out (N,C), table (rows,C).
+// The CPU backend only, so far.
+template <class S>
+void embedding_fwd(S* out, const int32_t* ids, const S* table, int row0, int rows, int N, int C, const Ctx& ctx);
+// dtable[ids[i] - row0,:] += dout[i,:] for the ids in range (rows in order: deterministic).
+template <class S>
+void embedding_bwd(float* dtable, const S* dout, const int32_t* ids, int row0, int rows, int N, int C,
+                   const Ctx& ctx);
+// Softmax cross-entropy over logits split by columns: logits (N,Vl) are columns [col0, col0 + Vl) of
+// a padded vocabulary whose first V columns are real. stats (N,3) receives per row this slice's max m
+// over its real columns, the sum of exp(x - m) over them, and the target's logit if the target lies
+// in the slice (else 0); m = -inf and sum 0 where the slice has no real column or the row is ignored.
+template <class S>
+void xent_slice_stats(float* stats, const S* logits, const int32_t* targets, int col0, int N, int V, int Vl,
+                      const Ctx& ctx);
+// With all P slices' stats (P,N,3) in rank order: losses as softmax_xent defines them (the partials
+// merged as log-sum-exp in rank order, so every rank gets the same losses), and if dlogits != nullptr
+// this slice's dlogits = dloss (softmax - onehot), 0 in padded columns and ignored rows (may alias
+// logits). With P = 1 and col0 = 0 the results are softmax_xent's, bit for bit.
+template <class S>
+void xent_slice_finish(float* losses, S* dlogits, const S* logits, const float* stats, int P,
+                       const int32_t* targets, float dloss, int col0, int N, int V, int Vl, const Ctx& ctx);
+
 // out = in converted (rounded to nearest even when narrowing). Instantiated for float <-> bf16/f16
 // and float -> float (a copy).
 template <class D, class S>

@@ -1,4 +1,5 @@
 // GPT: parameter registration and initialisation. Forward/backward live in model/gpt_forward.cpp.
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -33,34 +34,63 @@ Attention attention_from_name(const std::string& s) {
 
 const char* attention_name(Attention a) { return a == Attention::flash ? "flash" : "materialized"; }
 
-GPT::GPT(const GPTConfig& cfg, ParamStore& store) : cfg_(cfg), store_(store) {
+void GPT::check_tensor_parallel(const GPTConfig& cfg, int tp) {
+  if (tp <= 1) return;
+  if (cfg.n_head % tp != 0)
+    fail("--tp %d does not divide the model's %d attention heads (model.n_head): each rank needs whole heads", tp,
+         cfg.n_head);
+  if ((4 * cfg.n_embd) % tp != 0)
+    fail("--tp %d does not divide the MLP's hidden width 4 x model.n_embd = %d", tp, 4 * cfg.n_embd);
+  if (cfg.padded_vocab() % tp != 0)
+    fail("--tp %d does not divide the padded vocabulary (%d = model.vocab_size %d rounded up to a multiple of 128)",
+         tp, cfg.padded_vocab(), cfg.vocab_size);
+}
+
+GPT::GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel& tp)
+    : cfg_(cfg), store_(store), tp_(tp) {
   cfg_.validate();
-  const int64_t C = cfg.n_embd, Vp = cfg.padded_vocab();
+  check_tensor_parallel(cfg_, tp.size());
+  const int64_t C = cfg.n_embd, Vp = cfg.padded_vocab(), P = tp.size();
   // Matrices (2-D) get weight decay; biases and LayerNorm parameters do not (as in GPT-2/nanoGPT).
+  // A replicated parameter is a replica over tp; under sequence parallelism the ones applied to the
+  // residual stream (LayerNorms, positions) see 1/tp of the rows, so their gradients are partial.
+  const uint8_t rep = P > 1 ? kAxisTp : 0, seq = tp.splits_sequence() ? kAxisTp : 0;
+  auto whole = [&](const std::string& name, std::vector<int64_t> shape, bool wd, uint8_t partial) {
+    ParamBox b{shape, std::vector<int64_t>(shape.size(), 0), shape};
+    return store.add_part(name, shape, shape, std::move(b), wd, rep, partial);
+  };
+  // A matrix split along dimension `dim` of `space` (its global elements, possibly reshaped).
+  auto split = [&](const std::string& name, std::vector<int64_t> shape, std::vector<int64_t> global,
+                   std::vector<int64_t> space, int dim) {
+    const bool matrix = global.size() > 1;
+    return store.add_part(name, std::move(shape), std::move(global), tp.split(std::move(space), dim), matrix);
+  };
   store.begin_unit("embeddings");
-  wte_ = store.add("transformer.wte.weight", {Vp, C}, true);
-  wpe_ = store.add("transformer.wpe.weight", {cfg.block_size, C}, true);
+  wte_ = split("transformer.wte.weight", {Vp / P, C}, {Vp, C}, {Vp, C}, 0);  // vocabulary rows
+  wpe_ = whole("transformer.wpe.weight", {cfg.block_size, C}, true, seq);
   for (int l = 0; l < cfg.n_layer; l++) {
     std::string p = "transformer.h." + std::to_string(l) + ".";
     store.begin_unit("h." + std::to_string(l));
     LayerParams lp;
-    lp.ln1_w = store.add(p + "ln_1.weight", {C}, false);
-    lp.ln1_b = store.add(p + "ln_1.bias", {C}, false);
-    lp.qkv_w = store.add(p + "attn.c_attn.weight", {3 * C, C}, true);
-    lp.qkv_b = store.add(p + "attn.c_attn.bias", {3 * C}, false);
-    lp.proj_w = store.add(p + "attn.c_proj.weight", {C, C}, true);
-    lp.proj_b = store.add(p + "attn.c_proj.bias", {C}, false);
-    lp.ln2_w = store.add(p + "ln_2.weight", {C}, false);
-    lp.ln2_b = store.add(p + "ln_2.bias", {C}, false);
-    lp.fc_w = store.add(p + "mlp.c_fc.weight", {4 * C, C}, true);
-    lp.fc_b = store.add(p + "mlp.c_fc.bias", {4 * C}, false);
-    lp.fcproj_w = store.add(p + "mlp.c_proj.weight", {C, 4 * C}, true);
-    lp.fcproj_b = store.add(p + "mlp.c_proj.bias", {C}, false);
+    lp.ln1_w = whole(p + "ln_1.weight", {C}, false, seq);
+    lp.ln1_b = whole(p + "ln_1.bias", {C}, false, seq);
+    // c_attn's rows are [q | k | v], each C = heads x head size: seen as (3, C, C), a rank's heads
+    // are one box.
+    lp.qkv_w = split(p + "attn.c_attn.weight", {3 * C / P, C}, {3 * C, C}, {3, C, C}, 1);
+    lp.qkv_b = split(p + "attn.c_attn.bias", {3 * C / P}, {3 * C}, {3, C}, 1);
+    lp.proj_w = split(p + "attn.c_proj.weight", {C, C / P}, {C, C}, {C, C}, 1);  // input features
+    lp.proj_b = whole(p + "attn.c_proj.bias", {C}, false, 0);  // its gradient is whole on every rank
+    lp.ln2_w = whole(p + "ln_2.weight", {C}, false, seq);
+    lp.ln2_b = whole(p + "ln_2.bias", {C}, false, seq);
+    lp.fc_w = split(p + "mlp.c_fc.weight", {4 * C / P, C}, {4 * C, C}, {4 * C, C}, 0);  // output features
+    lp.fc_b = split(p + "mlp.c_fc.bias", {4 * C / P}, {4 * C}, {4 * C}, 0);
+    lp.fcproj_w = split(p + "mlp.c_proj.weight", {C, 4 * C / P}, {C, 4 * C}, {C, 4 * C}, 1);
+    lp.fcproj_b = whole(p + "mlp.c_proj.bias", {C}, false, 0);
     layers_.push_back(lp);
   }
   store.begin_unit("ln_f");
-  lnf_w_ = store.add("transformer.ln_f.weight", {C}, false);
-  lnf_b_ = store.add("transformer.ln_f.bias", {C}, false);
+  lnf_w_ = whole("transformer.ln_f.weight", {C}, false, seq);
+  lnf_b_ = whole("transformer.ln_f.bias", {C}, false, seq);
 }
 
 void GPT::init_weights(uint64_t seed) {
@@ -73,13 +103,24 @@ void GPT::init_weights(uint64_t seed) {
   float* master = on_host ? store_.master() : staging.data();
   const float std0 = 0.02f;
   const float std_res = std0 / std::sqrt(2.0f * float(cfg_.n_layer));
+  // Each tensor is drawn whole (its global shape), in the order and with the draws a single rank
+  // makes, and this rank keeps its box.
+  std::vector<float> whole;
+  auto keep_box = [&](const ParamEntry& e) {
+    float* w = master + e.offset;
+    for_each_global_run(e, 0, e.numel, [&](int64_t gb, int64_t ge, int64_t local) {
+      std::copy(whole.begin() + gb, whole.begin() + ge, w + local);
+    });
+  };
   auto normal = [&](int idx, float std, int64_t rows_used = -1) {
     const ParamEntry& e = store_.entry(idx);
     std::normal_distribution<float> d(0.f, std);
-    float* w = master + e.offset;
-    int64_t n = rows_used < 0 ? e.numel : rows_used * e.shape[1];
-    for (int64_t i = 0; i < n; i++) w[i] = d(rng);
-    for (int64_t i = n; i < e.numel; i++) w[i] = 0.f;  // padded vocabulary rows stay zero
+    int64_t numel = 1;
+    for (int64_t s : e.global_shape) numel *= s;
+    whole.assign(size_t(numel), 0.f);  // padded vocabulary rows stay zero
+    const int64_t n = rows_used < 0 ? numel : rows_used * e.global_shape[1];
+    for (int64_t i = 0; i < n; i++) whole[size_t(i)] = d(rng);
+    keep_box(e);
   };
   auto fill = [&](int idx, float v) {
     const ParamEntry& e = store_.entry(idx);
@@ -114,6 +155,9 @@ void GPT::check_batch(const MicroBatch& mb) const {
     fail("sequence length %d is longer than the model's context (model.block_size = %d)", mb.T, cfg_.block_size);
   MT_CHECK(mb.tokens != nullptr, "micro-batch without tokens");
   const int64_t n = int64_t(mb.B) * mb.T;
+  if (tp_.splits_sequence() && n % tp_.size() != 0)
+    fail("sequence parallelism: the rows of a micro-batch, B %d x T %d, must be divisible by --tp %d", mb.B, mb.T,
+         tp_.size());
   for (int64_t i = 0; i < n; i++) {
     if (mb.tokens[i] < 0 || mb.tokens[i] >= cfg_.vocab_size)
       fail("token id %d at position %lld is outside the model's vocabulary (vocab_size = %d)", mb.tokens[i],

@@ -27,6 +27,7 @@
 
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "parallel/tensor_parallel.h"
 #include "runtime/arena.h"
 #include "runtime/param_store.h"
 
@@ -60,11 +61,18 @@ class GPT {
  public:
   // Registers the parameters in `store` (which the caller finalizes). Names follow Hugging Face's
   // GPT-2 ("transformer.h.0.attn.c_attn.weight"); matrices are stored (out, in) like nn.Linear.
-  GPT(const GPTConfig& cfg, ParamStore& store);
+  // With tensor parallelism (parallel/tensor_parallel.h) the store holds this rank's part of each
+  // split matrix, each entry's box saying which; the caller checks the layout rules first
+  // (check_tensor_parallel).
+  GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel& tp = parallel::TensorParallel());
+  // Fails, naming --tp and the numbers, unless `cfg` splits evenly over tp ranks: heads, 4 C and the
+  // padded vocabulary divisible by tp.
+  static void check_tensor_parallel(const GPTConfig& cfg, int tp);
 
   const GPTConfig& config() const { return cfg_; }
   // GPT-2 initialisation: N(0, 0.02) matrices and embeddings, residual projections scaled by
   // 1/sqrt(2 L) (Radford et al. 2019), zero biases, unit LayerNorm gains. Writes master weights.
+  // Every rank draws the whole tensors and keeps its box, so any layout starts from the same model.
   void init_weights(uint64_t seed);
 
   // Forward + backward of one micro-batch. Parameter gradients are accumulated (+=) into the store's
@@ -116,6 +124,7 @@ class GPT {
 
   GPTConfig cfg_;
   ParamStore& store_;
+  parallel::TensorParallel tp_;
   std::vector<LayerParams> layers_;
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   Recompute recompute_ = Recompute::none;

@@ -46,7 +46,7 @@ void import_hf(const GPT& model, ParamStore& store, const std::string& path) {
     if (!t && e.name.rfind("transformer.", 0) == 0) t = f.find(e.name.substr(12));
     if (!t) fail("%s: tensor '%s' is missing (is this a GPT-2 file of the configured shape?)", path.c_str(),
                  e.name.c_str());
-    std::vector<int64_t> want = e.shape;
+    std::vector<int64_t> want = e.global_shape;
     if (hf_is_conv1d(e.name)) std::swap(want[0], want[1]);
     if (i == model.wte()) want[0] = cfg.vocab_size;
     if (t->shape != want)
@@ -55,13 +55,18 @@ void import_hf(const GPT& model, ParamStore& store, const std::string& path) {
            path.c_str(), e.name.c_str(), shape_str(t->shape).c_str(), shape_str(want).c_str(), cfg.vocab_size,
            cfg.block_size, cfg.n_layer, cfg.n_embd);
     std::vector<float> v = f.to_f32(t->name);
+    // The whole tensor in the model's orientation (padded vocabulary rows zero), then this rank's box.
+    int64_t numel = 1;
+    for (int64_t d : e.global_shape) numel *= d;
+    std::vector<float> whole(size_t(numel), 0.f);
+    if (hf_is_conv1d(e.name))
+      transpose(whole.data(), v.data(), want[0], want[1]);
+    else
+      std::copy(v.begin(), v.end(), whole.begin());
     float* dst = master + e.offset;
-    if (hf_is_conv1d(e.name)) {
-      transpose(dst, v.data(), want[0], want[1]);
-    } else {
-      std::copy(v.begin(), v.end(), dst);
-      for (int64_t k = int64_t(v.size()); k < e.numel; k++) dst[k] = 0.f;  // padded vocabulary rows
-    }
+    for_each_global_run(e, 0, e.numel, [&](int64_t gb, int64_t ge, int64_t local) {
+      std::copy(whole.begin() + gb, whole.begin() + ge, dst + local);
+    });
   }
   // A file with more layers than the model would silently lose them: refuse it.
   const std::string extra = "transformer.h." + std::to_string(cfg.n_layer) + ".ln_1.weight";
@@ -77,6 +82,7 @@ void export_hf(const GPT& model, const ParamStore& store, const float* master, c
   std::vector<float> tmp;
   for (int i = 0; i < int(store.entries().size()); i++) {
     const ParamEntry& e = store.entry(i);
+    MT_CHECK(e.box.whole(), "export_hf: '%s' is split over ranks; export a checkpoint instead", e.name.c_str());
     std::vector<int64_t> shape = e.shape;
     const float* src = master + e.offset;
     if (hf_is_conv1d(e.name)) {

@@ -274,6 +274,21 @@ double DataParallel::grad_sum_squares(int first_unit) {
   return all_reduce_sum_double(dp_, ops::sum_squares(grad_shard_ + b, shard_numel_ - b, ctx_));
 }
 
+double DataParallel::grad_sum_squares(const std::vector<char>& counted) {
+  MT_CHECK(counted.size() == store_.entries().size(), "grad_sum_squares: one flag per entry expected");
+  double sum = 0;  // pieces in shard order: deterministic
+  int64_t shard_pos = 0;
+  for (const Segment& seg : segments_) {
+    for (size_t i = 0; i < counted.size(); i++) {
+      const ParamEntry& e = store_.entry(int(i));
+      const int64_t lo = std::max(seg.begin, e.offset), hi = std::min(seg.end, e.offset + e.numel);
+      if (counted[i] && hi > lo) sum += ops::sum_squares(grad_shard_ + shard_pos + (lo - seg.begin), hi - lo, ctx_);
+    }
+    shard_pos += seg.size();
+  }
+  return o_.zero == 0 ? sum : all_reduce_sum_double(dp_, sum);
+}
+
 void DataParallel::grad_sum_squares_into(double* out) {
   MT_CHECK(grad_norm_is_local(), "grad_sum_squares_into: the gradient is sharded over %d ranks", size_);
   if (o_.zero == 0)

@@ -91,6 +91,9 @@ class DataParallel final : public UnitHooks {
     last_micro_ = last;
     micros_++;
   }
+  // True when grads_ready() of this micro-batch starts a reduction (stages 0-1: the last micro-batch
+  // only; stages 2-3: every one), i.e. when a unit's gradient must be complete on this rank.
+  bool reduces_this_micro() const { return last_micro_ || o_.zero >= 2; }
 
   void acquire(int u, bool with_grads) override;
   void release(int u) override;
@@ -107,6 +110,9 @@ class DataParallel final : public UnitHooks {
   void finish_grads();
   // Sum of squares of the reduced gradient of units [first_unit, end) (identical on every rank).
   double grad_sum_squares(int first_unit = 0);
+  // The same over the entries with counted[i] != 0 only (a replicated entry counted on one rank of a
+  // tensor-parallel group, every split entry on all), summed over dp: identical on the dp ranks.
+  double grad_sum_squares(const std::vector<char>& counted);
   // True when this rank holds the whole reduced gradient (stage 0, or one rank), so that its sum of
   // squares needs no cross-rank sum: grad_sum_squares_into can then leave it in device memory.
   bool grad_norm_is_local() const { return o_.zero == 0 || size_ == 1; }

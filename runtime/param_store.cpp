@@ -9,7 +9,20 @@ void ParamStore::begin_unit(const std::string& name) {
   units_.push_back(ParamUnit{name, 0, 0});
 }
 
+int64_t ParamBox::numel() const {
+  int64_t n = 1;
+  for (int64_t d : extent) n *= d;
+  return n;
+}
+
 int ParamStore::add(const std::string& name, std::vector<int64_t> shape, bool weight_decay) {
+  std::vector<int64_t> global = shape;
+  ParamBox whole{shape, std::vector<int64_t>(shape.size(), 0), shape};
+  return add_part(name, std::move(shape), std::move(global), std::move(whole), weight_decay);
+}
+
+int ParamStore::add_part(const std::string& name, std::vector<int64_t> shape, std::vector<int64_t> global_shape,
+                         ParamBox box, bool weight_decay, uint8_t replicated, uint8_t partial_grad) {
   MT_CHECK(!finalized_, "ParamStore::add('%s') after finalize", name.c_str());
   MT_CHECK(!index_.count(name), "parameter '%s' registered twice", name.c_str());
   if (units_.empty()) begin_unit("all");
@@ -20,10 +33,21 @@ int ParamStore::add(const std::string& name, std::vector<int64_t> shape, bool we
     MT_CHECK(d > 0, "parameter '%s' has a non-positive dimension", name.c_str());
     e.numel *= d;
   }
-  e.global_shape = shape;
-  e.global_offset.assign(shape.size(), 0);
+  int64_t global_numel = 1, space_numel = 1;
+  for (int64_t d : global_shape) global_numel *= d;
+  for (int64_t d : box.space) space_numel *= d;
+  MT_CHECK(box.offset.size() == box.space.size() && box.extent.size() == box.space.size() &&
+               space_numel == global_numel && box.numel() == e.numel,
+           "parameter '%s': its box does not match its local and global shapes", name.c_str());
+  for (size_t d = 0; d < box.space.size(); d++)
+    MT_CHECK(box.offset[d] >= 0 && box.extent[d] > 0 && box.offset[d] + box.extent[d] <= box.space[d],
+             "parameter '%s': its box leaves the global tensor along dimension %zu", name.c_str(), d);
+  e.global_shape = std::move(global_shape);
+  e.box = std::move(box);
   e.shape = std::move(shape);
   e.weight_decay = weight_decay;
+  e.replicated = replicated;
+  e.partial_grad = partial_grad;
   e.unit = int(units_.size()) - 1;
   entries_.push_back(std::move(e));
   index_[entries_.back().name] = int(entries_.size()) - 1;

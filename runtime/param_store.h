@@ -22,6 +22,7 @@
 // The name -> (offset, shape, global slice) table is what a checkpoint stores, so a tensor sharded by
 // a parallel layout can be reassembled under another one.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -33,16 +34,43 @@
 
 namespace mt {
 
+// Where a parameter sits in the whole model when a parallel layout splits it. The rank's local tensor
+// is a BOX of the global one: `extent` elements from `offset` along each dimension of `space`, in
+// row-major order. `space` is the global shape, or the same elements seen with more dimensions where
+// that turns a rank's part into one box: c_attn's (3C, C) weight seen as (3, C, C), so that a
+// tensor-parallel rank's heads (the same rows of q, k and v) are the box (3, C/tp, C) at (0, r C/tp, 0).
+struct ParamBox {
+  std::vector<int64_t> space, offset, extent;
+  int64_t numel() const;
+  bool whole() const { return extent == space; }
+};
+
+// Bits of ParamEntry::replicated and ::partial_grad, one per mesh dimension (parallel::MeshDim order).
+enum : uint8_t { kAxisTp = 1, kAxisCp = 2, kAxisPp = 4, kAxisDp = 8 };
+
 struct ParamEntry {
   std::string name;
-  std::vector<int64_t> shape;          // local shape
-  std::vector<int64_t> global_shape;   // shape of the whole tensor across ranks
-  std::vector<int64_t> global_offset;  // where this local slice starts in the global tensor
+  std::vector<int64_t> shape;          // local shape, as the model computes with it
+  std::vector<int64_t> global_shape;   // shape of the whole tensor across ranks (checkpoints, exports)
+  ParamBox box;                        // the part of it this rank holds (the whole tensor by default)
   int64_t offset = 0;                  // element offset into the flat buffers
   int64_t numel = 0;
   int unit = 0;
   bool weight_decay = true;
+  // Mesh dimensions (kAxis* bits) along which every rank holds this same box: a replica, to be counted
+  // once in norms and written once in checkpoints. Data parallelism is not recorded here: its replicas
+  // and ZeRO shards are the sharding engine's business (parallel/data_parallel.h).
+  uint8_t replicated = 0;
+  // Dimensions along which each rank's gradient is only a partial sum (a LayerNorm under sequence
+  // parallelism sees T/tp of the tokens): summed over that group before the gradient is used.
+  uint8_t partial_grad = 0;
 };
+
+// Calls f(global_begin, global_end, local_pos) for each contiguous run of the global tensor's flat
+// index space that local elements [local_begin, local_end) of `e` cover, in order; local_pos is where
+// the run starts in the local flat index. A whole box is one run.
+template <class F>
+void for_each_global_run(const ParamEntry& e, int64_t local_begin, int64_t local_end, F f);
 
 struct ParamUnit {
   std::string name;
@@ -66,6 +94,10 @@ class ParamStore {
   void begin_unit(const std::string& name);
   // Registers a parameter in the current unit; returns its index. Only before finalize().
   int add(const std::string& name, std::vector<int64_t> shape, bool weight_decay);
+  // Registers this rank's part of a split parameter: `shape` is the local shape (numel = box's),
+  // `global_shape` the whole tensor's, `box` where the part lies (in a space of the same numel).
+  int add_part(const std::string& name, std::vector<int64_t> shape, std::vector<int64_t> global_shape, ParamBox box,
+               bool weight_decay, uint8_t replicated = 0, uint8_t partial_grad = 0);
   // Lays out the units (each padded to a multiple of 16 x shard_multiple) and allocates (zeroed) from
   // `arena` the full master and, per `storage`, the full compute copy and gradients. The buffers live
   // where the arena's memory does (mem()); refresh_compute and zero_grads work there.
@@ -158,5 +190,30 @@ class UnitHooks {
 
 // Rounds n floats in place to `t` (no-op for f32).
 void round_inplace(float* x, int64_t n, DType t);
+
+template <class F>
+void for_each_global_run(const ParamEntry& e, int64_t local_begin, int64_t local_end, F f) {
+  if (local_begin >= local_end) return;
+  const ParamBox& b = e.box;
+  const int nd = int(b.space.size());
+  // The box is a set of equal runs: dimensions from `split` on are contiguous in the global tensor
+  // (every later dimension is whole), so one run is extent[split] x (the later dims' sizes).
+  int split = nd - 1;
+  while (split > 0 && b.extent[size_t(split)] == b.space[size_t(split)]) split--;
+  std::vector<int64_t> stride(size_t(nd), 1);
+  for (int d = nd - 2; d >= 0; d--) stride[size_t(d)] = stride[size_t(d) + 1] * b.space[size_t(d) + 1];
+  const int64_t run = nd == 0 ? 1 : b.extent[size_t(split)] * stride[size_t(split)];
+  for (int64_t r = local_begin / run; r * run < local_end; r++) {
+    // The global start of run r: its index over the dimensions before `split`, plus the box's offsets.
+    int64_t g = 0, rest = r;
+    for (int d = split; d >= 0; d--) {
+      const int64_t i = d == split ? 0 : rest % b.extent[size_t(d)];
+      if (d != split) rest /= b.extent[size_t(d)];
+      g += (b.offset[size_t(d)] + i) * stride[size_t(d)];
+    }
+    const int64_t lo = std::max(local_begin, r * run), hi = std::min(local_end, (r + 1) * run);
+    f(g + (lo - r * run), g + (hi - r * run), lo);
+  }
+}
 
 }  // namespace mt

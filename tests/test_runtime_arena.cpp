@@ -160,7 +160,7 @@ TEST(ParamStore, OffsetsAreAlignedAndUnitsPaddedToWholeShards) {
       EXPECT_EQ(es[i].unit, int(i / 7));
       EXPECT_EQ(es[i].offset % 16, 0) << es[i].name;
       EXPECT_EQ(es[i].global_shape, es[i].shape);
-      EXPECT_EQ(es[i].global_offset, std::vector<int64_t>(es[i].shape.size(), 0));
+      EXPECT_TRUE(es[i].box.whole()) << es[i].name;
       EXPECT_EQ(es[i].weight_decay, i % 2 == 0);
       const ParamUnit& u = us[size_t(es[i].unit)];
       EXPECT_GE(es[i].offset, u.begin);

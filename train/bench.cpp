@@ -95,8 +95,12 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
     if (print)
       std::fprintf(stderr, "bench: step %d/%d %.3f s%s\n", i + 1, o.steps, r.t_total, i < warmup ? " (warm-up)" : "");
   }
-  // Without overlap: the same gradient reduction, blocking, after everything else has finished.
+  // Bytes each group sent in the last step (before the blocking measurement below adds its own).
   parallel::Comm& dp = tr.mesh().dp_comm();
+  const parallel::CommCounters dp_bytes = dp.counters();
+  const parallel::CommCounters tp_bytes =
+      tr.mesh().tp() > 1 ? tr.mesh().tp_comm().counters() : parallel::CommCounters{};
+  // Without overlap: the same gradient reduction, blocking, after everything else has finished.
   std::vector<double> waits, blocking;
   for (const StepResult& r : rs) waits.push_back(r.t_grad_wait);
   if (dp.size() > 1) {
@@ -139,6 +143,8 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   std::printf("| %-22s | B=%d T=%d accum=%d %s recompute=%s attention=%s threads=%d |\n", "config", o.batch_size,
               o.seq_len, o.grad_accum, dtype_name(o.precision), model::recompute_name(o.recompute),
               model::attention_name(o.attention_kind()), threads);
+  std::printf("| %-22s | %s sp=%d zero=%d (world %d) |\n", "layout", tr.mesh().layout_str().c_str(),
+              int(o.sequence_parallel()), o.parallel.zero, world ? world->size() : 1);
   std::printf("| %-22s | %.1f |\n", "tokens/s (median)", tok_s);
   std::printf("| %-22s | %.1f |\n", "ms/step (median)", 1e3 * median);
   std::printf("| %-22s | %.1f%% |\n", "MFU", 100 * mfu);
@@ -160,6 +166,19 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
                 format_bytes(dm.used).c_str(), format_bytes(dm.total).c_str());
   }
 #endif
+  // Bytes this rank sent per step, per group and collective (parallel/comm.h's sent_bytes).
+  auto bytes_row = [](const char* group, const parallel::CommCounters& c) {
+    std::string cells;
+    for (int op = 0; op < parallel::kNumCommOps; op++) {
+      const parallel::CommOpCount& k = c[parallel::CommOp(op)];
+      if (k.calls)
+        cells += strfmt("%s%s %s (%llu calls)", cells.empty() ? "" : ", ", parallel::comm_op_name(parallel::CommOp(op)),
+                        format_bytes(k.sent_bytes).c_str(), (unsigned long long)k.calls);
+    }
+    std::printf("| %-22s | %s |\n", (std::string("bytes/step/rank ") + group).c_str(), cells.empty() ? "0" : cells.c_str());
+  };
+  if (dp.size() > 1) bytes_row("dp", dp_bytes);
+  if (tr.mesh().tp() > 1) bytes_row("tp", tp_bytes);
   if (dp.size() > 1) {
     std::sort(waits.begin(), waits.end());
     std::sort(blocking.begin(), blocking.end());

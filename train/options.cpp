@@ -70,6 +70,8 @@ const std::map<std::string, Setter>& setters() {
       {"parallel.tp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.tp = parse_int(k, v); }},
       {"parallel.pp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp = parse_int(k, v); }},
       {"parallel.cp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.cp = parse_int(k, v); }},
+      {"parallel.sp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sp = v == "auto" ? -1 : int(to_bool(k, v)); }},
+      {"tp.sp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sp = v == "auto" ? -1 : int(to_bool(k, v)); }},
       {"parallel.zero", [](TrainOptions& o, auto& k, auto& v) { o.parallel.zero = parse_int(k, v); }},
       {"parallel.bucket_mb", [](TrainOptions& o, auto& k, auto& v) { o.parallel.bucket_mb = parse_number(k, v); }},
       {"parallel.sdc_every", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_every = parse_int(k, v); }},
@@ -227,9 +229,21 @@ void TrainOptions::validate() const {
   if (threads < 0) fail("threads must not be negative");
   if (data.prefetch < 0) fail("data.prefetch must not be negative");
   if (parallel.dp < 0) fail("--dp must not be negative (0 infers it from the world size)");
-  if (parallel.tp != 1 || parallel.pp != 1 || parallel.cp != 1)
-    fail("--tp %d --pp %d --cp %d: only data parallelism is implemented so far (tp = pp = cp = 1)", parallel.tp,
-         parallel.pp, parallel.cp);
+  if (parallel.tp < 1) fail("--tp must be at least 1 (got %d)", parallel.tp);
+  if (parallel.pp != 1 || parallel.cp != 1)
+    fail("--pp %d --cp %d: pipeline and context parallelism are not implemented yet (pp = cp = 1)", parallel.pp,
+         parallel.cp);
+  if (parallel.tp == 1 && parallel.sp == 1)
+    fail("tp.sp=true needs tensor parallelism: sequence parallelism splits the sequence over --tp ranks (got --tp 1)");
+  if (parallel.tp > 1) {
+    model::GPT::check_tensor_parallel(model, parallel.tp);
+    if (device != Device::cpu)
+      fail("--tp %d with --device %s: tensor parallelism runs on the CPU backend so far", parallel.tp,
+           device_name(device));
+    if (sequence_parallel() && (int64_t(batch_size) * seq_len) % parallel.tp != 0 && global_batch == 0)
+      fail("tp.sp: the rows of a micro-batch, batch_size %d x seq_len %d, must be divisible by --tp %d (or set "
+           "tp.sp=false)", batch_size, seq_len, parallel.tp);
+  }
   if (parallel.zero < 0 || parallel.zero > 3) fail("--zero must be 0, 1, 2 or 3 (got %d)", parallel.zero);
   if (!(parallel.bucket_mb > 0)) fail("--bucket_mb must be positive (got %g)", parallel.bucket_mb);
   if (parallel.sdc_every < 0) fail("--sdc_every must not be negative");
@@ -250,6 +264,7 @@ nlohmann::json TrainOptions::to_json() const {
                  {"schedule", schedule_name(optim.schedule)}, {"weight_decay", optim.weight_decay},
                  {"beta1", optim.beta1}, {"beta2", optim.beta2}, {"eps", optim.eps}, {"grad_clip", optim.grad_clip}}},
       {"parallel", {{"dp", parallel.dp}, {"tp", parallel.tp}, {"pp", parallel.pp}, {"cp", parallel.cp},
+                    {"sp", parallel.sp < 0 ? nlohmann::json("auto") : nlohmann::json(parallel.sp == 1)},
                     {"zero", parallel.zero}, {"bucket_mb", parallel.bucket_mb}, {"sdc_every", parallel.sdc_every},
                     {"sdc_flip_step", parallel.sdc_flip_step}, {"sdc_flip_rank", parallel.sdc_flip_rank}}},
       {"ckpt", {{"dir", ckpt.dir}, {"keep", ckpt.keep}, {"async", ckpt.async}, {"fault_phase", ckpt.fault_phase},

@@ -46,6 +46,7 @@ struct DataOptions {
 struct ParallelOptions {
   int dp = 0;  // 0: inferred from the world size
   int tp = 1, pp = 1, cp = 1;
+  int sp = -1;                // tp.sp: sequence parallelism (-1: on when tp > 1; 1 with tp = 1 is an error)
   int zero = 0;               // ZeRO stage 0..3
   double bucket_mb = 4;       // gradient bytes per all-reduce bucket (stages 0-1), in MiB
   int sdc_every = 0;          // steps between cross-replica parameter hash checks (0: never)
@@ -98,6 +99,7 @@ struct TrainOptions {
 
   nlohmann::json to_json() const;
   void validate() const;
+  bool sequence_parallel() const { return parallel.tp > 1 && parallel.sp != 0; }
   model::Attention attention_kind() const;  // `attention` with auto resolved for `device`
 };
 

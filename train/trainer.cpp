@@ -80,6 +80,10 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
           strfmt("global_batch %d is not divisible by dp %d x grad_accum %d (dp larger than the batch allows?)",
                  o_.global_batch, dp.size(), o_.grad_accum));
     o_.batch_size = o_.global_batch / per_step;
+    if (o_.sequence_parallel() && (int64_t(o_.batch_size) * o_.seq_len) % o_.parallel.tp != 0)
+      throw parallel::CollectiveError(
+          strfmt("tp.sp: the rows of a micro-batch, batch_size %d (from global_batch) x seq_len %d, must be "
+                 "divisible by --tp %d (or set tp.sp=false)", o_.batch_size, o_.seq_len, o_.parallel.tp));
   }
   ctx_.device = o_.device;
   if (o_.profile_ops) {
@@ -95,7 +99,8 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
     fail("data '%s' uses a vocabulary of %d tokens but model.vocab_size is %d", o_.data.path.c_str(),
          train_data_->vocab_size(), o_.model.vocab_size);
   if (o_.eval_every > 0) val_data_ = open_batches(o_, "val", dp.rank(), dp.size());
-  gpt_ = std::make_unique<model::GPT>(o_.model, store_);
+  if (mesh_->tp() > 1) tp_ = parallel::TensorParallel(mesh_->tp_comm(), o_.sequence_parallel());
+  gpt_ = std::make_unique<model::GPT>(o_.model, store_, tp_);
   store_.finalize(arena_, o_.precision, dp.size(), parallel::storage_for_zero(o_.parallel.zero));
   gpt_->set_arena(&arena_);
   gpt_->set_ctx(ctx_);
@@ -116,7 +121,14 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
     dp_device_comm_ = std::make_unique<parallel::NcclComm>(dp, static_cast<cudaStream_t>(ctx_.stream), "dp.nccl");
 #endif
   dp_ = std::make_unique<parallel::DataParallel>(store_, dp, arena_, dpo, ctx_, dp_device_comm_.get());
-  gpt_->set_unit_hooks(dp_.get());
+  if (tp_.active()) {
+    // Partial gradients (sequence-parallel LayerNorms, positions) are summed over tp, then reduced
+    // over dp.
+    tp_grads_ = std::make_unique<parallel::TensorParallelGrads>(store_, tp_, *dp_);
+    gpt_->set_unit_hooks(tp_grads_.get());
+  } else {
+    gpt_->set_unit_hooks(dp_.get());
+  }
   adam_ = std::make_unique<AdamW>(o_.optim, store_, dp_->segments(), arena_);
   step_scalars_ = arena_.alloc(MemCategory::optimizer, sizeof(StepScalars));
   micro_.resize(size_t(o_.grad_accum));
@@ -171,7 +183,8 @@ void Trainer::update_noise_scale(StepResult& r, double first_sum_sq, double inv_
     const double to_mean = double(valid) / double(valid0) * inv_scale;
     r.local_grad_sq = first_sum_sq * to_mean * to_mean;
     gns_.update(r.local_grad_sq, r.grad_norm * r.grad_norm, double(valid0), double(valid));
-  } else if (dp.size() > 1 && dp_->stats().local_grad_sq_valid && valid_local > 0) {
+  } else if (dp.size() > 1 && !tp_.active() && dp_->stats().local_grad_sq_valid && valid_local > 0) {
+    // (Under tensor parallelism a rank's local norm covers its slices only: not estimated yet.)
     // This rank's own gradient, rescaled to the mean over its tokens, averaged over ranks.
     const double to_mean = double(valid) / double(valid_local) * inv_scale;
     r.local_grad_sq = parallel::all_reduce_sum_double(dp, dp_->local_grad_sq() * to_mean * to_mean) / dp.size();
@@ -205,6 +218,7 @@ StepResult Trainer::step() {
   const float dloss = scaler_.scale() / float(valid);
   dp_->begin_step();
   dp.reset_counters();
+  if (tp_.active()) tp_.comm().reset_counters();
   gpt_->reset_times();
   double loss_sum = 0;
   const bool gns_from_micro = noise_scale_from_micro();
@@ -226,13 +240,25 @@ StepResult Trainer::step() {
   const auto t_opt = clock_type::now();
   if (ckpt_) ckpt_->snapshot_fence();
   fault("optimizer");
-  const bool finite = !scaler_.enabled() || dp_->grads_finite();
+  bool finite = !scaler_.enabled() || dp_->grads_finite();
+  if (scaler_.enabled() && tp_.active()) {  // the tp ranks hold different parts: agree on one answer
+    int32_t bad = finite ? 0 : 1;
+    tp_.comm().all_reduce(&bad, 1, DType::i32, parallel::ReduceOp::max);
+    finite = bad == 0;
+  }
   r.lr = lr_at(o_.optim, step_, o_.steps);
   const double inv_scale = 1.0 / scaler_.scale();
   if (finite) {
     // The norm, and from it the unscale-and-clip factor AdamW applies, are computed on the device; a
     // gradient sharded over ranks is summed through the host first (a collective anyway).
-    if (dp_->grad_norm_is_local()) {
+    if (tp_.active()) {
+      // Every parameter once: the split ones on every tp rank, the replicated ones on tp rank 0.
+      std::vector<char> counted;
+      for (const ParamEntry& e : store_.entries())
+        counted.push_back(!(e.replicated & kAxisTp) || tp_.rank() == 0);
+      const double sum_sq = parallel::all_reduce_sum_double(tp_.comm(), dp_->grad_sum_squares(counted));
+      arena_.mem().upload(&dev->sum_sq, &sum_sq, sizeof(sum_sq));
+    } else if (dp_->grad_norm_is_local()) {
       dp_->grad_sum_squares_into(&dev->sum_sq);
     } else {
       const double sum_sq = dp_->grad_sum_squares();

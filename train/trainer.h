@@ -10,6 +10,7 @@
 #include "parallel/comm.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/tensor_parallel.h"
 #include "runtime/arena.h"
 #include "runtime/param_store.h"
 #include "kernels/op_timer.h"
@@ -78,8 +79,11 @@ class Trainer {
   // `path`: a checkpoint (step_N/) or a root whose newest valid checkpoint is taken. Collective.
   void load_state(const std::string& path);
   const std::string& checkpoint_dir() const { return ckpt_opts_.dir; }
-  // Master weights in the store's full layout (total_numel), gathered from the shards.
+  // Master weights in the store's full layout (total_numel), gathered from the shards (tp = 1).
   std::vector<float> full_master();
+  // Every parameter's whole tensor (global shape, row-major), in entry order, gathered over dp and tp
+  // onto every rank: the weights as a single-rank run holds them, under any layout. Collective.
+  std::vector<std::vector<float>> global_master();
 
   model::GPT& model() { return *gpt_; }
   ParamStore& params() { return store_; }
@@ -111,6 +115,8 @@ class Trainer {
   ParamStore store_;
   std::unique_ptr<model::GPT> gpt_;
   std::unique_ptr<parallel::DataParallel> dp_;
+  parallel::TensorParallel tp_;                           // this rank's tp group (size 1: none)
+  std::unique_ptr<parallel::TensorParallelGrads> tp_grads_;  // the model's hooks when tp > 1
   std::unique_ptr<AdamW> adam_;
   checkpoint::Options ckpt_opts_;
   std::unique_ptr<checkpoint::Checkpointer> ckpt_;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/format.h"
 #include "model/hf_io.h"
 #include "runtime/check.h"
 #include "train/trainer.h"
@@ -116,6 +117,7 @@ void Trainer::run() {
     j["grad_norm"] = std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json();
     if (scaler_.enabled()) j["loss_scale"] = scaler_.scale();
     if (dp.size() > 1) j["comm_dp"] = comm_json(dp);
+    if (mesh_->tp() > 1) j["comm_tp"] = comm_json(mesh_->tp_comm());
     if (gns_.valid()) j["gns"] = {{"b_simple", gns_.b_simple()}, {"g2", gns_.g2()}, {"trace_sigma", gns_.trace_sigma()}};
     if (o_.eval_every > 0 && (step_ % o_.eval_every == 0 || step_ == o_.steps)) j["val_loss"] = evaluate();
     if (ckpt_) {
@@ -139,8 +141,12 @@ void Trainer::run() {
   }
   save_checkpoint();
   wait_checkpoint();
-  const std::vector<float> master = full_master();
-  if (writer) model::export_hf(*gpt_, store_, master.data(), (out / "model.safetensors").string());
+  // The weights for Hugging Face from the checkpoint just committed: one layout-free path for every
+  // layout (the checkpoint holds each tensor whole, whoever wrote which part).
+  world_.barrier();
+  if (writer)
+    export_checkpoint((fs::path(ckpt_opts_.dir) / checkpoint::step_dir_name(step_)).string(),
+                      (out / "model.safetensors").string(), false);
   const MemStats& m = arena_.stats();
   std::fprintf(stderr, "[%s] peak memory: params %s, grads %s, optimizer %s, activations %s, comm %s\n",
                mesh_->str().c_str(), format_bytes(m.peak[0]).c_str(), format_bytes(m.peak[1]).c_str(),

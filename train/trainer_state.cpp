@@ -16,15 +16,21 @@ namespace mt::train {
 namespace {
 constexpr const char* kParts[] = {"param/", "adam_m/", "adam_v/"};
 
-// Calls f(entry, flat_begin, flat_end, shard_offset) for every piece of a parameter entry inside the
-// shard's segments: [flat_begin, flat_end) within the entry, stored at shard_offset in the shard.
+// Calls f(entry, global_begin, global_end, shard_offset) for every piece of a parameter entry inside
+// the shard's segments: a ZeRO shard is a flat range of the local tensor, and the local tensor a box
+// of the global one, so each piece is a run [global_begin, global_end) of the global tensor's flat
+// index, stored from shard_offset in the shard.
 template <class F>
 void for_each_piece(const ParamStore& store, const std::vector<parallel::Segment>& segments, F f) {
   int64_t shard_pos = 0;
   for (const parallel::Segment& seg : segments) {
     for (const ParamEntry& e : store.entries()) {
       const int64_t lo = std::max(seg.begin, e.offset), hi = std::min(seg.end, e.offset + e.numel);
-      if (hi > lo) f(e, lo - e.offset, hi - e.offset, shard_pos + (lo - seg.begin));
+      if (hi <= lo) continue;
+      const int64_t at = shard_pos + (lo - seg.begin), first = lo - e.offset;
+      for_each_global_run(e, first, hi - e.offset, [&](int64_t gb, int64_t ge, int64_t local) {
+        f(e, gb, ge, at + (local - first));
+      });
     }
     shard_pos += seg.size();
   }
@@ -36,18 +42,21 @@ checkpoint::SaveRequest Trainer::checkpoint_request() {
   req.step = step_;
   for (const ParamEntry& e : store_.entries())
     for (const char* part : kParts) req.tensors.push_back({part + e.name, e.global_shape, DType::f32});
-  // ZeRO-0 replicates the whole state on every dp rank: the first replica writes it.
-  const bool writes = o_.parallel.zero > 0 || mesh_->dp_comm().rank() == 0;
-  if (writes) {
+  // ZeRO-0 replicates the whole state on every dp rank, and a replicated entry is the same on every
+  // tp rank: the first replica writes it.
+  const bool dp_writes = o_.parallel.zero > 0 || mesh_->dp_comm().rank() == 0;
+  if (dp_writes) {
     const float* bufs[] = {dp_->master_shard(), adam_->m(), adam_->v()};
     for_each_piece(store_, dp_->segments(), [&](const ParamEntry& e, int64_t fb, int64_t fe, int64_t at) {
+      if ((e.replicated & kAxisTp) && tp_.rank() != 0) return;
       for (int k = 0; k < 3; k++) req.pieces.push_back({kParts[k] + e.name, fb, fe, bufs[k] + at});
     });
   }
   req.global_meta = {{"format", "minitrain-train-state"}, {"version", 2}, {"step", step_}, {"updates", updates_},
                      {"loss_scale", scaler_.scale()}, {"loss_scale_clean", scaler_.clean_steps()},
                      {"model", o_.model.to_json()}, {"data", train_data_->state()}, {"seed", o_.seed},
-                     {"layout", {{"dp", mesh_->dp()}, {"zero", o_.parallel.zero}}}};
+                     {"layout", {{"dp", mesh_->dp()}, {"tp", mesh_->tp()}, {"sp", o_.sequence_parallel()},
+                                 {"zero", o_.parallel.zero}}}};
   return req;
 }
 
@@ -69,6 +78,39 @@ void Trainer::save_state(const std::string& root) {
   checkpoint::Checkpointer c(o, world_);
   c.save(checkpoint_request());
   c.wait();
+}
+
+std::vector<std::vector<float>> Trainer::global_master() {
+  const std::vector<float> local = full_master();  // this rank's boxes, whole over dp
+  parallel::Comm* tp = tp_.active() ? &tp_.comm() : nullptr;
+  const int P = tp ? tp->size() : 1;
+  std::vector<std::vector<float>> out;
+  for (const ParamEntry& e : store_.entries()) {
+    int64_t numel = 1;
+    for (int64_t d : e.global_shape) numel *= d;
+    out.emplace_back(size_t(numel));
+    // Every tp rank's box (its offsets, then its values; the boxes of one entry have equal sizes).
+    const size_t nd = e.box.offset.size();
+    std::vector<int32_t> offsets(nd * size_t(P));
+    std::vector<float> values(size_t(e.numel) * size_t(P));
+    std::vector<int32_t> mine(e.box.offset.begin(), e.box.offset.end());
+    if (tp) {
+      tp->all_gather(mine.data(), offsets.data(), nd, DType::i32);
+      tp->all_gather(local.data() + e.offset, values.data(), size_t(e.numel), DType::f32);
+    } else {
+      offsets = mine;
+      std::copy(local.begin() + e.offset, local.begin() + e.offset + e.numel, values.begin());
+    }
+    for (int r = 0; r < P; r++) {
+      ParamEntry re = e;
+      for (size_t d = 0; d < nd; d++) re.box.offset[d] = offsets[size_t(r) * nd + d];
+      const float* v = values.data() + int64_t(r) * e.numel;
+      for_each_global_run(re, 0, e.numel, [&](int64_t gb, int64_t ge, int64_t local_pos) {
+        std::copy(v + local_pos, v + local_pos + (ge - gb), out.back().begin() + gb);
+      });
+    }
+  }
+  return out;
 }
 
 void Trainer::load_state(const std::string& path) {

@@ -15,6 +15,16 @@ void encoder_fwd(S* out, const int32_t* tokens, const int32_t* pos, const S* wte
 template <class S>
 void encoder_bwd(acc_t<S>* dwte, acc_t<S>* dwpe, const S* dout, const int32_t* tokens, const int32_t* pos, int B,
                  int T_, int C);
+// Vocabulary-parallel ops (kernels/cpu/vocab_parallel.cpp).
+template <class S>
+void embedding_fwd(S* out, const int32_t* ids, const S* table, int row0, int rows, int N, int C);
+template <class S>
+void embedding_bwd(acc_t<S>* dtable, const S* dout, const int32_t* ids, int row0, int rows, int N, int C);
+template <class S>
+void xent_slice_stats(acc_t<S>* stats, const S* logits, const int32_t* targets, int col0, int N, int V, int Vl);
+template <class S>
+void xent_slice_finish(acc_t<S>* losses, S* dlogits, const S* logits, const acc_t<S>* stats, int P,
+                       const int32_t* targets, acc_t<S> dloss, int col0, int N, int V, int Vl);
 template <class S>
 void layernorm_fwd(S* out, acc_t<S>* mean, acc_t<S>* rstd, const S* inp, const S* weight, const S* bias, int N,
                    int C);

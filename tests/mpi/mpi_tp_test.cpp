@@ -1,0 +1,312 @@
+// Tensor parallelism (with and without sequence parallelism) changes nothing but memory and speed:
+// every (tp, dp, ZeRO, accumulation, recompute, attention) layout's loss curve, gradient norm and
+// final weights match a single-rank run of the same global batch; the counted tp bytes equal the
+// formula; a state saved under one layout resumes under another with the uninterrupted run's losses.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <random>
+
+#include "checkpoint/format.h"
+#include "checkpoint/reader.h"
+#include "data/shard.h"
+#include "model/gpt.h"
+#include "parallel/tensor_parallel.h"
+#include "tests/mpi/mpi_test_util.h"
+#include "tests/test_util.h"
+#include "train/trainer.h"
+
+namespace mt::testing {
+namespace {
+
+using train::TrainOptions;
+using train::Trainer;
+
+// A shared data file: rank 0 writes it, everyone uses the same path (the config must match).
+std::string shared_corpus(parallel::Comm& world) {
+  static std::string path;
+  if (!path.empty()) return path;
+  char buf[256] = {};
+  if (world.rank() == 0) {
+    const std::string dir = make_temp_dir("mt_tp");
+    data::ShardBuilder b(64, 63);
+    std::mt19937_64 rng(shared_seed());
+    for (int d = 0; d < 300; d++) {
+      std::vector<int32_t> doc(size_t(8 + rng() % 30));
+      int32_t x = int32_t(rng() % 63);
+      for (auto& t : doc) t = x = (x + 1 + int32_t(rng() % 3)) % 63;
+      b.add_document(doc);
+    }
+    b.write(dir + "/corpus.bin");
+    std::snprintf(buf, sizeof buf, "%s/corpus.bin", dir.c_str());
+  }
+  world.broadcast(buf, sizeof buf / 4, DType::i32, 0);
+  path = buf;
+  return path;
+}
+
+// One layout of the world. batch is B per dp rank; the reference runs dp x B rows on one rank.
+struct Layout {
+  int tp = 1, dp = 1, zero = 0, accum = 1;
+  const char* sp = "auto";
+  const char* recompute = "none";
+  const char* attention = "materialized";
+  const char* precision = "fp32";
+  bool doc_mask = false;
+  float clip = 1.0f;
+  std::string str() const {
+    return strfmt("tp=%d dp=%d zero=%d accum=%d sp=%s recompute=%s attention=%s %s%s clip=%g", tp, dp, zero, accum,
+                  sp, recompute, attention, precision, doc_mask ? " doc_mask" : "", double(clip));
+  }
+};
+
+TrainOptions options(const std::string& data, const Layout& l, int batch, int steps) {
+  TrainOptions o = train::parse_train_options(
+      {"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
+       "model.block_size=16", "seq_len=16", "optim.lr=3e-3", "optim.warmup_steps=3", "data.mode=shuffled",
+       "threads=1", "data.prefetch=0", "data.path=" + data, "parallel.tp=" + std::to_string(l.tp),
+       "parallel.dp=" + std::to_string(l.dp), std::string("tp.sp=") + (l.tp > 1 ? l.sp : "auto"),
+       std::string("recompute=") + l.recompute, std::string("attention=") + l.attention,
+       std::string("precision=") + l.precision, std::string("data.doc_mask=") + (l.doc_mask ? "true" : "false"),
+       "optim.grad_clip=" + std::to_string(l.clip), "steps=" + std::to_string(steps)});
+  o.batch_size = batch;
+  o.grad_accum = l.accum;
+  o.parallel.zero = l.zero;
+  o.parallel.dp = l.dp;
+  o.parallel.tp = l.tp;
+  o.parallel.bucket_mb = 0.01;
+  return o;
+}
+
+struct Curve {
+  std::vector<double> loss, norm;
+  std::vector<std::vector<float>> weights;
+};
+
+Curve train_curve(Trainer& t, int steps) {
+  Curve c;
+  for (int i = 0; i < steps; i++) {
+    const train::StepResult r = t.step();
+    c.loss.push_back(r.loss);
+    c.norm.push_back(r.grad_norm);
+  }
+  c.weights = t.global_master();
+  return c;
+}
+
+double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
+  double e = 0;
+  for (size_t i = 0; i < a.size(); i++) e = std::max(e, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
+  return e;
+}
+
+// max |a - b| / max |b| over every tensor.
+double weight_err(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  double e = 0, m = 0;
+  for (size_t t = 0; t < b.size(); t++)
+    for (size_t k = 0; k < b[t].size(); k++) {
+      e = std::max(e, double(std::fabs(a[t][k] - b[t][k])));
+      m = std::max(m, double(std::fabs(b[t][k])));
+    }
+  return e / m;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// The layouts a world of W ranks can hold, each against its single-rank twin.
+std::vector<Layout> layouts(int W) {
+  std::vector<Layout> out;
+  auto add = [&](Layout l) {
+    if (l.tp * l.dp == W) out.push_back(l);
+  };
+  add({.tp = 2, .dp = 1});
+  add({.tp = 2, .dp = 1, .sp = "false"});
+  add({.tp = 2, .dp = 1, .recompute = "full", .attention = "flash", .doc_mask = true});
+  add({.tp = 2, .dp = 1, .recompute = "selective", .clip = 0.05f});  // clipping active every step
+  add({.tp = 2, .dp = 1, .zero = 1, .accum = 2});  // partial gradients summed once per step
+  add({.tp = 4, .dp = 1});
+  add({.tp = 4, .dp = 1, .sp = "false", .attention = "flash"});
+  add({.tp = 2, .dp = 2, .zero = 1});
+  add({.tp = 2, .dp = 2, .zero = 3});
+  add({.tp = 2, .dp = 2, .zero = 2, .accum = 2, .recompute = "selective"});
+  add({.tp = 2, .dp = 2, .zero = 0, .accum = 2, .sp = "false", .clip = 0.05f});
+  add({.tp = 2, .dp = 2, .zero = 0, .accum = 2, .attention = "flash"});
+  return out;
+}
+
+TEST(TensorParallel, EveryLayoutMatchesTheSingleRankRun) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  const std::string data = shared_corpus(world);
+  const int B = 2, steps = 10;
+  const std::vector<Layout> ls = layouts(W);
+  if (ls.empty()) GTEST_SKIP() << "no tensor-parallel layout for " << W << " ranks";
+  for (const Layout& l : ls) {
+    Layout single = l;
+    single.tp = single.dp = 1;
+    single.zero = 0;
+    Trainer ref(options(data, single, l.dp * B, steps));
+    const Curve want = train_curve(ref, steps);
+    Trainer t(options(data, l, B, steps), &world);
+    const Curve got = train_curve(t, steps);
+    const double loss_err = max_rel(got.loss, want.loss), norm_err = max_rel(got.norm, want.norm);
+    const double werr = weight_err(got.weights, want.weights);
+    if (world.rank() == 0)
+      std::printf("%s: loss max rel err %.2e, grad norm %.2e, weights %.2e\n", l.str().c_str(), loss_err, norm_err,
+                  werr);
+    if (l.clip < 0.1f) {
+      for (double n : want.norm) EXPECT_GT(n, 2 * l.clip) << "the clipping case must clip";
+    }
+    EXPECT_LE(loss_err, 1e-5) << l.str();
+    EXPECT_LE(norm_err, 1e-5) << l.str() << ": the norm must count every parameter once";
+    EXPECT_LE(werr, 1e-4) << l.str();
+    std::vector<float> flat;
+    for (const auto& w : got.weights) flat.insert(flat.end(), w.begin(), w.end());
+    EXPECT_TRUE(same_on_all_ranks(world, flat.data(), flat.size() * 4)) << "ranks disagree on the weights";
+  }
+}
+
+// bf16 activations: the tp run rounds at other points (the sum of partial products is rounded once
+// after the reduction, not inside one GEMM), so it agrees with the single rank to bf16's precision.
+TEST(TensorParallel, Bf16FollowsTheSingleRankRun) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  const std::string data = shared_corpus(world);
+  Layout l{.tp = W >= 4 ? 2 : W, .dp = W >= 4 ? W / 2 : 1, .zero = 1, .precision = "bf16"};
+  if (l.tp < 2) GTEST_SKIP() << "needs 2 ranks";
+  Layout single = l;
+  single.tp = single.dp = 1;
+  single.zero = 0;
+  Trainer ref(options(data, single, l.dp * 2, 10));
+  const Curve want = train_curve(ref, 10);
+  Trainer t(options(data, l, 2, 10), &world);
+  const Curve got = train_curve(t, 10);
+  const double loss_err = max_rel(got.loss, want.loss);
+  if (world.rank() == 0) std::printf("%s: loss max rel err %.2e\n", l.str().c_str(), loss_err);
+  EXPECT_LE(loss_err, 2e-2) << l.str();
+  EXPECT_LT(got.loss.back(), got.loss.front()) << "bf16 tp run does not learn";
+}
+
+// Per step and layer, sequence parallelism moves 4 collectives of the (B T, C) activations each way:
+// all-gathers before c_attn and c_fc and reduce-scatters after both projections (forward), their
+// conjugates in backward; plus the embedding's reduce-scatter and the classifier's all-gather
+// (forward) and their conjugates, and the classifier's softmax statistics (3 floats per row).
+// Without sp the reduce-scatters become all-reduces and the gathers vanish.
+TEST(TensorParallel, CountedBytesEqualTheFormula) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  for (const char* sp : {"true", "false"}) {
+    Layout l{.tp = W, .dp = 1, .sp = sp};
+    Trainer t(options(data, l, 2, 1), &world);
+    t.step();
+    const auto& c = t.mesh().tp_comm().counters();
+    const uint64_t P = uint64_t(W), BT = 2 * 16, C = 32, L = 2, f = 4;
+    const uint64_t act = BT * C * f;  // one (B T, C) fp32 activation
+    const uint64_t blocks = 4 * L + 2;  // per pass: 4 per layer, the embedding and the classifier
+    // The softmax statistics' all-gather, and the squared gradient norm's (one double per rank).
+    const uint64_t stats = (P - 1) * BT * 3 * f + (P - 1) * 8;
+    using parallel::CommOp;
+    if (std::string(sp) == "true") {
+      EXPECT_EQ(c[CommOp::reduce_scatter].calls, blocks);
+      EXPECT_EQ(c[CommOp::reduce_scatter].sent_bytes, blocks * (P - 1) * act / P);
+      EXPECT_EQ(c[CommOp::all_gather].sent_bytes, blocks * (P - 1) * act / P + stats);
+      // Partial gradients summed over tp, one all-reduce per entry: per layer ln_1 and ln_2 weight and
+      // bias, ln_f's two, and wpe (block_size x C).
+      uint64_t ar = 0;
+      for (uint64_t n : {C, C, C, C, C, C, C, C, C, C, 16 * C})
+        ar += parallel::all_reduce_sent_bytes(size_t(n), 4, W, t.mesh().tp_comm().rank());
+      EXPECT_EQ(c[CommOp::all_reduce].sent_bytes, ar);
+    } else {
+      EXPECT_EQ(c[CommOp::reduce_scatter].calls, 0u);
+      EXPECT_EQ(c[CommOp::all_reduce].calls, blocks);
+      EXPECT_EQ(c[CommOp::all_reduce].sent_bytes,
+                blocks * parallel::all_reduce_sent_bytes(BT * C, 4, W, t.mesh().tp_comm().rank()));
+      EXPECT_EQ(c[CommOp::all_gather].sent_bytes, stats);
+    }
+    if (world.rank() == 0)
+      std::printf("tp=%d sp=%s bytes/step over tp: all-gather %llu, reduce-scatter %llu, all-reduce %llu\n", W, sp,
+                  (unsigned long long)c[CommOp::all_gather].sent_bytes,
+                  (unsigned long long)c[CommOp::reduce_scatter].sent_bytes,
+                  (unsigned long long)c[CommOp::all_reduce].sent_bytes);
+  }
+}
+
+// The state saved under one (tp, dp, ZeRO) layout resumes under another with the same global batch:
+// the continued losses are the uninterrupted single-rank run's, and the state passes through a
+// layout unchanged (saved again at once, it exports to the same bytes).
+TEST(TensorParallel, StateSavedUnderOneLayoutResumesUnderAnother) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  const int G = 4, steps = 10;  // rows per step over all dp ranks
+  Trainer ref(options(data, Layout{}, G, steps));
+  const Curve want = train_curve(ref, steps);
+  char root[256] = {};
+  if (world.rank() == 0) std::snprintf(root, sizeof root, "%s", make_temp_dir("mt_tp_state").c_str());
+  world.broadcast(root, sizeof root / 4, DType::i32, 0);
+  const std::string dir(root);
+  // Save after 5 steps under `from`, on every rank of the world.
+  const Layout from{.tp = 2, .dp = W / 2, .zero = 1};
+  {
+    Trainer t(options(data, from, G / from.dp, steps), &world);
+    for (int i = 0; i < 5; i++) t.step();
+    t.save_state(dir + "/a");
+  }
+  world.barrier();
+  {  // Every element of every tensor stored once: replicas (over dp and tp) are written by one rank.
+    const checkpoint::Reader r(dir + "/a/" + checkpoint::step_dir_name(5));
+    int64_t stored = 0, total = 0;
+    for (const checkpoint::FileRecord& f : r.manifest().files)
+      for (const checkpoint::PieceRecord& p : f.pieces) stored += p.flat_end - p.flat_begin;
+    for (const checkpoint::TensorInfo& t : r.tensors()) total += t.numel();
+    EXPECT_EQ(stored, total) << "replicated state written more than once";
+  }
+  // Resume under each layout the world holds, and alone on every rank (tp = dp = 1).
+  std::vector<Layout> to = {{.tp = 1, .dp = W, .zero = 3}, {.tp = W, .dp = 1}, {.tp = 1, .dp = 1}};
+  for (const Layout& l : to) {
+    TrainOptions o = options(data, l, G / l.dp, steps);
+    o.resume = dir + "/a";
+    const bool alone = l.tp * l.dp == 1;
+    Trainer t(o, alone ? nullptr : &world);
+    double err = 0;
+    for (int i = 5; i < steps; i++) err = std::max(err, std::fabs(t.step().loss - want.loss[size_t(i)]) / want.loss[size_t(i)]);
+    if (world.rank() == 0) std::printf("resume %s -> %s: max rel loss err %.2e\n", from.str().c_str(), l.str().c_str(), err);
+    EXPECT_LE(err, 1e-5) << from.str() << " -> " << l.str();
+  }
+  // Through another layout and back out: saved again at once under tp = W, the state is unchanged.
+  {
+    TrainOptions o = options(data, Layout{.tp = W, .dp = 1}, G, steps);
+    o.resume = dir + "/a";
+    Trainer t(o, &world);
+    t.save_state(dir + "/b");
+  }
+  world.barrier();
+  if (world.rank() == 0) {
+    const std::string a = (std::filesystem::path(dir) / "a").string(), b = (std::filesystem::path(dir) / "b").string();
+    // The checkpoint roots hold one step directory each.
+    auto only = [](const std::string& root) {
+      for (const auto& e : std::filesystem::directory_iterator(root))
+        if (e.is_directory()) return e.path().string();
+      return std::string();
+    };
+    train::export_checkpoint(only(a), dir + "/a.safetensors", true);
+    train::export_checkpoint(only(b), dir + "/b.safetensors", true);
+    EXPECT_EQ(read_file(dir + "/a.safetensors"), read_file(dir + "/b.safetensors"))
+        << "a tp=" << W << " round trip changed the exported weights or moments";
+  }
+}
+
+}  // namespace
+}  // namespace mt::testing

@@ -4,18 +4,20 @@
 # checkpoint write, before commit, after commit — or its checkpoint write fails with ENOSPC. The
 # supervisor relaunches it with resume=auto. The final parameters and AdamW moments (exported from
 # the last checkpoint) and the loss of every step must equal the uninterrupted run's, bit for bit.
-# Usage: fault_test.sh <minitrain> <supervise> [trials] [seed]
+# Usage: fault_test.sh <minitrain> <supervise> [trials] [seed] [layout flags...]
 #   without trials: every phase once; with trials: that many kills at random phases and steps.
+#   Layout flags (e.g. --tp 2: tensor-parallel pairs, tp=2 x dp=2) are added to every run.
 set -u
 mt=$1
 supervise=$2
 trials=${3:-0}
 seed=${4:-$RANDOM}
+layout=("${@:5}")
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 mpi=(mpirun --oversubscribe --mca btl self,vader --mca pml ob1 -np 4)
-echo "fault_test: seed $seed"
+echo "fault_test: seed $seed, layout: --zero 1 ${layout[*]}"
 
 for i in $(seq 1 300); do printf 'fault %d tolerance %d needs %d checkpoints.\n%%\n' "$i" $((i * 7 % 13)) $((i % 5)); done \
   > "$work/corpus.txt"
@@ -23,7 +25,7 @@ for i in $(seq 1 300); do printf 'fault %d tolerance %d needs %d checkpoints.\n%
   || { echo "FAIL data prepare"; exit 1; }
 common=(model=tiny model.vocab_size=300 model.n_layer=2 model.n_embd=32 model.n_head=4 model.block_size=32
         seq_len=32 batch_size=2 steps=8 save_every=2 data.path="$work/data" data.mode=shuffled threads=1
-        log_every=100 --zero 1)
+        log_every=100 --zero 1 "${layout[@]}")
 
 final_state() {  # <run dir> -> <run dir>/final.safetensors (params + moments of the newest checkpoint)
   "$mt" ckpt export "$(readlink -f "$1/checkpoints/latest")" "$1/final.safetensors" --all >/dev/null 2>&1 ||

@@ -140,9 +140,8 @@ void Checkpointer::validate(const SaveRequest& req) const {
   for (const Piece& p : req.pieces) {
     auto it = index.find(p.tensor);
     if (it == index.end()) fail("checkpoint: a piece names '%s', which is not in the tensor table", p.tensor.c_str());
-    if (p.flat_begin < 0 || p.flat_end < p.flat_begin || p.flat_end > it->second->numel())
-      fail("checkpoint: piece [%lld, %lld) of '%s' is not inside the tensor (%lld elements)", (long long)p.flat_begin,
-           (long long)p.flat_end, p.tensor.c_str(), (long long)it->second->numel());
+    const std::string problem = p.span().problem(it->second->global_shape);
+    if (!problem.empty()) fail("checkpoint: a piece of '%s' %s", p.tensor.c_str(), problem.c_str());
     if (p.data == nullptr && p.flat_end > p.flat_begin)
       fail("checkpoint: piece of '%s' has no data pointer", p.tensor.c_str());
   }
@@ -216,9 +215,8 @@ std::unique_ptr<WriteJob> Checkpointer::make_job(const SaveRequest& req, bool st
   for (const Piece& p : req.pieces) {
     const size_t n = size_t(p.flat_end - p.flat_begin) * sizeof(float);
     PieceRecord r;
+    static_cast<PieceSpan&>(r) = p.span();
     r.tensor = p.tensor;
-    r.flat_begin = p.flat_begin;
-    r.flat_end = p.flat_end;
     r.offset = offset;
     r.length = n;
     const char* src = reinterpret_cast<const char*>(p.data);

@@ -38,11 +38,14 @@
 namespace mt::checkpoint {
 
 // A piece of a tensor held by this rank: the elements [flat_begin, flat_end) of the row-major
-// flattening of the global tensor `tensor`. ZeRO shards are flat ranges.
+// flattening of the global tensor `tensor` (ZeRO shards are flat ranges) or, with a box, of the box
+// at box_offset with extent box_extent (a tensor-parallel block; format.h PieceSpan).
 struct Piece {
   std::string tensor;  // e.g. "param/transformer.h.0.attn.c_attn.weight", "adam_m/...", "adam_v/..."
   int64_t flat_begin = 0, flat_end = 0;
   const float* data = nullptr;  // fp32 values of that range
+  std::vector<int64_t> box_offset = {}, box_extent = {};  // empty: a flat piece
+  PieceSpan span() const { return PieceSpan{flat_begin, flat_end, box_offset, box_extent}; }
 };
 
 struct SaveRequest {

@@ -93,15 +93,45 @@ std::string rank_file_name(int rank) { return strfmt("rank_%05d.bin", rank); }
 std::string rank_table_name(int rank) { return strfmt("rank_%05d.json", rank); }
 std::string rank_failed_name(int rank) { return strfmt("rank_%05d.failed", rank); }
 
+ParamBox PieceSpan::box(const std::vector<int64_t>& shape) const {
+  if (!is_box()) return ParamBox{shape, std::vector<int64_t>(shape.size(), 0), shape};
+  return ParamBox{shape, box_offset, box_extent};
+}
+
+std::string PieceSpan::problem(const std::vector<int64_t>& shape) const {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  if (is_box()) {
+    if (box_offset.size() != shape.size() || box_extent.size() != shape.size())
+      return strfmt("has a box of %zu dimensions; the tensor has %zu", box_extent.size(), shape.size());
+    numel = 1;
+    for (size_t d = 0; d < shape.size(); d++) {
+      if (box_offset[d] < 0 || box_extent[d] <= 0 || box_offset[d] + box_extent[d] > shape[d])
+        return strfmt("has a box that leaves the tensor along dimension %zu", d);
+      numel *= box_extent[d];
+    }
+  }
+  if (flat_begin < 0 || flat_end < flat_begin || flat_end > numel)
+    return strfmt("[%lld, %lld) is not inside the %s (%lld elements)", (long long)flat_begin, (long long)flat_end,
+                  is_box() ? "box" : "tensor", (long long)numel);
+  return "";
+}
+
 ordered_json tensor_to_json(const TensorInfo& t) {
   return {{"name", t.name}, {"shape", t.global_shape}, {"dtype", dtype_name(t.dtype)}};
 }
 
 ordered_json file_to_json(const FileRecord& f) {
   ordered_json pieces = ordered_json::array();
-  for (const PieceRecord& p : f.pieces)
-    pieces.push_back(ordered_json{{"tensor", p.tensor}, {"kind", "flat"}, {"flat", {p.flat_begin, p.flat_end}},
-                                  {"offset", p.offset}, {"length", p.length}, {"crc32c", p.crc}});
+  for (const PieceRecord& p : f.pieces) {
+    ordered_json j{{"tensor", p.tensor}, {"kind", p.is_box() ? "box" : "flat"}};
+    if (p.is_box()) j["box"] = {{"offset", p.box_offset}, {"extent", p.box_extent}};
+    j["flat"] = {p.flat_begin, p.flat_end};
+    j["offset"] = p.offset;
+    j["length"] = p.length;
+    j["crc32c"] = p.crc;
+    pieces.push_back(std::move(j));
+  }
   return ordered_json{{"name", f.name},
           {"rank", f.rank},
           {"bytes", f.bytes},
@@ -149,8 +179,14 @@ FileRecord file_from_json(const json& j, const std::string& where) {
     p.tensor = get<std::string>(pj, "tensor", w);
     const std::string pw = w + " piece of '" + p.tensor + "'";
     const std::string kind = get<std::string>(pj, "kind", pw);
-    if (kind != "flat")
-      fail("%s: piece kind '%s' is not supported by this build (it reads 'flat')", pw.c_str(), kind.c_str());
+    if (kind != "flat" && kind != "box")
+      fail("%s: piece kind '%s' is not supported by this build (it reads 'flat' and 'box')", pw.c_str(), kind.c_str());
+    if (kind == "box") {
+      const json& box = field(pj, "box", pw);
+      p.box_offset = get<std::vector<int64_t>>(box, "offset", pw + " box");
+      p.box_extent = get<std::vector<int64_t>>(box, "extent", pw + " box");
+      if (p.box_extent.empty()) fail("%s: a box piece without an extent", pw.c_str());
+    }
     const auto flat = get<std::vector<int64_t>>(pj, "flat", pw);
     if (flat.size() != 2 || flat[0] < 0 || flat[1] < flat[0]) fail("%s: bad 'flat' range", pw.c_str());
     p.flat_begin = flat[0];
@@ -227,9 +263,8 @@ std::string table_problem(const Manifest& m) {
       auto it = index.find(p.tensor);
       if (it == index.end()) return strfmt("%s holds a piece of '%s', which is not in the tensor table", f.name.c_str(), p.tensor.c_str());
       const TensorInfo& t = m.tensors[it->second];
-      if (p.flat_end > t.numel())
-        return strfmt("%s: piece [%lld, %lld) of '%s' lies outside the tensor (%lld elements)", f.name.c_str(),
-                      (long long)p.flat_begin, (long long)p.flat_end, p.tensor.c_str(), (long long)t.numel());
+      const std::string where = p.problem(t.global_shape);
+      if (!where.empty()) return strfmt("%s: a piece of '%s' %s", f.name.c_str(), p.tensor.c_str(), where.c_str());
       if (p.length != uint64_t(p.flat_end - p.flat_begin) * dtype_size(t.dtype))
         return strfmt("%s: piece [%lld, %lld) of '%s' has %llu bytes, its elements need %llu", f.name.c_str(),
                       (long long)p.flat_begin, (long long)p.flat_end, p.tensor.c_str(), (unsigned long long)p.length,
@@ -239,7 +274,8 @@ std::string table_problem(const Manifest& m) {
                       p.crc.size(), chunk_count(p.length, m.chunk_bytes));
       if (p.offset < kHeaderBytes || p.offset + p.length > f.bytes)
         return strfmt("%s: piece of '%s' lies outside the file", f.name.c_str(), p.tensor.c_str());
-      if (p.flat_end > p.flat_begin) ranges[it->second].push_back({p.flat_begin, p.flat_end});
+      for_each_span_run(p, t.global_shape,
+                        [&](int64_t gb, int64_t ge, int64_t) { ranges[it->second].push_back({gb, ge}); });
     }
   }
   for (size_t i = 0; i < m.tensors.size(); i++) {

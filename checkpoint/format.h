@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/box.h"
 #include "runtime/dtype.h"
 
 namespace mt::checkpoint {
@@ -35,11 +36,37 @@ struct TensorInfo {
   int64_t numel() const;
 };
 
-// A piece as stored: elements [flat_begin, flat_end) of `tensor`, at [offset, offset + length) of
-// its file, with one CRC-32C per chunk_bytes chunk (the last one shorter).
-struct PieceRecord {
-  std::string tensor;
+// Which elements of its tensor a piece holds. A "flat" piece: elements [flat_begin, flat_end) of the
+// tensor's row-major flattening. A "box" piece (a tensor-parallel block): the box of extent
+// `box_extent` at `box_offset` (one entry per dimension of the tensor's shape), and of the box's own
+// row-major flattening the elements [flat_begin, flat_end) (a ZeRO shard of the block).
+struct PieceSpan {
   int64_t flat_begin = 0, flat_end = 0;
+  std::vector<int64_t> box_offset, box_extent;  // empty: a flat piece
+  bool is_box() const { return !box_extent.empty(); }
+  int64_t numel() const { return flat_end - flat_begin; }
+  // The box within `shape` (the whole tensor as one box for a flat piece).
+  ParamBox box(const std::vector<int64_t>& shape) const;
+  // "" when the span lies inside a tensor of `shape`, else what is wrong.
+  std::string problem(const std::vector<int64_t>& shape) const;
+};
+
+// Calls f(global_begin, global_end, piece_pos) for each contiguous run of the tensor's flat index
+// that the span's elements form, in order; piece_pos counts elements from the span's start.
+template <class F>
+void for_each_span_run(const PieceSpan& s, const std::vector<int64_t>& shape, F f) {
+  if (!s.is_box()) {
+    if (s.flat_end > s.flat_begin) f(s.flat_begin, s.flat_end, int64_t(0));
+    return;
+  }
+  for_each_box_run(s.box(shape), s.flat_begin, s.flat_end,
+                   [&](int64_t gb, int64_t ge, int64_t local) { f(gb, ge, local - s.flat_begin); });
+}
+
+// A piece as stored: its span of `tensor`, at [offset, offset + length) of its file, with one
+// CRC-32C per chunk_bytes chunk (the last one shorter).
+struct PieceRecord : PieceSpan {
+  std::string tensor;
   uint64_t offset = 0, length = 0;
   std::vector<uint32_t> crc;
 };

@@ -58,21 +58,30 @@ const TensorInfo& Reader::tensor(const std::string& name) const {
 void Reader::read_piece_bytes(size_t f, const PieceRecord& p, uint64_t from, uint64_t to, char* out) const {
   const io::InFile& in = files_[f];
   const uint64_t cb = m_.chunk_bytes;
-  std::vector<char> buf;
   for (uint64_t c = from / cb; c * cb < to; c++) {
     const uint64_t c_begin = c * cb, c_end = std::min(p.length, c_begin + cb);
     const uint64_t lo = std::max(from, c_begin), hi = std::min(to, c_end);
-    // A chunk wholly inside the request is read straight into the output; a partial one via a buffer.
+    if (cache_.file == f && cache_.piece == &p && cache_.chunk == c) {  // verified already
+      std::memcpy(out + (lo - from), cache_.bytes.data() + (lo - c_begin), size_t(hi - lo));
+      continue;
+    }
+    // A chunk wholly inside the request is read straight into the output; a partial one is read into
+    // the cache, so that the next small read from it (a box read run by run) is not checked again.
+    const bool whole = lo == c_begin && hi == c_end;
     char* dst = out + (lo - from);
-    if (lo != c_begin || hi != c_end) {
-      buf.resize(size_t(c_end - c_begin));
-      dst = buf.data();
+    if (!whole) {
+      cache_.bytes.resize(size_t(c_end - c_begin));
+      cache_.piece = nullptr;  // invalid until verified
+      dst = cache_.bytes.data();
     }
     in.read_at(dst, size_t(c_end - c_begin), p.offset + c_begin);
     if (crc32c(dst, size_t(c_end - c_begin)) != p.crc[size_t(c)])
       fail("%s: checksum mismatch in tensor '%s' (bytes %llu..%llu of the file): the file is corrupt", in.path().c_str(),
            p.tensor.c_str(), (unsigned long long)(p.offset + c_begin), (unsigned long long)(p.offset + c_end));
-    if (dst == buf.data()) std::memcpy(out + (lo - from), buf.data() + (lo - c_begin), size_t(hi - lo));
+    if (!whole) {
+      cache_ = {f, &p, c, std::move(cache_.bytes)};
+      std::memcpy(out + (lo - from), cache_.bytes.data() + (lo - c_begin), size_t(hi - lo));
+    }
   }
 }
 
@@ -84,25 +93,31 @@ void Reader::read(const std::string& name, int64_t flat_begin, int64_t flat_end,
   if (flat_begin < 0 || flat_end < flat_begin || flat_end > t.numel())
     fail("checkpoint %s: range [%lld, %lld) is outside tensor '%s' (%lld elements)", path_.c_str(),
          (long long)flat_begin, (long long)flat_end, name.c_str(), (long long)t.numel());
-  const auto& list = pieces_of_[tensor_index_.at(name)];
-  int64_t pos = flat_begin;
-  while (pos < flat_end) {
-    // The piece holding `pos` that reaches furthest (pieces may overlap when state was replicated).
-    const PieceRecord* best = nullptr;
-    size_t best_file = 0;
-    for (const auto& [f, i] : list) {
-      const PieceRecord& p = m_.files[f].pieces[i];
-      if (p.flat_begin <= pos && pos < p.flat_end && (!best || p.flat_end > best->flat_end)) {
-        best = &p;
-        best_file = f;
+  // Each piece (flat, or a box: several runs of the tensor) fills what it holds of the range and no
+  // element is read twice (pieces overlap where state was replicated).
+  std::vector<bool> filled(size_t(flat_end - flat_begin), false);
+  int64_t missing = flat_end - flat_begin;
+  for (const auto& [f, i] : pieces_of_[tensor_index_.at(name)]) {
+    if (missing == 0) break;
+    const PieceRecord& p = m_.files[f].pieces[i];
+    for_each_span_run(p, t.global_shape, [&](int64_t gb, int64_t ge, int64_t at) {
+      for (int64_t k = std::max(gb, flat_begin), end = std::min(ge, flat_end); k < end;) {
+        if (filled[size_t(k - flat_begin)]) {
+          k++;
+          continue;
+        }
+        int64_t k2 = k;
+        while (k2 < end && !filled[size_t(k2 - flat_begin)]) filled[size_t(k2++ - flat_begin)] = true;
+        const uint64_t from = uint64_t(at + (k - gb)) * 4;
+        read_piece_bytes(f, p, from, from + uint64_t(k2 - k) * 4, reinterpret_cast<char*>(out + (k - flat_begin)));
+        missing -= k2 - k;
+        k = k2;
       }
-    }
-    if (!best)
-      fail("checkpoint %s: element %lld of tensor '%s' is in no file", path_.c_str(), (long long)pos, name.c_str());
-    const int64_t end = std::min(flat_end, best->flat_end);
-    read_piece_bytes(best_file, *best, uint64_t(pos - best->flat_begin) * 4, uint64_t(end - best->flat_begin) * 4,
-                     reinterpret_cast<char*>(out + (pos - flat_begin)));
-    pos = end;
+    });
+  }
+  if (missing > 0) {
+    const int64_t pos = flat_begin + (std::find(filled.begin(), filled.end(), false) - filled.begin());
+    fail("checkpoint %s: element %lld of tensor '%s' is in no file", path_.c_str(), (long long)pos, name.c_str());
   }
 }
 

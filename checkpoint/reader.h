@@ -42,7 +42,8 @@ class Reader {
   const Manifest& manifest() const { return m_; }
 
   // Fills out[0 .. flat_end - flat_begin) with elements [flat_begin, flat_end) of global tensor
-  // `name`, from whichever files hold them, verifying the checksum of every chunk it reads.
+  // `name`, from whichever files hold them (flat pieces or boxes), verifying the checksum of every
+  // chunk it reads; a chunk read in part is kept, so reading a box run by run checks it once.
   void read(const std::string& name, int64_t flat_begin, int64_t flat_end, float* out) const;
   // The rank_meta of each writing rank, in rank order (checksums verified).
   std::vector<nlohmann::json> rank_metas() const;
@@ -63,6 +64,14 @@ class Reader {
   std::vector<io::InFile> files_;
   std::unordered_map<std::string, size_t> tensor_index_;
   std::vector<std::vector<std::pair<size_t, size_t>>> pieces_of_;  // per tensor: (file, piece), by flat_begin
+  // The last chunk read for a partial request, verified: the next read from it skips the checksum.
+  struct ChunkCache {
+    size_t file = 0;
+    const PieceRecord* piece = nullptr;
+    uint64_t chunk = 0;
+    std::vector<char> bytes;
+  };
+  mutable ChunkCache cache_;
 };
 
 // Full verification of one checkpoint: manifest, table coverage of every tensor, file sizes and

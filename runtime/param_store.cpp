@@ -9,12 +9,6 @@ void ParamStore::begin_unit(const std::string& name) {
   units_.push_back(ParamUnit{name, 0, 0});
 }
 
-int64_t ParamBox::numel() const {
-  int64_t n = 1;
-  for (int64_t d : extent) n *= d;
-  return n;
-}
-
 int ParamStore::add(const std::string& name, std::vector<int64_t> shape, bool weight_decay) {
   std::vector<int64_t> global = shape;
   ParamBox whole{shape, std::vector<int64_t>(shape.size(), 0), shape};

@@ -30,20 +30,10 @@
 
 
 #include "runtime/arena.h"
+#include "runtime/box.h"
 #include "runtime/dtype.h"
 
 namespace mt {
-
-// Where a parameter sits in the whole model when a parallel layout splits it. The rank's local tensor
-// is a BOX of the global one: `extent` elements from `offset` along each dimension of `space`, in
-// row-major order. `space` is the global shape, or the same elements seen with more dimensions where
-// that turns a rank's part into one box: c_attn's (3C, C) weight seen as (3, C, C), so that a
-// tensor-parallel rank's heads (the same rows of q, k and v) are the box (3, C/tp, C) at (0, r C/tp, 0).
-struct ParamBox {
-  std::vector<int64_t> space, offset, extent;
-  int64_t numel() const;
-  bool whole() const { return extent == space; }
-};
 
 // Bits of ParamEntry::replicated and ::partial_grad, one per mesh dimension (parallel::MeshDim order).
 enum : uint8_t { kAxisTp = 1, kAxisCp = 2, kAxisPp = 4, kAxisDp = 8 };
@@ -66,11 +56,11 @@ struct ParamEntry {
   uint8_t partial_grad = 0;
 };
 
-// Calls f(global_begin, global_end, local_pos) for each contiguous run of the global tensor's flat
-// index space that local elements [local_begin, local_end) of `e` cover, in order; local_pos is where
-// the run starts in the local flat index. A whole box is one run.
+// The same for a parameter's local elements (its box).
 template <class F>
-void for_each_global_run(const ParamEntry& e, int64_t local_begin, int64_t local_end, F f);
+void for_each_global_run(const ParamEntry& e, int64_t local_begin, int64_t local_end, F f) {
+  for_each_box_run(e.box, local_begin, local_end, f);
+}
 
 struct ParamUnit {
   std::string name;
@@ -190,30 +180,5 @@ class UnitHooks {
 
 // Rounds n floats in place to `t` (no-op for f32).
 void round_inplace(float* x, int64_t n, DType t);
-
-template <class F>
-void for_each_global_run(const ParamEntry& e, int64_t local_begin, int64_t local_end, F f) {
-  if (local_begin >= local_end) return;
-  const ParamBox& b = e.box;
-  const int nd = int(b.space.size());
-  // The box is a set of equal runs: dimensions from `split` on are contiguous in the global tensor
-  // (every later dimension is whole), so one run is extent[split] x (the later dims' sizes).
-  int split = nd - 1;
-  while (split > 0 && b.extent[size_t(split)] == b.space[size_t(split)]) split--;
-  std::vector<int64_t> stride(size_t(nd), 1);
-  for (int d = nd - 2; d >= 0; d--) stride[size_t(d)] = stride[size_t(d) + 1] * b.space[size_t(d) + 1];
-  const int64_t run = nd == 0 ? 1 : b.extent[size_t(split)] * stride[size_t(split)];
-  for (int64_t r = local_begin / run; r * run < local_end; r++) {
-    // The global start of run r: its index over the dimensions before `split`, plus the box's offsets.
-    int64_t g = 0, rest = r;
-    for (int d = split; d >= 0; d--) {
-      const int64_t i = d == split ? 0 : rest % b.extent[size_t(d)];
-      if (d != split) rest /= b.extent[size_t(d)];
-      g += (b.offset[size_t(d)] + i) * stride[size_t(d)];
-    }
-    const int64_t lo = std::max(local_begin, r * run), hi = std::min(local_end, (r + 1) * run);
-    f(g + (lo - r * run), g + (hi - r * run), lo);
-  }
-}
 
 }  // namespace mt

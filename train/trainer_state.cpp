@@ -16,25 +16,32 @@ namespace mt::train {
 namespace {
 constexpr const char* kParts[] = {"param/", "adam_m/", "adam_v/"};
 
-// Calls f(entry, global_begin, global_end, shard_offset) for every piece of a parameter entry inside
-// the shard's segments: a ZeRO shard is a flat range of the local tensor, and the local tensor a box
-// of the global one, so each piece is a run [global_begin, global_end) of the global tensor's flat
-// index, stored from shard_offset in the shard.
+// Calls f(entry, local_begin, local_end, shard_offset) for every part of a parameter entry inside the
+// shard's segments: a ZeRO shard is a flat range [local_begin, local_end) of the entry's local
+// tensor (a box of the global one), stored from shard_offset in the shard.
 template <class F>
-void for_each_piece(const ParamStore& store, const std::vector<parallel::Segment>& segments, F f) {
+void for_each_shard_part(const ParamStore& store, const std::vector<parallel::Segment>& segments, F f) {
   int64_t shard_pos = 0;
   for (const parallel::Segment& seg : segments) {
     for (const ParamEntry& e : store.entries()) {
       const int64_t lo = std::max(seg.begin, e.offset), hi = std::min(seg.end, e.offset + e.numel);
-      if (hi <= lo) continue;
-      const int64_t at = shard_pos + (lo - seg.begin), first = lo - e.offset;
-      for_each_global_run(e, first, hi - e.offset, [&](int64_t gb, int64_t ge, int64_t local) {
-        f(e, gb, ge, at + (local - first));
-      });
+      if (hi > lo) f(e, lo - e.offset, hi - e.offset, shard_pos + (lo - seg.begin));
     }
     shard_pos += seg.size();
   }
 }
+
+// The same, as runs [global_begin, global_end) of the global tensors' flat index.
+template <class F>
+void for_each_piece(const ParamStore& store, const std::vector<parallel::Segment>& segments, F f) {
+  for_each_shard_part(store, segments, [&](const ParamEntry& e, int64_t lb, int64_t le, int64_t at) {
+    for_each_global_run(e, lb, le, [&](int64_t gb, int64_t ge, int64_t local) { f(e, gb, ge, at + (local - lb)); });
+  });
+}
+
+// A box of the global tensor's own shape that is more than one run (a column split) is stored as one
+// box piece; anything else (whole tensors, row splits, c_attn's reshaped heads: a few runs) as runs.
+bool stored_as_box(const ParamEntry& e) { return e.box.space == e.global_shape && e.box.run_length() < e.numel; }
 }  // namespace
 
 checkpoint::SaveRequest Trainer::checkpoint_request() {
@@ -47,9 +54,16 @@ checkpoint::SaveRequest Trainer::checkpoint_request() {
   const bool dp_writes = o_.parallel.zero > 0 || mesh_->dp_comm().rank() == 0;
   if (dp_writes) {
     const float* bufs[] = {dp_->master_shard(), adam_->m(), adam_->v()};
-    for_each_piece(store_, dp_->segments(), [&](const ParamEntry& e, int64_t fb, int64_t fe, int64_t at) {
+    for_each_shard_part(store_, dp_->segments(), [&](const ParamEntry& e, int64_t lb, int64_t le, int64_t at) {
       if ((e.replicated & kAxisTp) && tp_.rank() != 0) return;
-      for (int k = 0; k < 3; k++) req.pieces.push_back({kParts[k] + e.name, fb, fe, bufs[k] + at});
+      if (stored_as_box(e)) {
+        for (int k = 0; k < 3; k++)
+          req.pieces.push_back({kParts[k] + e.name, lb, le, bufs[k] + at, e.box.offset, e.box.extent});
+        return;
+      }
+      for_each_global_run(e, lb, le, [&](int64_t gb, int64_t ge, int64_t local) {
+        for (int k = 0; k < 3; k++) req.pieces.push_back({kParts[k] + e.name, gb, ge, bufs[k] + at + (local - lb)});
+      });
     });
   }
   req.global_meta = {{"format", "minitrain-train-state"}, {"version", 2}, {"step", step_}, {"updates", updates_},

@@ -267,11 +267,17 @@ TEST(TensorParallel, StateSavedUnderOneLayoutResumesUnderAnother) {
   world.barrier();
   {  // Every element of every tensor stored once: replicas (over dp and tp) are written by one rank.
     const checkpoint::Reader r(dir + "/a/" + checkpoint::step_dir_name(5));
-    int64_t stored = 0, total = 0;
+    int64_t stored = 0, total = 0, boxes = 0;
     for (const checkpoint::FileRecord& f : r.manifest().files)
-      for (const checkpoint::PieceRecord& p : f.pieces) stored += p.flat_end - p.flat_begin;
+      for (const checkpoint::PieceRecord& p : f.pieces) {
+        stored += p.flat_end - p.flat_begin;
+        boxes += p.is_box();
+      }
     for (const checkpoint::TensorInfo& t : r.tensors()) total += t.numel();
     EXPECT_EQ(stored, total) << "replicated state written more than once";
+    // The row-parallel matrices (attn.c_proj, mlp.c_proj: column blocks) are box pieces, three
+    // parts each, per layer and ZeRO chunk.
+    EXPECT_GE(boxes, 2 * 2 * 3) << "column blocks stored as runs instead of boxes";
   }
   // Resume under each layout the world holds, and alone on every rank (tp = dp = 1).
   std::vector<Layout> to = {{.tp = 1, .dp = W, .zero = 3}, {.tp = W, .dp = 1}, {.tp = 1, .dp = 1}};

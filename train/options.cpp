@@ -66,6 +66,7 @@ const std::map<std::string, Setter>& setters() {
       {"ckpt.fault_rank", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_rank = parse_int(k, v); }},
       {"loss_scale.init", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.init_scale = float(parse_number(k, v)); }},
       {"loss_scale.growth_interval", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.growth_interval = parse_int(k, v); }},
+      {"loss_scale.max_skips", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.max_skips = parse_int(k, v); }},
       {"parallel.dp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.dp = parse_int(k, v); }},
       {"parallel.tp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.tp = parse_int(k, v); }},
       {"parallel.pp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp = parse_int(k, v); }},
@@ -237,8 +238,8 @@ void TrainOptions::validate() const {
   if (!ckpt.fault_phase.empty() && !checkpoint::is_fault_phase(ckpt.fault_phase))
     fail("ckpt.fault_phase '%s' is not a fault phase (forward, backward, optimizer, staging, write, "
          "before_commit, after_commit, enospc)", ckpt.fault_phase.c_str());
-  if (loss_scale.init_scale <= 0 || loss_scale.growth_interval <= 0)
-    fail("loss_scale.init and loss_scale.growth_interval must be positive");
+  if (loss_scale.init_scale <= 0 || loss_scale.growth_interval <= 0 || loss_scale.max_skips <= 0)
+    fail("loss_scale.init, loss_scale.growth_interval and loss_scale.max_skips must be positive");
 }
 
 nlohmann::json TrainOptions::to_json() const {
@@ -254,7 +255,8 @@ nlohmann::json TrainOptions::to_json() const {
                     {"sdc_flip_step", parallel.sdc_flip_step}, {"sdc_flip_rank", parallel.sdc_flip_rank}}},
       {"ckpt", {{"dir", ckpt.dir}, {"keep", ckpt.keep}, {"async", ckpt.async}, {"fault_phase", ckpt.fault_phase},
                 {"fault_step", ckpt.fault_step}, {"fault_rank", ckpt.fault_rank}}},
-      {"loss_scale", {{"init", loss_scale.init_scale}, {"growth_interval", loss_scale.growth_interval}}},
+      {"loss_scale", {{"init", loss_scale.init_scale}, {"growth_interval", loss_scale.growth_interval},
+                      {"max_skips", loss_scale.max_skips}}},
       {"batch_size", batch_size}, {"global_batch", global_batch}, {"seq_len", seq_len}, {"grad_accum", grad_accum}, {"steps", steps},
       {"seed", seed}, {"precision", precision == DType::f32 ? "fp32" : precision == DType::bf16 ? "bf16" : "fp16"},
       {"recompute", model::recompute_name(recompute)}, {"attention", attention}, {"device", device_name(device)}, {"out_dir", out_dir},

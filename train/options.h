@@ -27,10 +27,12 @@ struct OptimOptions {
 };
 
 // Dynamic loss scaling for fp16 (Micikevicius et al. 2018): skip the step and halve the scale on
-// inf/NaN gradients, double it after `growth_interval` clean steps.
+// inf/NaN gradients, double it after `growth_interval` clean steps. `max_skips` skipped steps in a
+// row stop the run as diverged (train/divergence.h).
 struct LossScaleOptions {
   float init_scale = 65536.f;
   int growth_interval = 200;
+  int max_skips = 20;
 };
 
 struct DataOptions {

@@ -92,6 +92,8 @@ class Trainer {
 
  private:
   void check_replicas();  // silent-data-corruption check across dp replicas
+  // Collective: throws DivergenceError (train/divergence.h) if the state a save would write is not finite.
+  void check_state_finite();
   checkpoint::SaveRequest checkpoint_request();
   void load_checkpoint(const std::string& ckpt_path);
   // With one rank, the noise scale compares the first micro-batch's gradient with the whole batch's.

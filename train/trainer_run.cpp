@@ -9,6 +9,7 @@
 
 #include "model/hf_io.h"
 #include "runtime/check.h"
+#include "train/divergence.h"
 #include "train/trainer.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
@@ -103,6 +104,7 @@ void Trainer::run() {
   auto since_run = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count(); };
   const int first = step_;
   int64_t logged_save = -1;
+  DivergenceGuard guard(o_.loss_scale.max_skips);
   while (step_ < o_.steps) {
     arena_.reset_peaks();
     const StepResult r = step();
@@ -134,6 +136,11 @@ void Trainer::run() {
                    step_, o_.steps, r.loss, r.lr, r.grad_norm, tok_s, 100 * mfu, format_duration(eta).c_str(),
                    r.skipped ? " | skipped (fp16 overflow)" : "",
                    j.contains("val_loss") ? strfmt(" | val %.4f", j["val_loss"].get<double>()).c_str() : "");
+    }
+    const std::string diverged = guard.problem(step_, r, scaler_.scale());
+    if (!diverged.empty()) {
+      wait_checkpoint();  // the save in flight holds an earlier, finite step: let it commit
+      throw DivergenceError(diverged);
     }
     if (o_.save_every > 0 && step_ % o_.save_every == 0 && step_ != o_.steps) save_checkpoint();
   }

@@ -1,6 +1,7 @@
 #include "checkpoint/reader.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "checkpoint/catalog.h"
@@ -17,6 +18,18 @@ std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "(";
   for (size_t i = 0; i < s.size(); i++) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + ")";
+}
+
+// Training state is never saved non-finite (train/divergence.h); a NaN or inf read back means a
+// diverged run's checkpoint (written before that rule) or damage the checksums could not see.
+void check_finite(const char* bytes, size_t n, const std::string& file, const PieceRecord& p, uint64_t at) {
+  for (size_t i = 0; i + sizeof(float) <= n; i += sizeof(float)) {
+    float x;
+    std::memcpy(&x, bytes + i, sizeof x);
+    if (!std::isfinite(x))
+      fail("%s: tensor '%s' holds a non-finite value (%s) at element %lld: not a usable checkpoint", file.c_str(),
+           p.tensor.c_str(), std::isnan(x) ? "NaN" : "inf", (long long)(p.flat_begin + int64_t((at + i) / sizeof(float))));
+  }
 }
 
 }  // namespace
@@ -72,6 +85,7 @@ void Reader::read_piece_bytes(size_t f, const PieceRecord& p, uint64_t from, uin
     if (crc32c(dst, size_t(c_end - c_begin)) != p.crc[size_t(c)])
       fail("%s: checksum mismatch in tensor '%s' (bytes %llu..%llu of the file): the file is corrupt", in.path().c_str(),
            p.tensor.c_str(), (unsigned long long)(p.offset + c_begin), (unsigned long long)(p.offset + c_end));
+    check_finite(dst, size_t(c_end - c_begin), in.path(), p, c_begin);
     if (dst == buf.data()) std::memcpy(out + (lo - from), buf.data() + (lo - c_begin), size_t(hi - lo));
   }
 }

@@ -2,7 +2,8 @@
 //
 // A reader asks for a flat range of a GLOBAL tensor and gets it assembled from whichever rank files
 // hold it, so a checkpoint written by dp=4 / ZeRO-1 loads under dp=2 / ZeRO-3 (or one rank): each
-// rank just asks for its own new shard. Every byte read is checked against its chunk checksum.
+// rank just asks for its own new shard. Every byte read is checked against its chunk checksum, and
+// every value must be finite (a NaN or inf is refused like a checksum mismatch).
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -179,8 +179,9 @@ std::optional<Found> find_latest_valid(const std::string& dir, parallel::Comm& w
   std::string why;
   if (world.rank() == 0) try {
     const std::vector<CatalogEntry> all = list_checkpoints(dir);
+    std::vector<std::pair<const CatalogEntry*, std::string>> refused;  // and why
     for (const CatalogEntry& e : all)
-      if (!e.problem.empty()) MT_LOG_WARN(log, "checkpoint: skipping %s: %s", e.path.c_str(), e.problem.c_str());
+      if (!e.problem.empty()) refused.push_back({&e, e.problem});
     const CatalogEntry* chosen = nullptr;
     for (const CatalogEntry& e : all) {
       if (!e.problem.empty()) continue;
@@ -189,9 +190,17 @@ std::optional<Found> find_latest_valid(const std::string& dir, parallel::Comm& w
         chosen = &e;
         break;
       } catch (const Error& err) {
-        MT_LOG_WARN(log, "checkpoint: skipping %s: %s; trying the next older one", e.path.c_str(), err.what());
+        refused.push_back({&e, err.what()});
       }
     }
+    if (!chosen && !refused.empty()) {
+      // Checkpoints, but none usable: not a fresh start, which would overwrite and retire them.
+      std::string list;
+      for (const auto& [e, reason] : refused) list += strfmt("%s%s (%s)", list.empty() ? "" : "; ", e->name.c_str(), reason.c_str());
+      fail("none of the %zu checkpoint(s) in %s verifies: %s", refused.size(), dir.c_str(), list.c_str());
+    }
+    for (const auto& [e, reason] : refused)
+      MT_LOG_WARN(log, "checkpoint: skipping %s: %s; trying the next older one", e->path.c_str(), reason.c_str());
     if (chosen) {
       msg[0] = 1;
       msg[1] = int32_t(uint32_t(uint64_t(chosen->step)));
@@ -201,8 +210,6 @@ std::optional<Found> find_latest_valid(const std::string& dir, parallel::Comm& w
         MT_LOG_WARN(log, "checkpoint: %s/latest names %s, but %s is the newest checkpoint that verifies", dir.c_str(),
                     latest->c_str(), chosen->name.c_str());
       MT_LOG_INFO(log, "checkpoint: resuming from %s (step %lld)", chosen->path.c_str(), (long long)chosen->step);
-    } else if (!all.empty()) {
-      MT_LOG_WARN(log, "checkpoint: no checkpoint in %s verifies", dir.c_str());
     }
   } catch (const Error& e) {  // e.g. the directory cannot be listed: every rank fails together
     msg[0] = -1;

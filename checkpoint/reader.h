@@ -27,7 +27,9 @@ struct Found {
 
 // Collective. Rank 0 scans `dir`, picks the newest checkpoint (catalog.h: by commit time, then step)
 // whose manifest, files and checksums verify, logging each one it skips and why, and broadcasts the
-// choice; every rank returns the same answer (nullopt: none, e.g. a fresh run).
+// choice; every rank returns the same answer (nullopt: `dir` holds no checkpoint, e.g. a fresh run).
+// When it holds checkpoints but none verifies, every rank throws CollectiveError, rank 0's naming
+// each checkpoint and why it was refused.
 std::optional<Found> find_latest_valid(const std::string& dir, parallel::Comm& world, const Logger& log);
 
 class Reader {

@@ -207,16 +207,29 @@ TEST(CheckpointCorruption, DamagedManifestIsDetected) {
   c.expect_detected_and_skipped("malformed JSON");
 }
 
-// No checkpoint verifies: none is chosen (the caller decides what to do), and the reasons are logged.
-TEST(CheckpointCorruption, NothingIsChosenWhenNoCheckpointVerifies) {
+// Checkpoints, but none verifies: an error naming each one and why (not "nothing to resume", which
+// a trainer would take for a fresh start), and nothing is touched. No checkpoint at all: nullopt.
+TEST(CheckpointCorruption, NoCheckpointVerifyingIsAnErrorNamingEach) {
   TwoCheckpoints c;
   fs::remove(c.newest + "/rank_00001.bin");
-  fs::remove(c.dir + "/step_000010/rank_00001.bin");
+  const std::string old_file = c.dir + "/step_000010/rank_00000.bin";
+  fs::resize_file(old_file, fs::file_size(old_file) - 3);
   testing::CapturedLog log;
   parallel::SelfComm self;
-  EXPECT_FALSE(find_latest_valid(c.dir, self, log.logger).has_value());
-  EXPECT_NE(log.text().find("no checkpoint in " + c.dir + " verifies"), std::string::npos) << log.text();
+  try {
+    find_latest_valid(c.dir, self, log.logger);
+    ADD_FAILURE() << "no checkpoint verifies, yet none was refused";
+  } catch (const parallel::CollectiveError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("none of the 2 checkpoint(s) in " + c.dir + " verifies"), std::string::npos) << what;
+    EXPECT_NE(what.find("step_000020 (opening " + c.newest + "/rank_00001.bin: No such file"), std::string::npos) << what;
+    EXPECT_NE(what.find("step_000010 (" + old_file + " has"), std::string::npos) << what;
+    EXPECT_NE(what.find("truncated"), std::string::npos) << what;
+  }
+  EXPECT_TRUE(fs::exists(c.newest) && fs::exists(c.dir + "/step_000010"));
   EXPECT_FALSE(find_latest_valid(c.dir + "/absent", self, log.logger).has_value());  // a fresh run
+  fs::create_directory(c.dir + "/empty");
+  EXPECT_FALSE(find_latest_valid(c.dir + "/empty", self, log.logger).has_value());
 }
 
 TEST(CheckpointCorruption, UnknownFormatVersionIsRefusedByName) {

@@ -88,8 +88,10 @@ struct TrainOptions {
   Device device = Device::cpu;
   std::string out_dir = "runs/default";
   std::string init_from;   // Hugging Face GPT-2 safetensors to initialise the weights from
-  std::string resume;      // "auto": newest valid checkpoint in ckpt.dir (fresh start if none);
-                           // a checkpoint directory (step_N/) or a checkpoint root; "": fresh start
+  std::string resume;      // "auto": newest valid checkpoint in ckpt.dir (fresh start if there is no
+                           // checkpoint; an error if there are some but none verifies); "fresh": step 0
+                           // even in a run directory with checkpoints; a checkpoint directory (step_N/)
+                           // or a checkpoint root; "": fresh start in a new out_dir
   int save_every = 0;      // steps between checkpoints (0: only at the end)
   int eval_every = 0;      // steps between validation evaluations (0: never)
   int eval_batches = 4;

@@ -96,6 +96,7 @@ class Trainer {
   void check_state_finite();
   checkpoint::SaveRequest checkpoint_request();
   void load_checkpoint(const std::string& ckpt_path);
+  void resume_at_start();  // as o.resume says (train/trainer_resume.cpp)
   // With one rank, the noise scale compares the first micro-batch's gradient with the whole batch's.
   bool noise_scale_from_micro() const {
     return mesh_->dp_comm().size() == 1 && micro_.size() > 1 && store_.full_grads();

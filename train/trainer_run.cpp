@@ -48,14 +48,15 @@ Peak run_peak(const TrainOptions& o, int threads) {
 void Trainer::run() {
   const fs::path out(o_.out_dir);
   const fs::path metrics_path = out / "metrics.jsonl";
-  const bool resuming = !o_.resume.empty();  // resume=auto may find nothing yet: it still appends
+  // resume=auto may find nothing yet, and resume=fresh starts over in the directory: both append.
+  const bool resuming = !o_.resume.empty();
   const bool writer = world_.rank() == 0;
   // Rank 0 looks before anyone writes, and tells the others, so every rank fails the same way.
   int32_t taken = writer && !resuming && fs::exists(metrics_path);
   world_.broadcast(&taken, 1, DType::i32, 0);
   if (taken)
     throw parallel::CollectiveError(strfmt(
-        "out_dir '%s' already holds a run (metrics.jsonl); choose another --out, or resume=auto to continue it",
+        "out_dir '%s' already holds a run (metrics.jsonl); choose another --out, resume=auto to continue it, or resume=fresh to start over in it",
         o_.out_dir.c_str()));
   // Fault injection is armed once per output directory: the relaunched run must not fire it again.
   if (!o_.ckpt.fault_phase.empty()) {

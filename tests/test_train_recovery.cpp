@@ -110,5 +110,60 @@ TEST_F(Recovery, AutoResumeRefusesWhenNoCheckpointVerifiesAndTouchesNothing) {
   EXPECT_FALSE(fs::exists(ckpts + "/step_000006")) << "retention kept more than ckpt.keep=1";
 }
 
+// Runs `o` and returns its error ("" when it completed).
+std::string run_error(const TrainOptions& o) {
+  try {
+    Trainer(o).run();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A fault that could never fire fails the run before anything is written, naming the option.
+TEST_F(Recovery, FaultInjectionThatCannotFireIsRefusedBeforeTheRun) {
+  run_ = dir_ + "/run";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"ckpt.fault_phase=write", "ckpt.fault_step=3"}, "no checkpoint is saved at step 3"},
+      {{"ckpt.fault_phase=enospc", "ckpt.fault_step=5"}, "no checkpoint is saved at step 5"},
+      {{"ckpt.fault_phase=forward", "ckpt.fault_step=7"}, "ckpt.fault_step=7 is past the run's last step"},
+      {{"ckpt.fault_phase=backward", "ckpt.fault_step=2", "ckpt.fault_rank=1"}, "ckpt.fault_rank=1 is outside"},
+      {{"ckpt.fault_phase=optimizer"}, "needs ckpt.fault_step"},
+      {{"ckpt.fault_step=2"}, "needs a ckpt.fault_phase"},
+      {{"parallel.sdc_flip_step=2"}, "parallel.sdc_flip_step=2 is not a step with a replica check"},
+      {{"parallel.sdc_flip_step=2", "parallel.sdc_every=2"}, "none to compare (dp=1"},
+  };
+  for (const auto& [extra, needle] : cases) {
+    std::vector<std::string> args = {"steps=6", "save_every=2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    SCOPED_TRACE(needle);
+    EXPECT_NE(run_error(options(args)).find(needle), std::string::npos) << run_error(options(args));
+    EXPECT_FALSE(fs::exists(run_)) << "a refused fault plan wrote the run directory";
+  }
+  // Save phases at a save step (every 2 steps, and the last) are fine: the fault then fires (here,
+  // ENOSPC fails the save).
+  EXPECT_NE(run_error(options({"steps=5", "save_every=2", "ckpt.fault_phase=enospc", "ckpt.fault_step=5"}))
+                .find("No space left on device"),
+            std::string::npos);
+  fs::remove_all(run_);
+
+  // A marker left by an earlier run: another fault's, or this fault's in a new run.
+  fs::create_directories(run_);
+  write_bytes(run_ + "/fault_armed", "write step 4 rank 0\n");
+  EXPECT_NE(run_error(options({"steps=6", "ckpt.fault_phase=forward", "ckpt.fault_step=2"}))
+                .find("is left from an earlier run with another fault (write step 4 rank 0)"),
+            std::string::npos);
+  EXPECT_NE(run_error(options({"steps=6", "save_every=2", "ckpt.fault_phase=write", "ckpt.fault_step=4"}))
+                .find("is left from an earlier run: this fault (write step 4 rank 0) would not fire again"),
+            std::string::npos);
+  fs::remove_all(run_);
+
+  // A step the resumed run has already done.
+  Trainer(options({"steps=4", "save_every=2"})).run();
+  EXPECT_NE(run_error(options({"steps=6", "resume=auto", "ckpt.fault_phase=forward", "ckpt.fault_step=3"}))
+                .find("ckpt.fault_step=3 can never fire: the run resumes after step 4"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace mt::train

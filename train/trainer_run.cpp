@@ -58,23 +58,7 @@ void Trainer::run() {
     throw parallel::CollectiveError(strfmt(
         "out_dir '%s' already holds a run (metrics.jsonl); choose another --out, resume=auto to continue it, or resume=fresh to start over in it",
         o_.out_dir.c_str()));
-  // Fault injection is armed once per output directory: the relaunched run must not fire it again.
-  if (!o_.ckpt.fault_phase.empty()) {
-    int32_t armed = 0;
-    if (writer) {
-      fs::create_directories(out);
-      const fs::path marker = out / "fault_armed";
-      armed = !fs::exists(marker);
-      if (armed) std::ofstream(marker) << o_.ckpt.fault_phase << " step " << o_.ckpt.fault_step << " rank "
-                                       << o_.ckpt.fault_rank << "\n";
-    }
-    world_.broadcast(&armed, 1, DType::i32, 0);
-    if (armed) {
-      ckpt_opts_.fault_phase = o_.ckpt.fault_phase;
-      ckpt_opts_.fault_step = o_.ckpt.fault_step;
-      ckpt_opts_.fault_rank = o_.ckpt.fault_rank;
-    }
-  }
+  arm_fault_injection();  // or fail before anything is written if it could never fire
   JsonlWriter log;
   if (writer) {
     fs::create_directories(out);
@@ -153,6 +137,7 @@ void Trainer::run() {
   std::fprintf(stderr, "[%s] peak memory: params %s, grads %s, optimizer %s, activations %s, comm %s\n",
                mesh_->str().c_str(), format_bytes(m.peak[0]).c_str(), format_bytes(m.peak[1]).c_str(),
                format_bytes(m.peak[2]).c_str(), format_bytes(m.peak[3]).c_str(), format_bytes(m.peak[4]).c_str());
+  check_fault_fired();
   if (writer) {
     log.write({{"event", "end"}, {"step", step_}, {"seconds", since_run()}});
     std::fprintf(stderr, "minitrain: done. logs %s, checkpoints %s, weights %s\n", metrics_path.c_str(),

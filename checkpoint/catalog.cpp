@@ -4,6 +4,7 @@
 
 #include "checkpoint/format.h"
 #include "checkpoint/fsio.h"
+#include "checkpoint/reader.h"
 #include "runtime/check.h"
 
 namespace mt::checkpoint {
@@ -59,6 +60,14 @@ void apply_retention(const std::string& root, int keep, const Logger& log) {
     if (!e.problem.empty()) continue;  // not ours to judge: left for a person (or `ckpt verify`) to look at
     if (kept < keep) {
       kept++;
+      continue;
+    }
+    // Only a checkpoint that verifies is deleted: a damaged one (whose weights may well be intact)
+    // is left for a person to look at.
+    try {
+      verify(e.path);
+    } catch (const Error& err) {
+      MT_LOG_WARN(log, "checkpoint retention: keeping %s, which does not verify (%s)", e.path.c_str(), err.what());
       continue;
     }
     const std::string doomed = e.path + ".old.tmp";

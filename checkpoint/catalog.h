@@ -30,8 +30,9 @@ std::vector<CatalogEntry> list_checkpoints(const std::string& root);
 // Deletes every *.tmp entry of `root`: the leftovers of saves that were killed or failed.
 void clean_stale(const std::string& root, const Logger& log);
 
-// Keeps the newest `keep` readable checkpoints and deletes the others (keep <= 0: keep all).
-// A directory is renamed to *.tmp before it is deleted, so a crash midway leaves no half checkpoint.
+// Keeps the newest `keep` readable checkpoints and deletes the older ones that verify (keep <= 0:
+// keep all); a damaged one is never deleted, only logged. A directory is renamed to *.tmp before it
+// is deleted, so a crash midway leaves no half checkpoint.
 void apply_retention(const std::string& root, int keep, const Logger& log);
 
 // The directory name stored in <root>/latest, or nullopt when there is none (or it is not a step_* name).

@@ -1,6 +1,7 @@
 #include "checkpoint/reader.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "checkpoint/catalog.h"
@@ -17,6 +18,18 @@ std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "(";
   for (size_t i = 0; i < s.size(); i++) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + ")";
+}
+
+// Training state is never saved non-finite (train/divergence.h); a NaN or inf read back means a
+// diverged run's checkpoint (written before that rule) or damage the checksums could not see.
+void check_finite(const char* bytes, size_t n, const std::string& file, const PieceRecord& p, uint64_t at) {
+  for (size_t i = 0; i + sizeof(float) <= n; i += sizeof(float)) {
+    float x;
+    std::memcpy(&x, bytes + i, sizeof x);
+    if (!std::isfinite(x))
+      fail("%s: tensor '%s' holds a non-finite value (%s) at element %lld: not a usable checkpoint", file.c_str(),
+           p.tensor.c_str(), std::isnan(x) ? "NaN" : "inf", (long long)(p.flat_begin + int64_t((at + i) / sizeof(float))));
+  }
 }
 
 }  // namespace
@@ -78,6 +91,7 @@ void Reader::read_piece_bytes(size_t f, const PieceRecord& p, uint64_t from, uin
     if (crc32c(dst, size_t(c_end - c_begin)) != p.crc[size_t(c)])
       fail("%s: checksum mismatch in tensor '%s' (bytes %llu..%llu of the file): the file is corrupt", in.path().c_str(),
            p.tensor.c_str(), (unsigned long long)(p.offset + c_begin), (unsigned long long)(p.offset + c_end));
+    check_finite(dst, size_t(c_end - c_begin), in.path(), p, c_begin);
     if (!whole) {
       cache_ = {f, &p, c, std::move(cache_.bytes)};
       std::memcpy(out + (lo - from), cache_.bytes.data() + (lo - c_begin), size_t(hi - lo));
@@ -180,8 +194,9 @@ std::optional<Found> find_latest_valid(const std::string& dir, parallel::Comm& w
   std::string why;
   if (world.rank() == 0) try {
     const std::vector<CatalogEntry> all = list_checkpoints(dir);
+    std::vector<std::pair<const CatalogEntry*, std::string>> refused;  // and why
     for (const CatalogEntry& e : all)
-      if (!e.problem.empty()) MT_LOG_WARN(log, "checkpoint: skipping %s: %s", e.path.c_str(), e.problem.c_str());
+      if (!e.problem.empty()) refused.push_back({&e, e.problem});
     const CatalogEntry* chosen = nullptr;
     for (const CatalogEntry& e : all) {
       if (!e.problem.empty()) continue;
@@ -190,9 +205,17 @@ std::optional<Found> find_latest_valid(const std::string& dir, parallel::Comm& w
         chosen = &e;
         break;
       } catch (const Error& err) {
-        MT_LOG_WARN(log, "checkpoint: skipping %s: %s; trying the next older one", e.path.c_str(), err.what());
+        refused.push_back({&e, err.what()});
       }
     }
+    if (!chosen && !refused.empty()) {
+      // Checkpoints, but none usable: not a fresh start, which would overwrite and retire them.
+      std::string list;
+      for (const auto& [e, reason] : refused) list += strfmt("%s%s (%s)", list.empty() ? "" : "; ", e->name.c_str(), reason.c_str());
+      fail("none of the %zu checkpoint(s) in %s verifies: %s", refused.size(), dir.c_str(), list.c_str());
+    }
+    for (const auto& [e, reason] : refused)
+      MT_LOG_WARN(log, "checkpoint: skipping %s: %s; trying the next older one", e->path.c_str(), reason.c_str());
     if (chosen) {
       msg[0] = 1;
       msg[1] = int32_t(uint32_t(uint64_t(chosen->step)));
@@ -202,8 +225,6 @@ std::optional<Found> find_latest_valid(const std::string& dir, parallel::Comm& w
         MT_LOG_WARN(log, "checkpoint: %s/latest names %s, but %s is the newest checkpoint that verifies", dir.c_str(),
                     latest->c_str(), chosen->name.c_str());
       MT_LOG_INFO(log, "checkpoint: resuming from %s (step %lld)", chosen->path.c_str(), (long long)chosen->step);
-    } else if (!all.empty()) {
-      MT_LOG_WARN(log, "checkpoint: no checkpoint in %s verifies", dir.c_str());
     }
   } catch (const Error& e) {  // e.g. the directory cannot be listed: every rank fails together
     msg[0] = -1;

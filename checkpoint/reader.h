@@ -2,7 +2,8 @@
 //
 // A reader asks for a flat range of a GLOBAL tensor and gets it assembled from whichever rank files
 // hold it, so a checkpoint written by dp=4 / ZeRO-1 loads under dp=2 / ZeRO-3 (or one rank): each
-// rank just asks for its own new shard. Every byte read is checked against its chunk checksum.
+// rank just asks for its own new shard. Every byte read is checked against its chunk checksum, and
+// every value must be finite (a NaN or inf is refused like a checksum mismatch).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -26,7 +27,9 @@ struct Found {
 
 // Collective. Rank 0 scans `dir`, picks the newest checkpoint (catalog.h: by commit time, then step)
 // whose manifest, files and checksums verify, logging each one it skips and why, and broadcasts the
-// choice; every rank returns the same answer (nullopt: none, e.g. a fresh run).
+// choice; every rank returns the same answer (nullopt: `dir` holds no checkpoint, e.g. a fresh run).
+// When it holds checkpoints but none verifies, every rank throws CollectiveError, rank 0's naming
+// each checkpoint and why it was refused.
 std::optional<Found> find_latest_valid(const std::string& dir, parallel::Comm& world, const Logger& log);
 
 class Reader {

@@ -12,6 +12,7 @@
 #include "checkpoint/catalog.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/fsio.h"
+#include "checkpoint/reader.h"
 #include "runtime/check.h"
 
 namespace mt::checkpoint {
@@ -139,12 +140,27 @@ void commit(WriteJob& job, const Options& o) {
   io::fsync_dir(job.tmp_dir);
 
   // 3. Publish: one rename. A checkpoint of the same step already there (a re-save after resuming)
-  // is swapped out atomically and then deleted.
+  // is swapped out atomically and then deleted, unless it does not verify: a damaged checkpoint is
+  // moved aside (step_N.damaged-<save id>, which no reader or cleaner looks at), never deleted.
   if (io::exists(job.final_dir)) {
+    std::string damage;
+    try {
+      verify(job.final_dir);
+    } catch (const Error& e) {
+      damage = e.what();
+    }
     io::exchange_paths(job.tmp_dir, job.final_dir);
     io::fsync_dir(job.root);
-    const std::string err = io::remove_tree(job.tmp_dir);
-    if (!err.empty()) MT_LOG_WARN(o.log, "checkpoint: %s", err.c_str());
+    if (!damage.empty()) {
+      const std::string aside = job.final_dir + ".damaged-" + job.save_id;
+      io::rename_path(job.tmp_dir, aside);
+      io::fsync_dir(job.root);
+      MT_LOG_WARN(o.log, "checkpoint: the earlier %s does not verify (%s); kept as %s", job.final_dir.c_str(),
+                  damage.c_str(), aside.c_str());
+    } else {
+      const std::string err = io::remove_tree(job.tmp_dir);
+      if (!err.empty()) MT_LOG_WARN(o.log, "checkpoint: %s", err.c_str());
+    }
   } else {
     io::rename_path(job.tmp_dir, job.final_dir);
     io::fsync_dir(job.root);

@@ -84,10 +84,15 @@ uint64_t all_reduce_sent_bytes(size_t count, size_t elem_bytes, int n, int rank)
 uint64_t broadcast_sent_bytes(size_t count, size_t elem_bytes, int n, int rank, int root);
 
 // An error that every rank of a communicator raises at the same point with the same cause (a config
-// that differs between ranks, a bad layout): the launcher prints it once, from rank 0.
+// that differs between ranks, a bad layout): the launcher prints it once, from rank 0, and ends the
+// process with `exit_status` (1 unless the cause calls for another, e.g. a diverged run).
 class CollectiveError : public Error {
  public:
-  using Error::Error;
+  explicit CollectiveError(const std::string& what, int exit_status = 1) : Error(what), exit_status_(exit_status) {}
+  int exit_status() const { return exit_status_; }
+
+ private:
+  int exit_status_;
 };
 
 // One operation in flight, implemented by a backend.

@@ -65,11 +65,13 @@ void World::abort(int code) const {
 int run_main(World& world, const std::function<int(World&)>& body) {
   std::string msg;
   bool collective = false;
+  int status = 1;
   try {
     return body(world);
   } catch (const CollectiveError& e) {
     msg = e.what();
     collective = true;
+    status = e.exit_status();
   } catch (const std::exception& e) {
     msg = e.what();
   } catch (...) {
@@ -79,7 +81,7 @@ int run_main(World& world, const std::function<int(World&)>& body) {
   if (size == 1) {
     std::fprintf(stderr, "minitrain: error: %s\n", msg.c_str());
     std::fflush(stderr);
-    return 1;
+    return status;
   }
   if (collective && rank != 0) {
     // Rank 0 raised the same error and is ending the job; were it not (the error was not
@@ -90,7 +92,7 @@ int run_main(World& world, const std::function<int(World&)>& body) {
     std::fprintf(stderr, "minitrain: error: %s\n", msg.c_str());
   else
     std::fprintf(stderr, "minitrain: [rank %d] error: %s\n", rank, msg.c_str());
-  world.abort(1);
+  world.abort(status);
 }
 
 uint64_t fnv1a64(const std::string& s) {

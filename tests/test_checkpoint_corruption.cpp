@@ -4,6 +4,7 @@
 // unknown format version, a path that is not a checkpoint and another model's shape are clear errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <random>
@@ -29,13 +30,17 @@ struct TwoCheckpoints {
   std::string dir = mt::testing::make_temp_dir("ckpt_corrupt");
   std::string newest = dir + "/step_000020";
 
-  TwoCheckpoints() {
+  // `change_newest` alters the state saved at step 20 (e.g. puts a NaN in it).
+  explicit TwoCheckpoints(const std::function<void(State&)>& change_newest = {}) {
     Options o;
     o.dir = dir;
     o.log = Logger(LogLevel::error);
     SimulatedJob job(2, o);
     job.save(s, 10);
-    job.save(s, 20);
+    job.wait();
+    State newest_state = s;
+    if (change_newest) change_newest(newest_state);
+    job.save(newest_state, 20);
     job.wait();
   }
   ~TwoCheckpoints() { fs::remove_all(dir); }
@@ -119,6 +124,61 @@ TEST(CheckpointCorruption, ReadingAFlippedTensorChunkFails) {
   }
 }
 
+// A checkpoint holding a NaN or an infinity (a diverged run's) is refused like a damaged one, by
+// verify(), by a plain read and by find_latest_valid, which takes the finite one before it.
+TEST(CheckpointCorruption, NonFiniteValuesAreRefusedLikeDamage) {
+  for (float bad : {NAN, INFINITY}) {
+    TwoCheckpoints c([&](State& st) { st.values[4][st.values[4].size() / 2] = bad; });
+    const std::string needle = std::string("non-finite value (") + (std::isnan(bad) ? "NaN" : "inf") + ")";
+    c.expect_detected_and_skipped(needle);
+    const Reader r(c.newest);
+    std::vector<float> out(size_t(c.s.tensors[4].numel()));
+    EXPECT_THROW(r.read(c.s.tensors[4].name, 0, c.s.tensors[4].numel(), out.data()), Error);
+  }
+}
+
+// Flips one byte in the tensor data of rank 0's file of `ckpt`.
+void damage(const std::string& ckpt) {
+  const std::string file = ckpt + "/rank_00000.bin";
+  std::string bytes = testing::file_bytes(file);
+  bytes[kHeaderBytes + 5] ^= 0x04;
+  testing::write_bytes(file, bytes);
+  EXPECT_THROW(verify(ckpt), Error);
+}
+
+// Retention deletes old checkpoints that verify; a damaged one (whose weights may well be intact) is
+// left for a person to look at, and a re-save of its step moves it aside instead of deleting it.
+TEST(CheckpointCorruption, DamagedCheckpointsAreNeverDeleted) {
+  std::mt19937_64 rng{mt::testing::test_seed()};
+  const State s = State::random(rng, 4, 150);
+  const std::string dir = mt::testing::make_temp_dir("ckpt_keep");
+  testing::CapturedLog log;
+  Options o;
+  o.dir = dir;
+  o.keep = 1;
+  o.log = log.logger;
+  SimulatedJob job(2, o);
+  auto save = [&](int64_t step) {
+    job.save(s, step);
+    job.wait();
+  };
+  save(10);
+  damage(dir + "/step_000010");
+  save(20);
+  save(30);
+  EXPECT_TRUE(fs::exists(dir + "/step_000010")) << "retention deleted a damaged checkpoint";
+  EXPECT_FALSE(fs::exists(dir + "/step_000020")) << "retention kept an intact checkpoint beyond keep=1";
+  EXPECT_NE(log.text().find("keeping " + dir + "/step_000010, which does not verify"), std::string::npos) << log.text();
+  damage(dir + "/step_000030");
+  save(30);  // as a run resumed from an older checkpoint saves the same step again
+  EXPECT_NO_THROW(verify(dir + "/step_000030"));
+  int aside = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("step_000030.damaged-", 0) == 0) aside++;
+  EXPECT_EQ(aside, 1) << "the damaged step_000030 was deleted by the re-save";
+  fs::remove_all(dir);
+}
+
 TEST(CheckpointCorruption, TruncatedRankFileIsDetected) {
   TwoCheckpoints c;
   const std::string file = c.newest + "/rank_00001.bin";
@@ -147,16 +207,29 @@ TEST(CheckpointCorruption, DamagedManifestIsDetected) {
   c.expect_detected_and_skipped("malformed JSON");
 }
 
-// No checkpoint verifies: none is chosen (the caller decides what to do), and the reasons are logged.
-TEST(CheckpointCorruption, NothingIsChosenWhenNoCheckpointVerifies) {
+// Checkpoints, but none verifies: an error naming each one and why (not "nothing to resume", which
+// a trainer would take for a fresh start), and nothing is touched. No checkpoint at all: nullopt.
+TEST(CheckpointCorruption, NoCheckpointVerifyingIsAnErrorNamingEach) {
   TwoCheckpoints c;
   fs::remove(c.newest + "/rank_00001.bin");
-  fs::remove(c.dir + "/step_000010/rank_00001.bin");
+  const std::string old_file = c.dir + "/step_000010/rank_00000.bin";
+  fs::resize_file(old_file, fs::file_size(old_file) - 3);
   testing::CapturedLog log;
   parallel::SelfComm self;
-  EXPECT_FALSE(find_latest_valid(c.dir, self, log.logger).has_value());
-  EXPECT_NE(log.text().find("no checkpoint in " + c.dir + " verifies"), std::string::npos) << log.text();
+  try {
+    find_latest_valid(c.dir, self, log.logger);
+    ADD_FAILURE() << "no checkpoint verifies, yet none was refused";
+  } catch (const parallel::CollectiveError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("none of the 2 checkpoint(s) in " + c.dir + " verifies"), std::string::npos) << what;
+    EXPECT_NE(what.find("step_000020 (opening " + c.newest + "/rank_00001.bin: No such file"), std::string::npos) << what;
+    EXPECT_NE(what.find("step_000010 (" + old_file + " has"), std::string::npos) << what;
+    EXPECT_NE(what.find("truncated"), std::string::npos) << what;
+  }
+  EXPECT_TRUE(fs::exists(c.newest) && fs::exists(c.dir + "/step_000010"));
   EXPECT_FALSE(find_latest_valid(c.dir + "/absent", self, log.logger).has_value());  // a fresh run
+  fs::create_directory(c.dir + "/empty");
+  EXPECT_FALSE(find_latest_valid(c.dir + "/empty", self, log.logger).has_value());
 }
 
 TEST(CheckpointCorruption, UnknownFormatVersionIsRefusedByName) {

@@ -5,6 +5,7 @@
 #              from the checkpoint, goodput counting each step's last record once;
 #   stuck:     always fails before any progress: exit 3 after 3 restarts without progress;
 #   progress:  always fails, but after a new checkpoint each time: exit 4 once --max-restarts is used;
+#   diverged:  exits 3 (training diverged): not relaunched, exit 3 after one attempt;
 #   usage:     no command: exit 2.
 # Usage: tests/test_supervise.sh [path/to/supervise]
 set -uo pipefail
@@ -32,6 +33,7 @@ mkdir -p "$state/ckpt"
 start=0
 if [[ "$*" == *resume=auto* && -f $state/ckpt/latest ]]; then start=$((10#$(sed 's/step_//' "$state/ckpt/latest"))); fi
 if [[ $mode == stuck ]]; then exit 1; fi
+if [[ $mode == diverged ]]; then exit 3; fi
 for i in 1 2 3 4; do
   s=$((start + i))
   echo "{\"step\": $s, \"loss\": 1.0, \"time\": {\"data\": 0.0, \"total\": 0.$n}}" >>"$state/metrics.jsonl"
@@ -83,6 +85,15 @@ rc=$?
 check "progress: exit 4" test $rc -eq 4
 check "progress: 1 attempt + 2 restarts" test "$(cat "$s/count")" -eq 3
 check "progress: says why" grep -q "used all 2 restart(s)" "$s/stderr"
+
+# diverged: never relaunched
+s=$work/diverged
+mkdir -p "$s"
+"$supervise" --max-restarts 5 --ckpt-dir "$s/ckpt" -- "$work/fake_train" "$s" diverged 2>"$s/stderr"
+rc=$?
+check "diverged: exit 3" test $rc -eq 3
+check "diverged: not relaunched" test "$(cat "$s/count")" -eq 1
+check "diverged: says why" grep -q "training diverged (exit status 3)" "$s/stderr"
 
 "$supervise" --max-restarts 2 -- 2>/dev/null
 check "usage: no command is exit 2" test $? -eq 2

@@ -282,3 +282,68 @@ TEST(Options, WrittenConfigReloadsToTheSameOptions) {
 
 }  // namespace
 }  // namespace mt::train
+
+namespace mt::train {
+namespace {
+
+// The dotted keys of every numeric option (from the resolved config, so a new option is covered).
+void numeric_keys(const nlohmann::json& j, const std::string& prefix, std::vector<std::string>& out) {
+  for (auto& [k, v] : j.items()) {
+    const std::string key = prefix.empty() ? k : prefix + "." + k;
+    if (v.is_object()) numeric_keys(v, key, out);
+    if (v.is_number()) out.push_back(key);
+  }
+}
+
+// Every numeric option refuses NaN and infinity, given as key=value or in a --config file (as a
+// JSON string; a number too large for a double is refused as bad JSON, naming the file), and a
+// value outside its range, with one error naming the key.
+TEST(Options, EveryNumericOptionRefusesNonFiniteAndOutOfRangeValues) {
+  const std::string dir = testing::make_temp_dir("mt_opts");
+  std::vector<std::string> keys;
+  numeric_keys(TrainOptions().to_json(), "", keys);
+  ASSERT_GT(keys.size(), 30u);
+  // A config file setting the dotted `key` to the JSON text `value`: {"optim": {"lr": value}}.
+  auto config = [&](const std::string& key, const std::string& value) {
+    std::string text = value;
+    for (size_t end = key.size(), dot; end != 0; end = dot) {
+      dot = key.rfind('.', end - 1);
+      dot = dot == std::string::npos ? 0 : dot;
+      const size_t from = dot == 0 ? 0 : dot + 1;
+      text = "{\"" + key.substr(from, end - from) + "\": " + text + "}";
+    }
+    std::ofstream(dir + "/c.json") << text;
+    return std::vector<std::string>{"--config", dir + "/c.json"};
+  };
+  for (const std::string& key : keys) {
+    SCOPED_TRACE(key);
+    for (const char* v : {"nan", "NaN", "inf", "-inf", "infinity", "1e999"}) {
+      expect_error([&] { parse_train_options({key + "=" + v}); }, key);
+      expect_error([&] { parse_train_options(config(key, std::string("\"") + v + "\"")); }, key);
+    }
+    expect_error([&] { parse_train_options(config(key, "1e999")); }, "c.json");  // not even valid JSON
+  }
+  // Each range, just outside (the values just inside are the defaults or the next lines' controls).
+  const std::vector<std::pair<std::string, std::string>> outside = {
+      {"optim.lr", "-1e-9"}, {"optim.eps", "0"}, {"optim.beta1", "1"}, {"optim.beta2", "-0.1"},
+      {"optim.min_lr_ratio", "1.5"}, {"optim.weight_decay", "-0.1"}, {"optim.warmup_steps", "-1"},
+      {"loss_scale.init", "0"}, {"loss_scale.growth_interval", "0"}, {"loss_scale.max_skips", "0"},
+      {"parallel.bucket_mb", "0"}, {"parallel.zero", "4"}, {"parallel.dp", "-1"}, {"parallel.sdc_every", "-1"},
+      {"peak_flops", "-1"}, {"ckpt.keep", "-1"}, {"ckpt.fault_rank", "-1"}, {"ckpt.fault_step", "-2"},
+      {"data.prefetch", "-1"}, {"threads", "-1"}, {"eval_batches", "0"}, {"log_every", "0"}, {"steps", "0"},
+      {"grad_accum", "0"}, {"global_batch", "-4"}, {"save_every", "-1"}, {"model.n_layer", "0"}};
+  for (const auto& [key, v] : outside) {
+    SCOPED_TRACE(key + "=" + v);
+    expect_error([&] { parse_train_options({key + "=" + v}); }, key);
+    expect_error([&] { parse_train_options(config(key, v)); }, key);
+  }
+  // Set in code, past the parser: the same check.
+  TrainOptions o;
+  o.optim.grad_clip = NAN;
+  expect_error([&] { o.validate(); }, "optim.grad_clip");
+  EXPECT_NO_THROW(parse_train_options({"optim.lr=0", "optim.beta1=0", "optim.min_lr_ratio=1", "optim.grad_clip=-1"}));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace mt::train

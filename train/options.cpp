@@ -1,9 +1,11 @@
 #include "train/options.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 
 #include "checkpoint/checkpointer.h"
@@ -66,6 +68,7 @@ const std::map<std::string, Setter>& setters() {
       {"ckpt.fault_rank", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_rank = parse_int(k, v); }},
       {"loss_scale.init", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.init_scale = float(parse_number(k, v)); }},
       {"loss_scale.growth_interval", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.growth_interval = parse_int(k, v); }},
+      {"loss_scale.max_skips", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.max_skips = parse_int(k, v); }},
       {"parallel.dp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.dp = parse_int(k, v); }},
       {"parallel.tp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.tp = parse_int(k, v); }},
       {"parallel.pp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp = parse_int(k, v); }},
@@ -103,6 +106,62 @@ const std::map<std::string, Setter>& setters() {
       {"profile_ops", [](TrainOptions& o, auto& k, auto& v) { o.profile_ops = to_bool(k, v); }},
   };
   return table;
+}
+
+// The range of every numeric option, by its key in to_json() (the key a user gives). validate() holds
+// the resolved options to it whatever set them (key=value, --config, code); a floating-point option
+// must also be finite. A numeric option missing here fails validate() (a bug, caught by the tests).
+struct Range {
+  double lo, hi;
+  bool lo_open, hi_open;
+};
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr Range kPositive{0, kInf, true, false}, kNonNegative{0, kInf, false, false}, kAny{-kInf, kInf, false, false};
+constexpr Range kFrom(double lo) { return {lo, kInf, false, false}; }
+
+const std::map<std::string, Range>& numeric_ranges() {
+  static const std::map<std::string, Range> table = {
+      {"model.vocab_size", kPositive}, {"model.block_size", kPositive}, {"model.n_layer", kPositive},
+      {"model.n_head", kPositive}, {"model.n_embd", kPositive},
+      {"data.prefetch", kNonNegative},
+      {"optim.lr", kNonNegative}, {"optim.min_lr_ratio", {0, 1, false, false}}, {"optim.warmup_steps", kNonNegative},
+      {"optim.weight_decay", kNonNegative}, {"optim.beta1", {0, 1, false, true}}, {"optim.beta2", {0, 1, false, true}},
+      {"optim.eps", kPositive}, {"optim.grad_clip", kAny},  // grad_clip <= 0 disables clipping
+      {"parallel.dp", kNonNegative}, {"parallel.tp", kPositive}, {"parallel.pp", kPositive}, {"parallel.cp", kPositive},
+      {"parallel.zero", {0, 3, false, false}}, {"parallel.bucket_mb", kPositive}, {"parallel.sdc_every", kNonNegative},
+      {"parallel.sdc_flip_step", kFrom(-1)}, {"parallel.sdc_flip_rank", kNonNegative},
+      {"ckpt.keep", kNonNegative}, {"ckpt.fault_step", kFrom(-1)}, {"ckpt.fault_rank", kNonNegative},
+      {"loss_scale.init", kPositive}, {"loss_scale.growth_interval", kPositive}, {"loss_scale.max_skips", kPositive},
+      {"batch_size", kPositive}, {"global_batch", kNonNegative}, {"seq_len", kPositive}, {"grad_accum", kPositive},
+      {"steps", kPositive}, {"seed", kNonNegative}, {"save_every", kNonNegative}, {"eval_every", kNonNegative},
+      {"eval_batches", kPositive}, {"log_every", kPositive}, {"threads", kNonNegative}, {"peak_flops", kNonNegative},
+  };
+  return table;
+}
+
+// "must be positive", "must be in [0, 1)", ...
+std::string describe(const Range& r) {
+  if (r.hi == kInf) {
+    if (r.lo == 0) return r.lo_open ? "must be positive" : "must not be negative";
+    return strfmt("must be %s %g", r.lo_open ? "greater than" : "at least", r.lo);
+  }
+  return strfmt("must be in %c%g, %g%c", r.lo_open ? '(' : '[', r.lo, r.hi, r.hi_open ? ')' : ']');
+}
+
+// Checks every number in `j` (the resolved options as JSON) against numeric_ranges().
+void check_numbers(const nlohmann::json& j, const std::string& prefix) {
+  for (auto& [k, v] : j.items()) {
+    const std::string key = prefix.empty() ? k : prefix + "." + k;
+    if (v.is_object()) check_numbers(v, key);
+    if (!v.is_number()) continue;
+    const double x = v.get<double>();
+    if (!std::isfinite(x)) fail("%s must be a finite number (got %g)", key.c_str(), x);
+    auto it = numeric_ranges().find(key);
+    MT_CHECK(it != numeric_ranges().end(), "numeric option '%s' has no range", key.c_str());
+    const Range& r = it->second;
+    if (x < r.lo || x > r.hi || (r.lo_open && x == r.lo) || (r.hi_open && x == r.hi))
+      fail("%s %s (got %g)", key.c_str(), describe(r).c_str(), x);
+  }
 }
 
 // Flattens nested JSON objects into dotted keys with string values.
@@ -148,6 +207,7 @@ double parse_number(const std::string& key, const std::string& v) {
   errno = 0;
   double x = std::strtod(v.c_str(), &end);
   if (v.empty() || *end != '\0' || errno) fail("%s must be a number (got '%s')", key.c_str(), v.c_str());
+  if (!std::isfinite(x)) fail("%s must be a finite number (got '%s')", key.c_str(), v.c_str());
   return x;
 }
 
@@ -210,26 +270,10 @@ TrainOptions parse_train_options(const std::vector<std::string>& args) {
 }
 
 void TrainOptions::validate() const {
+  check_numbers(to_json(), "");  // every numeric option: finite and in its range
   model.validate();
-  if (batch_size <= 0) fail("batch_size must be positive (got %d)", batch_size);
-  if (global_batch < 0) fail("global_batch must not be negative (got %d)", global_batch);
-  if (seq_len <= 0) fail("seq_len must be positive (got %d)", seq_len);
   if (seq_len > model.block_size)
     fail("seq_len %d is longer than the model's context (model.block_size = %d)", seq_len, model.block_size);
-  if (grad_accum <= 0) fail("grad_accum must be positive (got %d)", grad_accum);
-  if (steps <= 0) fail("steps must be positive (got %d)", steps);
-  if (optim.lr < 0) fail("optim.lr must not be negative");
-  if (optim.warmup_steps < 0) fail("optim.warmup_steps must not be negative");
-  if (optim.min_lr_ratio < 0 || optim.min_lr_ratio > 1) fail("optim.min_lr_ratio must be in [0, 1]");
-  if (optim.beta1 < 0 || optim.beta1 >= 1 || optim.beta2 < 0 || optim.beta2 >= 1)
-    fail("optim.beta1 and optim.beta2 must be in [0, 1)");
-  if (log_every <= 0) fail("log_every must be positive (got %d)", log_every);
-  if (save_every < 0 || eval_every < 0) fail("save_every and eval_every must not be negative");
-  if (eval_batches <= 0) fail("eval_batches must be positive (got %d)", eval_batches);
-  if (threads < 0) fail("threads must not be negative");
-  if (data.prefetch < 0) fail("data.prefetch must not be negative");
-  if (parallel.dp < 0) fail("--dp must not be negative (0 infers it from the world size)");
-  if (parallel.tp < 1) fail("--tp must be at least 1 (got %d)", parallel.tp);
   if (parallel.pp != 1 || parallel.cp != 1)
     fail("--pp %d --cp %d: pipeline and context parallelism are not implemented yet (pp = cp = 1)", parallel.pp,
          parallel.cp);
@@ -244,15 +288,9 @@ void TrainOptions::validate() const {
       fail("tp.sp: the rows of a micro-batch, batch_size %d x seq_len %d, must be divisible by --tp %d (or set "
            "tp.sp=false)", batch_size, seq_len, parallel.tp);
   }
-  if (parallel.zero < 0 || parallel.zero > 3) fail("--zero must be 0, 1, 2 or 3 (got %d)", parallel.zero);
-  if (!(parallel.bucket_mb > 0)) fail("--bucket_mb must be positive (got %g)", parallel.bucket_mb);
-  if (parallel.sdc_every < 0) fail("--sdc_every must not be negative");
-  if (ckpt.keep < 0) fail("ckpt.keep must not be negative (0 keeps every checkpoint)");
   if (!ckpt.fault_phase.empty() && !checkpoint::is_fault_phase(ckpt.fault_phase))
     fail("ckpt.fault_phase '%s' is not a fault phase (forward, backward, optimizer, staging, write, "
          "before_commit, after_commit, enospc)", ckpt.fault_phase.c_str());
-  if (loss_scale.init_scale <= 0 || loss_scale.growth_interval <= 0)
-    fail("loss_scale.init and loss_scale.growth_interval must be positive");
 }
 
 nlohmann::json TrainOptions::to_json() const {
@@ -269,7 +307,8 @@ nlohmann::json TrainOptions::to_json() const {
                     {"sdc_flip_step", parallel.sdc_flip_step}, {"sdc_flip_rank", parallel.sdc_flip_rank}}},
       {"ckpt", {{"dir", ckpt.dir}, {"keep", ckpt.keep}, {"async", ckpt.async}, {"fault_phase", ckpt.fault_phase},
                 {"fault_step", ckpt.fault_step}, {"fault_rank", ckpt.fault_rank}}},
-      {"loss_scale", {{"init", loss_scale.init_scale}, {"growth_interval", loss_scale.growth_interval}}},
+      {"loss_scale", {{"init", loss_scale.init_scale}, {"growth_interval", loss_scale.growth_interval},
+                      {"max_skips", loss_scale.max_skips}}},
       {"batch_size", batch_size}, {"global_batch", global_batch}, {"seq_len", seq_len}, {"grad_accum", grad_accum}, {"steps", steps},
       {"seed", seed}, {"precision", precision == DType::f32 ? "fp32" : precision == DType::bf16 ? "bf16" : "fp16"},
       {"recompute", model::recompute_name(recompute)}, {"attention", attention}, {"device", device_name(device)}, {"out_dir", out_dir},

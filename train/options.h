@@ -27,10 +27,12 @@ struct OptimOptions {
 };
 
 // Dynamic loss scaling for fp16 (Micikevicius et al. 2018): skip the step and halve the scale on
-// inf/NaN gradients, double it after `growth_interval` clean steps.
+// inf/NaN gradients, double it after `growth_interval` clean steps. `max_skips` skipped steps in a
+// row stop the run as diverged (train/divergence.h).
 struct LossScaleOptions {
   float init_scale = 65536.f;
   int growth_interval = 200;
+  int max_skips = 20;
 };
 
 struct DataOptions {
@@ -87,8 +89,10 @@ struct TrainOptions {
   Device device = Device::cpu;
   std::string out_dir = "runs/default";
   std::string init_from;   // Hugging Face GPT-2 safetensors to initialise the weights from
-  std::string resume;      // "auto": newest valid checkpoint in ckpt.dir (fresh start if none);
-                           // a checkpoint directory (step_N/) or a checkpoint root; "": fresh start
+  std::string resume;      // "auto": newest valid checkpoint in ckpt.dir (fresh start if there is no
+                           // checkpoint; an error if there are some but none verifies); "fresh": step 0
+                           // even in a run directory with checkpoints; a checkpoint directory (step_N/)
+                           // or a checkpoint root; "": fresh start in a new out_dir
   int save_every = 0;      // steps between checkpoints (0: only at the end)
   int eval_every = 0;      // steps between validation evaluations (0: never)
   int eval_batches = 4;

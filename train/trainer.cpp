@@ -159,15 +159,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
     ckpt_opts_.staging.free = [](void* p) { cuda::pinned_free(p); };
 #endif
   }
-  if (o_.resume == "auto") {
-    // The newest checkpoint that verifies, else the next older one; none: a fresh start.
-    if (std::filesystem::exists(ckpt_opts_.dir)) {
-      const auto found = checkpoint::find_latest_valid(ckpt_opts_.dir, world_, ckpt_opts_.log);
-      if (found) load_checkpoint(found->path);
-    }
-  } else if (!o_.resume.empty()) {
-    load_state(o_.resume);
-  }
+  resume_at_start();
 }
 
 Trainer::~Trainer() = default;

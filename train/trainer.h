@@ -96,8 +96,15 @@ class Trainer {
 
  private:
   void check_replicas();  // silent-data-corruption check across dp replicas
+  // Collective: throws DivergenceError (train/divergence.h) if the state a save would write is not finite.
+  void check_state_finite();
   checkpoint::SaveRequest checkpoint_request();
   void load_checkpoint(const std::string& ckpt_path);
+  void resume_at_start();  // as o.resume says (train/trainer_resume.cpp)
+  // Fault injection (train/fault_plan.cpp): fails if the planned fault could never fire, else arms
+  // it (once per out_dir); at the end of the run, fails if it was armed and never fired.
+  void arm_fault_injection();
+  void check_fault_fired();
   // With one rank, the noise scale compares the first micro-batch's gradient with the whole batch's.
   bool noise_scale_from_micro() const {
     return mesh_->dp_comm().size() == 1 && micro_.size() > 1 && store_.full_grads();

@@ -10,6 +10,7 @@
 #include "checkpoint/format.h"
 #include "model/hf_io.h"
 #include "runtime/check.h"
+#include "train/divergence.h"
 #include "train/trainer.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
@@ -48,32 +49,17 @@ Peak run_peak(const TrainOptions& o, int threads) {
 void Trainer::run() {
   const fs::path out(o_.out_dir);
   const fs::path metrics_path = out / "metrics.jsonl";
-  const bool resuming = !o_.resume.empty();  // resume=auto may find nothing yet: it still appends
+  // resume=auto may find nothing yet, and resume=fresh starts over in the directory: both append.
+  const bool resuming = !o_.resume.empty();
   const bool writer = world_.rank() == 0;
   // Rank 0 looks before anyone writes, and tells the others, so every rank fails the same way.
   int32_t taken = writer && !resuming && fs::exists(metrics_path);
   world_.broadcast(&taken, 1, DType::i32, 0);
   if (taken)
     throw parallel::CollectiveError(strfmt(
-        "out_dir '%s' already holds a run (metrics.jsonl); choose another --out, or resume=auto to continue it",
+        "out_dir '%s' already holds a run (metrics.jsonl); choose another --out, resume=auto to continue it, or resume=fresh to start over in it",
         o_.out_dir.c_str()));
-  // Fault injection is armed once per output directory: the relaunched run must not fire it again.
-  if (!o_.ckpt.fault_phase.empty()) {
-    int32_t armed = 0;
-    if (writer) {
-      fs::create_directories(out);
-      const fs::path marker = out / "fault_armed";
-      armed = !fs::exists(marker);
-      if (armed) std::ofstream(marker) << o_.ckpt.fault_phase << " step " << o_.ckpt.fault_step << " rank "
-                                       << o_.ckpt.fault_rank << "\n";
-    }
-    world_.broadcast(&armed, 1, DType::i32, 0);
-    if (armed) {
-      ckpt_opts_.fault_phase = o_.ckpt.fault_phase;
-      ckpt_opts_.fault_step = o_.ckpt.fault_step;
-      ckpt_opts_.fault_rank = o_.ckpt.fault_rank;
-    }
-  }
+  arm_fault_injection();  // or fail before anything is written if it could never fire
   JsonlWriter log;
   if (writer) {
     fs::create_directories(out);
@@ -104,6 +90,7 @@ void Trainer::run() {
   auto since_run = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_run).count(); };
   const int first = step_;
   int64_t logged_save = -1;
+  DivergenceGuard guard(o_.loss_scale.max_skips);
   while (step_ < o_.steps) {
     arena_.reset_peaks();
     const StepResult r = step();
@@ -137,6 +124,11 @@ void Trainer::run() {
                    r.skipped ? " | skipped (fp16 overflow)" : "",
                    j.contains("val_loss") ? strfmt(" | val %.4f", j["val_loss"].get<double>()).c_str() : "");
     }
+    const std::string diverged = guard.problem(step_, r, scaler_.scale());
+    if (!diverged.empty()) {
+      wait_checkpoint();  // the save in flight holds an earlier, finite step: let it commit
+      throw DivergenceError(diverged);
+    }
     if (o_.save_every > 0 && step_ % o_.save_every == 0 && step_ != o_.steps) save_checkpoint();
   }
   save_checkpoint();
@@ -151,6 +143,7 @@ void Trainer::run() {
   std::fprintf(stderr, "[%s] peak memory: params %s, grads %s, optimizer %s, activations %s, comm %s\n",
                mesh_->str().c_str(), format_bytes(m.peak[0]).c_str(), format_bytes(m.peak[1]).c_str(),
                format_bytes(m.peak[2]).c_str(), format_bytes(m.peak[3]).c_str(), format_bytes(m.peak[4]).c_str());
+  check_fault_fired();
   if (writer) {
     log.write({{"event", "end"}, {"step", step_}, {"seconds", since_run()}});
     std::fprintf(stderr, "minitrain: done. logs %s, checkpoints %s, weights %s\n", metrics_path.c_str(),

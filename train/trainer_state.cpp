@@ -75,6 +75,7 @@ checkpoint::SaveRequest Trainer::checkpoint_request() {
 }
 
 void Trainer::save_checkpoint() {
+  check_state_finite();
   if (!ckpt_) ckpt_ = std::make_unique<checkpoint::Checkpointer>(ckpt_opts_, world_);
   ckpt_->save(checkpoint_request());
 }
@@ -89,6 +90,7 @@ void Trainer::save_state(const std::string& root) {
   o.async = false;
   o.keep = 0;
   o.fault_phase.clear();
+  check_state_finite();
   checkpoint::Checkpointer c(o, world_);
   c.save(checkpoint_request());
   c.wait();

@@ -3,7 +3,9 @@
 #  - two identical runs write identical loss lines to metrics.jsonl;
 #  - a run exports weights that `sample` reads, and `--resume` continues a stopped run exactly;
 #  - each bad input fails with exit status 1, one `minitrain: error:` line naming the cause, and
-#    leaves no output directory behind.
+#    leaves no output directory behind;
+#  - a diverging run stops with exit status 3 (also under mpirun), exports nothing, and leaves only
+#    checkpoints that verify.
 # Usage: cli_test.sh <minitrain binary> <python3 with numpy>
 set -u
 mt=$1
@@ -76,6 +78,30 @@ bad "state of another model shape" "another model shape" train "${common[@]}" mo
 bad "weights of another model shape" "shape" train "${common[@]}" model.n_embd=64 \
     init_from="$work/a/model.safetensors" out_dir="$work/never"
 bad "existing run directory" "already holds a run" train "${common[@]}" steps=1 out_dir="$work/a"
+# Checkpoints that all fail to verify are refused by resume=auto, naming each, not trained over.
+for f in "$work"/d/checkpoints/step_*/rank_*.bin; do truncate -s -1 "$f"; done
+before=$(ls -lR "$work/d" | md5sum)
+bad "no checkpoint verifies" "resume=fresh" train "${common[@]}" steps=6 out_dir="$work/d" resume=auto
+[[ $(ls -lR "$work/d" | md5sum) == "$before" ]] && pass "a refused resume touches nothing" || fail "a refused resume touches nothing"
+
+# A diverging run (far too high a learning rate, no clipping): exit status 3, one error line naming
+# the step, no exported weights, and every checkpoint it left verifies.
+diverged() {
+  local what=$1 run=$2
+  shift 2
+  local err rc
+  err=$("$@" 2>&1 >/dev/null)
+  rc=$?
+  if [[ $rc -eq 3 && $(printf '%s\n' "$err" | grep -c 'minitrain: error:') -eq 1 && "$err" == *"minitrain: error: training diverged at step "* \
+        && ! -e "$run/model.safetensors" ]] && "$mt" ckpt verify "$run/checkpoints" >/dev/null 2>&1; then
+    pass "$what"
+  else
+    fail "$what (rc=$rc, stderr: $(printf '%s\n' "$err" | grep 'minitrain: error:'))"
+  fi
+}
+diverge=(optim.lr=1e4 optim.grad_clip=0 optim.warmup_steps=0 steps=20 save_every=1 ckpt.keep=2)
+diverged "diverged run: exit 3, finite checkpoints only" "$work/div" \
+  "$mt" train "${common[@]}" "${diverge[@]}" out_dir="$work/div"
 
 # Bad layouts under mpirun: one error line (from rank 0), non-zero exit, no hang.
 if command -v mpirun >/dev/null; then
@@ -101,6 +127,8 @@ if command -v mpirun >/dev/null; then
   bad_mpi "dp larger than the batch allows" "global_batch" -np 3 "$mt" train "${common[@]}" global_batch=2 out_dir="$work/never"
   bad_mpi "bucket size" "bucket_mb" -np 2 "$mt" train "${common[@]}" bucket_mb=0 out_dir="$work/never"
   bad_mpi "missing data file on every rank" "missing.bin" -np 2 "$mt" train "${common[@]}" data.path="$work/missing.bin" out_dir="$work/never"
+  diverged "diverged run under mpirun: exit 3" "$work/div2" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    timeout 120 "${mpi[@]}" -np 2 "$mt" train "${common[@]}" "${diverge[@]}" --zero 1 out_dir="$work/div2"
 fi
 
 # Tensor parallelism end to end: tp=2 x dp=2 follows the single-rank run of the same global batch,

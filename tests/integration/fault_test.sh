@@ -69,12 +69,15 @@ for phase in "${plan[@]}"; do
     ckpt.fault_phase="$phase" ckpt.fault_step="$step" ckpt.fault_rank="$rank" >"$out.log" 2>&1
   rc=$?
   restarts=$(grep -c 'restart' "$out.supervise.log" 2>/dev/null || true)
-  if [[ $rc -eq 0 ]] && final_state "$out" >/dev/null 2>&1 && cmp -s "$work/ref/final.safetensors" "$out/final.safetensors" \
+  # The fault fired (a kill says so on stderr; ENOSPC fails the save): a trial without it proves nothing.
+  fired=0
+  grep -q -e '^\[fault\] rank' -e 'No space left on device' "$out.log" && fired=1
+  if [[ $rc -eq 0 && $fired -eq 1 ]] && final_state "$out" >/dev/null 2>&1 && cmp -s "$work/ref/final.safetensors" "$out/final.safetensors" \
      && diff <(losses "$work/ref/metrics.jsonl") <(losses "$out/metrics.jsonl") >/dev/null; then
     ok=$((ok + 1))
     echo "ok   $phase at step $step on rank $rank: identical (supervisor log lines mentioning restarts: $restarts)"
   else
-    echo "FAIL $phase at step $step on rank $rank (rc=$rc); last lines:"
+    echo "FAIL $phase at step $step on rank $rank (rc=$rc, fault fired: $fired); last lines:"
     tail -5 "$out.log"
   fi
 done

@@ -123,7 +123,7 @@ void matmul_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* i
   const double bytes = (double(N) * OC + (dweight ? double(N) * IC : 0.0) +
                         (dinp ? double(IC) * OC + double(N) * IC * (pre_gelu ? 2 : 1) : 0.0)) * sizeof(S) +
                        (dweight ? 8.0 * IC * OC : 0.0);
-  MT_DISPATCH_COST((dinp ? 4.0 : 2.0) * N * IC * OC, bytes,
+  MT_DISPATCH_COST(((dinp ? 2.0 : 0.0) + (dweight ? 2.0 : 0.0)) * N * IC * OC, bytes,
                    cpu::matmul_bwd<S>(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, pre_gelu),
               cuda::matmul_bwd<S>(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, ctx, pre_gelu));
 }

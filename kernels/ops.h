@@ -63,8 +63,10 @@ void layernorm_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S
 template <class S>
 void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, const Ctx& ctx,
                 S* pre_gelu = nullptr, const S* residual = nullptr);
-// dinp = dout @ weight (skipped if dinp == nullptr); dweight += dout^T @ inp; dbias += colsum(dout)
-// (skipped if dbias == nullptr). If pre_gelu != nullptr (the pre-activation of the layer that
+// dinp = dout @ weight (skipped if dinp == nullptr); dweight += dout^T @ inp (skipped if dweight ==
+// nullptr; inp is then not read); dbias += colsum(dout) (skipped if dbias == nullptr). Called once
+// with only dinp and once with only dweight/dbias, the results are those of one call, bit for bit
+// (tensor parallelism does so to overlap a collective with the second GEMM). If pre_gelu != nullptr (the pre-activation of the layer that
 // produced inp), dinp = gelu'(pre_gelu) * (dout @ weight), rounded once: the backward of GELU fused.
 template <class S>
 void matmul_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight, int N, int IC,

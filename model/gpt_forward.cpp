@@ -6,9 +6,11 @@
 // Tensor parallelism (parallel/tensor_parallel.h): with P ranks a layer's GEMMs use this rank's
 // slices (c_attn: NH/P heads, c_fc: 4C/P features; the row-parallel projections' partial products
 // summed over tp), and with sequence parallelism the residual stream, the LayerNorms and their
-// activations hold Ns = N/P rows; the inputs of the column-parallel GEMMs are all-gathered to N rows
-// and kept (ln1/ln2 gathered: saved for the weight gradients, so backward needs no second gather).
-// With P = 1 none of this applies and the pass is the single-rank one, operation for operation.
+// activations hold Ns = N/P rows. The inputs of the column-parallel GEMMs are all-gathered to N rows
+// for the GEMM and not kept: backward gathers them again while it computes the input gradient, and
+// reduce-scatters that gradient while it computes the weight gradient (Megatron-LM's overlap), so a
+// layer keeps 1/P of every activation. With P = 1 none of this applies and the pass is the
+// single-rank one, operation for operation.
 //
 // Fused ops used here (kernels/ops.h): the attention residual with the second LayerNorm, GELU as the
 // epilogue of the first MLP matmul (and its derivative in the backward of the second), and the
@@ -56,14 +58,12 @@ class Pass {
   // allocated when it is kept.
   struct LayerActs {
     Buffer ln1, ln1_mean, ln1_rstd;  // (Ns,C) S, (Ns), (Ns) fp32
-    Buffer ln1_all;                  // (N,C) ln1 gathered over tp (sequence parallelism only)
     Buffer qkv;                      // (N,3Cl), Cl = C/P
     Buffer att;                      // (B,NH/P,T,T) softmax probabilities (materialized)
     Buffer lse;                      // (B,NH/P,T) fp32 log-sum-exp per query (flash)
     Buffer atty;                     // (N,Cl) attention output before the projection
     Buffer res2;                     // (Ns,C) residual after attention
     Buffer ln2, ln2_mean, ln2_rstd;  // (Ns,C), (Ns), (Ns)
-    Buffer ln2_all;                  // (N,C) (sequence parallelism only)
     Buffer fch, fch_gelu;            // (N,4C/P) each: before and after GELU
     bool allocated() const { return bool(ln1); }
   };
@@ -75,9 +75,9 @@ class Pass {
     Buffer datty;        // (N,Cl)
     Buffer dqkv;         // (N,3Cl)
     Buffer dfc;          // (N,4C/P)
-    // Sequence parallelism: (N,C) partial products before their reduce-scatter, and the gathered
-    // gradient of the residual stream.
-    Buffer partial, dx_all;
+    // Sequence parallelism, (N,C) each: partial products before their reduce-scatter, a LayerNorm
+    // output gathered for a column-parallel GEMM, and the gathered gradient of the residual stream.
+    Buffer partial, ln_all, dx_all;
   };
 
   // Every activation buffer is written before it is read, so none is zero-filled (on the CPU they
@@ -102,6 +102,10 @@ class Pass {
   void sum_partial(S* own, Workspace& ws) {
     if (tp_.active()) tp_.sum_scatter(own, partial_out(ws, own), Ns_, C_);
   }
+  // The backward of a column-parallel GEMM (c_attn, c_fc) whose input is this rank's rows `inp_own`
+  // of a LayerNorm output: dinp_own = this rank's rows of the input gradient, summed over tp.
+  void column_parallel_bwd(S* dinp_own, float* dw, float* db, const S* dout, const S* inp_own, const S* w, int OC,
+                           Workspace& ws);
   // A row-parallel bias is added by one rank, so that the sum over tp holds it once.
   const S* bias_once(int i) const { return tp_.rank() == 0 ? w(i) : nullptr; }
   void alloc_layer(LayerActs& a, bool with_att);
@@ -179,7 +183,7 @@ void Pass<S>::layer_forward(int l, const S* x, S* x_next, LayerActs& a, Workspac
   const LayerParams& lp = m_.layers_[size_t(l)];
   const int C = C_, N = N_, Ns = Ns_, Cl = Cl_, F = 4 * C_ / P_;
   ops::layernorm_fwd(p(a.ln1), a.ln1_mean.f32(), a.ln1_rstd.f32(), x, w(lp.ln1_w), w(lp.ln1_b), Ns, C, c_);
-  const S* ln1 = gathered(a.ln1_all, p(a.ln1));
+  const S* ln1 = gathered(ws.ln_all, p(a.ln1));
   ops::matmul_fwd(p(a.qkv), ln1, w(lp.qkv_w), w(lp.qkv_b), N, C, 3 * Cl, c_);
   if (flash_) ops::flash_attention_fwd(p(a.atty), a.lse.f32(), p(a.qkv), doc, B_, T_, Cl, NHl_, c_);
   else ops::attention_fwd(p(a.atty), p(a.att), p(a.qkv), doc, B_, T_, Cl, NHl_, c_);
@@ -188,7 +192,7 @@ void Pass<S>::layer_forward(int l, const S* x, S* x_next, LayerActs& a, Workspac
   // res2 = x + attention branch, and its LayerNorm, in one pass.
   ops::residual_layernorm_fwd(p(a.res2), p(a.ln2), a.ln2_mean.f32(), a.ln2_rstd.f32(), x, x_next, w(lp.ln2_w),
                               w(lp.ln2_b), Ns, C, c_);
-  const S* ln2 = gathered(a.ln2_all, p(a.ln2));
+  const S* ln2 = gathered(ws.ln_all, p(a.ln2));
   ops::matmul_fwd(p(a.fch_gelu), ln2, w(lp.fc_w), w(lp.fc_b), N, C, F, c_, p(a.fch));  // GELU epilogue
   if (!tp_.active()) {
     // x_next = res2 + MLP branch: the residual is the GEMM's C, added before the one rounding.
@@ -207,14 +211,11 @@ template <class S>
 void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& ws, const int32_t* doc) {
   const LayerParams& lp = m_.layers_[size_t(l)];
   const int C = C_, N = N_, Ns = Ns_, Cl = Cl_, F = 4 * C_ / P_;
-  const S* ln1 = tp_.splits_sequence() ? p(a.ln1_all) : p(a.ln1);
-  const S* ln2 = tp_.splits_sequence() ? p(a.ln2_all) : p(a.ln2);
   // MLP: x_next = res2 + fcproj(gelu(fc(ln2(res2)))). The first backward applies GELU's derivative.
   const S* dx_all = gathered(ws.dx_all, dx);
   ops::matmul_bwd(p(ws.dfc), g(lp.fcproj_w), g(lp.fcproj_b), dx_all, p(a.fch_gelu), w(lp.fcproj_w), N, F, C, c_,
                   p(a.fch));
-  ops::matmul_bwd(partial_out(ws, p(ws.dln)), g(lp.fc_w), g(lp.fc_b), p(ws.dfc), ln2, w(lp.fc_w), N, C, F, c_);
-  sum_partial(p(ws.dln), ws);
+  column_parallel_bwd(p(ws.dln), g(lp.fc_w), g(lp.fc_b), p(ws.dfc), p(a.ln2), w(lp.fc_w), F, ws);
   // dres2 = residual path (already in dx) + LayerNorm path, accumulated by the LayerNorm backward.
   ops::layernorm_bwd(dx, g(lp.ln2_w), g(lp.ln2_b), p(ws.dln), p(a.res2), w(lp.ln2_w), a.ln2_mean.f32(),
                      a.ln2_rstd.f32(), Ns, C, true, c_);
@@ -232,11 +233,33 @@ void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& 
     }
     ops::attention_bwd(p(ws.dqkv), ws.att_scratch.f32(), p(ws.datty), p(a.qkv), att, doc, B_, T_, Cl, NHl_, c_);
   }
-  ops::matmul_bwd(partial_out(ws, p(ws.dln)), g(lp.qkv_w), g(lp.qkv_b), p(ws.dqkv), ln1, w(lp.qkv_w), N, C, 3 * Cl,
-                  c_);
-  sum_partial(p(ws.dln), ws);
+  column_parallel_bwd(p(ws.dln), g(lp.qkv_w), g(lp.qkv_b), p(ws.dqkv), p(a.ln1), w(lp.qkv_w), 3 * Cl, ws);
   ops::layernorm_bwd(dx, g(lp.ln1_w), g(lp.ln1_b), p(ws.dln), x, w(lp.ln1_w), a.ln1_mean.f32(), a.ln1_rstd.f32(), Ns,
                      C, true, c_);
+}
+
+template <class S>
+void Pass<S>::column_parallel_bwd(S* dinp_own, float* dw, float* db, const S* dout, const S* inp_own, const S* w,
+                                  int OC, Workspace& ws) {
+  const int N = N_, C = C_;
+  if (!tp_.active()) {
+    ops::matmul_bwd(dinp_own, dw, db, dout, inp_own, w, N, C, OC, c_);
+    return;
+  }
+  parallel::Comm& tc = tp_.comm();
+  const bool sp = tp_.splits_sequence();
+  const DType t = dtype_of<S>();
+  parallel::CommHandle gather, sum;
+  if (sp) gather = tc.all_gather_async(inp_own, p(ws.ln_all), size_t(Ns_) * C, t);
+  S* partial = partial_out(ws, dinp_own);
+  ops::matmul_bwd(partial, nullptr, nullptr, dout, static_cast<const S*>(nullptr), w, N, C, OC, c_);
+  if (sp)
+    sum = tc.reduce_scatter_async(partial, dinp_own, size_t(Ns_) * C, t, parallel::ReduceOp::sum);
+  else
+    sum = tc.all_reduce_async(dinp_own, size_t(N) * C, t, parallel::ReduceOp::sum);
+  gather.wait();
+  ops::matmul_bwd(static_cast<S*>(nullptr), dw, db, dout, sp ? p(ws.ln_all) : inp_own, w, N, C, OC, c_);
+  sum.wait();
 }
 
 template <class S>
@@ -330,7 +353,10 @@ double Pass<S>::run(float dloss, GPT::Mode mode, float* last_logits_out) {
   std::vector<LayerActs> acts(static_cast<size_t>(L));
   LayerActs scratch;
   Workspace ws;
-  if (tp_.splits_sequence()) ws.partial = act(all_rows_elems());
+  if (tp_.splits_sequence()) {
+    ws.partial = act(all_rows_elems());
+    ws.ln_all = act(all_rows_elems());
+  }
   // A layer that does not keep its attention state borrows one shared buffer for it.
   if (!keep_att) ws.att = flash_ ? f32(lse_elems()) : act(att_elems());
   if (!keep_layer) alloc_layer(scratch, false);
@@ -365,7 +391,7 @@ double Pass<S>::run(float dloss, GPT::Mode mode, float* last_logits_out) {
 
   // Final LayerNorm and the classifier (over all N rows: gathered under sequence parallelism).
   const S* xL = p(xs[size_t(L)]);
-  Buffer lnf = act(NC_), lnf_mean = f32(Ns), lnf_rstd = f32(Ns), lnf_all;
+  Buffer lnf = act(NC_), lnf_mean = f32(Ns), lnf_rstd = f32(Ns);
   acquire(fin, train);
   ops::layernorm_fwd(p(lnf), lnf_mean.f32(), lnf_rstd.f32(), xL, w(m_.lnf_w_), w(m_.lnf_b_), Ns, C, c_);
   if (mode == GPT::Mode::last_logits) {
@@ -375,7 +401,7 @@ double Pass<S>::run(float dloss, GPT::Mode mode, float* last_logits_out) {
     m_.release(emb);
     return 0.0;
   }
-  const S* lnf_rows = gathered(lnf_all, p(lnf));
+  const S* lnf_rows = gathered(ws.ln_all, p(lnf));
   Buffer dlnf;
   if (train) dlnf = act(NC_);
   acquire(emb, train);  // the tied unembedding; its gradient buffer stays until the encoder's backward
@@ -404,7 +430,6 @@ double Pass<S>::run(float dloss, GPT::Mode mode, float* last_logits_out) {
   m_.release(fin);
   m_.grads_ready(fin);
   lnf.reset();
-  lnf_all.reset();
   dlnf.reset();
   const int64_t NCl = int64_t(N) * Cl_;
   ws.att_scratch = f32(flash_ ? lse_elems() : att_elems());

@@ -124,18 +124,18 @@ void matmul_bwd(S* dinp, acc_t<S>* dweight, acc_t<S>* dbias, const S* dout, cons
       // dinp * gelu'(pre_gelu) in place: bitwise the unfused gelu_bwd(dinp, dinp_unfused, pre_gelu).
       if (pre_gelu) gelu_bwd<S>(dinp, dinp, pre_gelu, int64_t(N) * IC);
     }
-    gemm<S>(true, false, OC, IC, N, S(1), dout, OC, inp, IC, S(1), dweight, IC);
+    if (dweight) gemm<S>(true, false, OC, IC, N, S(1), dout, OC, inp, IC, S(1), dweight, IC);
     if (dbias) bias_grad(dbias, dout, N, OC);
   } else {
     const std::vector<float> w = dinp ? load_all(weight, int64_t(OC) * IC) : std::vector<float>();
     const int rows = chunk_rows(N, IC, OC);
-    std::vector<float> d(size_t(rows) * OC), x(size_t(rows) * IC), acc(dinp ? size_t(rows) * IC : 0),
+    std::vector<float> d(size_t(rows) * OC), x(dweight ? size_t(rows) * IC : 0), acc(dinp ? size_t(rows) * IC : 0),
         pre(dinp && pre_gelu ? size_t(rows) * IC : 0);
     for (int i0 = 0; i0 < N; i0 += rows) {
       const int n = std::min(rows, N - i0);
       const int64_t in_off = int64_t(i0) * IC, n_in = int64_t(n) * IC;
       convert<float, S>(d.data(), dout + int64_t(i0) * OC, int64_t(n) * OC);
-      convert<float, S>(x.data(), inp + in_off, n_in);
+      if (dweight) convert<float, S>(x.data(), inp + in_off, n_in);
       if (dinp) {
         gemm<float>(false, false, n, IC, OC, 1.f, d.data(), OC, w.data(), IC, 0.f, acc.data(), IC);
         if (pre_gelu) {
@@ -145,7 +145,7 @@ void matmul_bwd(S* dinp, acc_t<S>* dweight, acc_t<S>* dbias, const S* dout, cons
         }
       }
       if (dinp) convert<S, float>(dinp + in_off, acc.data(), n_in);
-      gemm<float>(true, false, OC, IC, n, 1.f, d.data(), OC, x.data(), IC, 1.f, dweight, IC);
+      if (dweight) gemm<float>(true, false, OC, IC, n, 1.f, d.data(), OC, x.data(), IC, 1.f, dweight, IC);
       if (dbias) bias_grad(dbias, d.data(), n, OC);
     }
   }

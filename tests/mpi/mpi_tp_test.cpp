@@ -198,7 +198,8 @@ TEST(TensorParallel, Bf16FollowsTheSingleRankRun) {
 
 // Per step and layer, sequence parallelism moves 4 collectives of the (B T, C) activations each way:
 // all-gathers before c_attn and c_fc and reduce-scatters after both projections (forward), their
-// conjugates in backward; plus the embedding's reduce-scatter and the classifier's all-gather
+// conjugates in backward, and in backward the two LayerNorm outputs gathered again for the weight
+// gradients (they are not kept); plus the embedding's reduce-scatter and the classifier's all-gather
 // (forward) and their conjugates, and the classifier's softmax statistics (3 floats per row).
 // Without sp the reduce-scatters become all-reduces and the gathers vanish.
 TEST(TensorParallel, CountedBytesEqualTheFormula) {
@@ -214,13 +215,14 @@ TEST(TensorParallel, CountedBytesEqualTheFormula) {
     const uint64_t P = uint64_t(W), BT = 2 * 16, C = 32, L = 2, f = 4;
     const uint64_t act = BT * C * f;  // one (B T, C) fp32 activation
     const uint64_t blocks = 4 * L + 2;  // per pass: 4 per layer, the embedding and the classifier
+    const uint64_t regathers = 2 * L;   // ln_1 and ln_2 again in backward
     // The softmax statistics' all-gather, and the squared gradient norm's (one double per rank).
     const uint64_t stats = (P - 1) * BT * 3 * f + (P - 1) * 8;
     using parallel::CommOp;
     if (std::string(sp) == "true") {
       EXPECT_EQ(c[CommOp::reduce_scatter].calls, blocks);
       EXPECT_EQ(c[CommOp::reduce_scatter].sent_bytes, blocks * (P - 1) * act / P);
-      EXPECT_EQ(c[CommOp::all_gather].sent_bytes, blocks * (P - 1) * act / P + stats);
+      EXPECT_EQ(c[CommOp::all_gather].sent_bytes, (blocks + regathers) * (P - 1) * act / P + stats);
       // Partial gradients summed over tp, one all-reduce per entry: per layer ln_1 and ln_2 weight and
       // bias, ln_f's two, and wpe (block_size x C).
       uint64_t ar = 0;

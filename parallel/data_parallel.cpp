@@ -116,7 +116,7 @@ void DataParallel::begin_step() {
 }
 
 bool DataParallel::wants_row_grads(int u) {
-  return u == 0 && last_micro_ && o_.zero <= 2 && size_ > 1 && ctx_.device == Device::cpu;
+  return o_.embedding_rows && u == 0 && last_micro_ && o_.zero <= 2 && size_ > 1 && ctx_.device == Device::cpu;
 }
 
 void DataParallel::add_row_grads(int u, const std::vector<RowGrads>& rows) {
@@ -192,9 +192,18 @@ void DataParallel::note_local_gradient(int u) {
   if (wants_row_grads(u))
     stats_.local_grad_sq_first_unit = u + 1;
   else {
-    ops::sum_squares_into(static_cast<double*>(local_sq_buf_.data()), store_.unit_grads(u),
-                          store_.units()[size_t(u)].size(), local_sq_noted_, ctx_);
-    local_sq_noted_ = true;
+    double* sq = static_cast<double*>(local_sq_buf_.data());
+    if (counted_.empty()) {
+      ops::sum_squares_into(sq, store_.unit_grads(u), store_.units()[size_t(u)].size(), local_sq_noted_, ctx_);
+      local_sq_noted_ = true;
+    } else {
+      for (size_t i = 0; i < counted_.size(); i++) {
+        const ParamEntry& e = store_.entry(int(i));
+        if (e.unit != u || !counted_[i]) continue;
+        ops::sum_squares_into(sq, store_.grad(int(i)), e.numel, local_sq_noted_, ctx_);
+        local_sq_noted_ = true;
+      }
+    }
   }
   stats_.local_grad_sq_valid = true;
 }

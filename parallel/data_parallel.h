@@ -51,6 +51,9 @@ struct Segment {
 struct DataParallelOptions {
   int zero = 0;                        // ZeRO stage 0..3
   size_t bucket_bytes = size_t(4) << 20;  // stages 0-1: gradient bytes per all-reduce
+  // Stages 0-2, several ranks, CPU: take the embeddings' sparse gradient as rows (see
+  // wants_row_grads). Off under tensor parallelism, whose embedding is split by vocabulary rows.
+  bool embedding_rows = true;
 };
 
 // Communication timing of the last step: issue = time inside the calls that start reductions (and
@@ -119,8 +122,11 @@ class DataParallel final : public UnitHooks {
   // grad_sum_squares() at *out, in the memory of the arena's device, without waiting for it (needs
   // grad_norm_is_local()).
   void grad_sum_squares_into(double* out);
+  // Which entries local_grad_sq() counts (default: all). Tensor parallelism counts a replicated entry
+  // on one tp rank only, so that the sum over tp is the whole model's |g|^2 once.
+  void set_counted_entries(std::vector<char> counted) { counted_ = std::move(counted); }
   // |g|^2 of this rank's own gradient before reduction (stages 0-2; 0 when not noted this step), over
-  // the units from stats().local_grad_sq_first_unit on. Accumulated on the device during backward;
+  // the units from stats().local_grad_sq_first_unit on (and the counted entries). Accumulated on the device during backward;
   // reading it waits for the device.
   double local_grad_sq() const;
   // True when no gradient anywhere is inf/NaN (agreed across ranks).
@@ -184,6 +190,7 @@ class DataParallel final : public UnitHooks {
   int last_acquired_ = -1;
   DataParallelStats stats_;
   Buffer local_sq_buf_;  // one double: local_grad_sq(), in the arena's memory
+  std::vector<char> counted_;  // per entry: counted by local_grad_sq() (empty: all)
   bool local_sq_noted_ = false;  // some unit was added to it this step
 };
 

@@ -83,14 +83,15 @@ class TensorParallel {
 // or every micro-batch at ZeRO-2/3), so accumulation over micro-batches is summed once.
 class TensorParallelGrads final : public UnitHooks {
  public:
+  // `dp` must have been built with embedding_rows off.
   TensorParallelGrads(ParamStore& store, const TensorParallel& tp, DataParallel& dp);
 
   void acquire(int u, bool with_grads) override { dp_.acquire(u, with_grads); }
   void release(int u) override { dp_.release(u); }
   void grads_ready(int u) override;
-  // The embeddings' row gradients would need ids remapped to each rank's vocabulary rows; the
-  // vocabulary-parallel embedding's backward is dense and local instead.
-  bool wants_row_grads(int) override { return false; }
+  // The embeddings' row gradients would need ids remapped to each rank's vocabulary rows: the data
+  // parallelism behind these hooks runs with DataParallelOptions::embedding_rows off.
+  bool wants_row_grads(int u) override { return dp_.wants_row_grads(u); }
 
  private:
   ParamStore& store_;

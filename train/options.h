@@ -51,6 +51,7 @@ struct ParallelOptions {
   int sp = -1;                // tp.sp: sequence parallelism (-1: on when tp > 1; 1 with tp = 1 is an error)
   int zero = 0;               // ZeRO stage 0..3
   double bucket_mb = 4;       // gradient bytes per all-reduce bucket (stages 0-1), in MiB
+  bool embedding_rows = true; // ZeRO 0-2 on the CPU: reduce the embeddings' sparse gradient as rows
   int sdc_every = 0;          // steps between cross-replica parameter hash checks (0: never)
   int sdc_flip_step = -1;     // fault injection: before this step's check, flip one bit ...
   int sdc_flip_rank = 0;      // ... in the parameters of this world rank

@@ -114,6 +114,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   parallel::DataParallelOptions dpo;
   dpo.zero = o_.parallel.zero;
   dpo.bucket_bytes = size_t(o_.parallel.bucket_mb * 1024 * 1024);
+  dpo.embedding_rows = o_.parallel.embedding_rows && mesh_->tp() == 1;
 #ifdef MT_HAVE_NCCL
   // Gradient and parameter collectives on the GPU: NCCL over the dp group, bootstrapped by its host
   // communicator, on a communication stream ordered after the compute stream.
@@ -125,6 +126,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
     // Partial gradients (sequence-parallel LayerNorms, positions) are summed over tp, then reduced
     // over dp.
     tp_grads_ = std::make_unique<parallel::TensorParallelGrads>(store_, tp_, *dp_);
+    dp_->set_counted_entries(tp_counted_entries());
     gpt_->set_unit_hooks(tp_grads_.get());
   } else {
     gpt_->set_unit_hooks(dp_.get());
@@ -175,17 +177,25 @@ void Trainer::update_noise_scale(StepResult& r, double first_sum_sq, double inv_
     const double to_mean = double(valid) / double(valid0) * inv_scale;
     r.local_grad_sq = first_sum_sq * to_mean * to_mean;
     gns_.update(r.local_grad_sq, r.grad_norm * r.grad_norm, double(valid0), double(valid));
-  } else if (dp.size() > 1 && !tp_.active() && dp_->stats().local_grad_sq_valid && valid_local > 0) {
-    // (Under tensor parallelism a rank's local norm covers its slices only: not estimated yet.)
-    // This rank's own gradient, rescaled to the mean over its tokens, averaged over ranks.
+  } else if (dp.size() > 1 && dp_->stats().local_grad_sq_valid && valid_local > 0) {
+    // This rank's own gradient, rescaled to the mean over its tokens, averaged over ranks. Under
+    // tensor parallelism a data-parallel replica's gradient is spread over its tp ranks: summed there.
     const double to_mean = double(valid) / double(valid_local) * inv_scale;
-    r.local_grad_sq = parallel::all_reduce_sum_double(dp, dp_->local_grad_sq() * to_mean * to_mean) / dp.size();
+    double local = dp_->local_grad_sq();
+    if (tp_.active()) local = parallel::all_reduce_sum_double(tp_.comm(), local);
+    r.local_grad_sq = parallel::all_reduce_sum_double(dp, local * to_mean * to_mean) / dp.size();
     // Both norms over the same parameters (the embeddings are left out when they went as rows).
     const int first = dp_->stats().local_grad_sq_first_unit;
     const double g2_big = first == 0 ? r.grad_norm * r.grad_norm
                                      : dp_->grad_sum_squares(first) * inv_scale * inv_scale;
     gns_.update(r.local_grad_sq, g2_big, double(valid) / dp.size(), double(valid));
   }
+}
+
+std::vector<char> Trainer::tp_counted_entries() const {
+  std::vector<char> counted;
+  for (const ParamEntry& e : store_.entries()) counted.push_back(!(e.replicated & kAxisTp) || tp_.rank() == 0);
+  return counted;
 }
 
 StepResult Trainer::step() {
@@ -245,10 +255,7 @@ StepResult Trainer::step() {
     // gradient sharded over ranks is summed through the host first (a collective anyway).
     if (tp_.active()) {
       // Every parameter once: the split ones on every tp rank, the replicated ones on tp rank 0.
-      std::vector<char> counted;
-      for (const ParamEntry& e : store_.entries())
-        counted.push_back(!(e.replicated & kAxisTp) || tp_.rank() == 0);
-      const double sum_sq = parallel::all_reduce_sum_double(tp_.comm(), dp_->grad_sum_squares(counted));
+      const double sum_sq = parallel::all_reduce_sum_double(tp_.comm(), dp_->grad_sum_squares(tp_counted_entries()));
       arena_.mem().upload(&dev->sum_sq, &sum_sq, sizeof(sum_sq));
     } else if (dp_->grad_norm_is_local()) {
       dp_->grad_sum_squares_into(&dev->sum_sq);

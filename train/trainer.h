@@ -96,6 +96,8 @@ class Trainer {
 
  private:
   void check_replicas();  // silent-data-corruption check across dp replicas
+  // Per entry: whether this rank counts it in norms (every split entry; a tp replica on tp rank 0).
+  std::vector<char> tp_counted_entries() const;
   // Collective: throws DivergenceError (train/divergence.h) if the state a save would write is not finite.
   void check_state_finite();
   checkpoint::SaveRequest checkpoint_request();
@@ -106,8 +108,10 @@ class Trainer {
   void arm_fault_injection();
   void check_fault_fired();
   // With one rank, the noise scale compares the first micro-batch's gradient with the whole batch's.
+  // (Not under tensor parallelism: there the first micro-batch's sequence-parallel gradients are still
+  // partial sums over tp.)
   bool noise_scale_from_micro() const {
-    return mesh_->dp_comm().size() == 1 && micro_.size() > 1 && store_.full_grads();
+    return mesh_->dp_comm().size() == 1 && micro_.size() > 1 && store_.full_grads() && !tp_.active();
   }
   void update_noise_scale(StepResult& r, double first_sum_sq, double inv_scale, int32_t valid, int32_t valid_local);
   void fault(const char* phase) { checkpoint::fault_point(ckpt_opts_, world_.rank(), step_ + 1, phase); }

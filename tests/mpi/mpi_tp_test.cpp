@@ -175,6 +175,32 @@ TEST(TensorParallel, EveryLayoutMatchesTheSingleRankRun) {
   }
 }
 
+// The gradient noise scale (each data-parallel replica's own gradient against the reduced one) is
+// the same whether a replica is one rank or a tensor-parallel group: tp=2 x dp=2 against dp=2.
+TEST(TensorParallel, NoiseScaleEqualsTheDataParallelRuns) {
+  parallel::Comm& world = mpi_world().comm();
+  if (world.size() != 4) GTEST_SKIP() << "needs tp=2 x dp=2";
+  const std::string data = shared_corpus(world);
+  // The dp=2 reference on ranks 0-1 and, independently, on ranks 2-3, over the same parameters (the
+  // embeddings too: not reduced as rows, which would leave them out of its per-rank norm).
+  std::unique_ptr<parallel::Comm> pair = world.split(world.rank() / 2, world.rank(), "pair");
+  TrainOptions ro = options(data, Layout{.tp = 1, .dp = 2}, 2, 6);
+  ro.parallel.embedding_rows = false;
+  Trainer ref(ro, pair.get());
+  Trainer t(options(data, Layout{.tp = 2, .dp = 2}, 2, 6), &world);
+  double err = 0;
+  for (int i = 0; i < 6; i++) {
+    const double a = ref.step().local_grad_sq, b = t.step().local_grad_sq;
+    EXPECT_GT(a, 0);
+    err = std::max(err, std::fabs(a - b) / a);
+  }
+  EXPECT_TRUE(ref.noise_scale().valid() && t.noise_scale().valid());
+  const double bs = std::fabs(ref.noise_scale().b_simple() - t.noise_scale().b_simple()) / ref.noise_scale().b_simple();
+  if (world.rank() == 0) std::printf("noise scale tp=2 x dp=2 vs dp=2: per-rank |g|^2 %.2e, B_simple %.2e\n", err, bs);
+  EXPECT_LE(err, 1e-5);
+  EXPECT_LE(bs, 1e-4);
+}
+
 // bf16 activations: the tp run rounds at other points (the sum of partial products is rounded once
 // after the reduction, not inside one GEMM), so it agrees with the single rank to bf16's precision.
 TEST(TensorParallel, Bf16FollowsTheSingleRankRun) {

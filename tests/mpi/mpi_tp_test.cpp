@@ -319,6 +319,22 @@ TEST(TensorParallel, StateSavedUnderOneLayoutResumesUnderAnother) {
     if (world.rank() == 0) std::printf("resume %s -> %s: max rel loss err %.2e\n", from.str().c_str(), l.str().c_str(), err);
     EXPECT_LE(err, 1e-5) << from.str() << " -> " << l.str();
   }
+  // And the other way: saved by tp = 1 (dp = W, ZeRO-2), resumed at tp = W.
+  {
+    Trainer t(options(data, Layout{.tp = 1, .dp = W, .zero = 2}, G / W, steps), &world);
+    for (int i = 0; i < 5; i++) t.step();
+    t.save_state(dir + "/c");
+  }
+  world.barrier();
+  {
+    TrainOptions o = options(data, Layout{.tp = W, .dp = 1, .zero = 1}, G, steps);
+    o.resume = dir + "/c";
+    Trainer t(o, &world);
+    double err = 0;
+    for (int i = 5; i < steps; i++) err = std::max(err, std::fabs(t.step().loss - want.loss[size_t(i)]) / want.loss[size_t(i)]);
+    if (world.rank() == 0) std::printf("resume tp=1 dp=%d zero=2 -> tp=%d: max rel loss err %.2e\n", W, W, err);
+    EXPECT_LE(err, 1e-5);
+  }
   // Through another layout and back out: saved again at once under tp = W, the state is unchanged.
   {
     TrainOptions o = options(data, Layout{.tp = W, .dp = 1}, G, steps);

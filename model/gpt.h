@@ -129,13 +129,20 @@ class GPT {
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   Recompute recompute_ = Recompute::none;
   Attention attention_ = Attention::materialized;
-  Buffer typed_weights_;  // the compute weights in a 16-bit compute dtype (all units), params memory
+  // Per unit, while it is acquired: whether it is, and in a 16-bit run its compute weights in that
+  // type (params memory, converted on acquire and freed on release, so no full-size 16-bit copy is
+  // kept and a weight read outside acquire/release fails in every precision).
+  std::vector<char> acquired_;
+  std::vector<Buffer> typed_units_;
   UnitHooks* hooks_ = nullptr;
   std::function<void(const char*)> phase_hook_;
   void acquire(int u, bool grads) {
     if (hooks_) hooks_->acquire(u, grads);
+    acquired_[size_t(u)] = 1;
   }
   void release(int u) {
+    acquired_[size_t(u)] = 0;
+    typed_units_[size_t(u)].reset();
     if (hooks_) hooks_->release(u);
   }
   void grads_ready(int u) {

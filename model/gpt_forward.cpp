@@ -160,10 +160,13 @@ void Pass<S>::alloc_layer(LayerActs& a, bool with_att) {
 
 template <class S>
 const S* Pass<S>::w(int i) const {
+  const ParamEntry& e = s_.entry(i);
+  MT_CHECK(m_.acquired_[size_t(e.unit)], "weight '%s' read outside an acquire of its unit", e.name.c_str());
   if constexpr (std::is_same_v<S, float>) {
     return s_.compute(i);
   } else {
-    return static_cast<const S*>(m_.typed_weights_.data()) + s_.entry(i).offset;
+    const ParamUnit& unit = s_.units()[size_t(e.unit)];
+    return static_cast<const S*>(m_.typed_units_[size_t(e.unit)].data()) + (e.offset - unit.begin);
   }
 }
 
@@ -174,7 +177,9 @@ void Pass<S>::acquire(int u, bool grads) {
     const ParamUnit& unit = s_.units()[size_t(u)];
     const float* src = s_.full_compute() ? s_.compute() + unit.begin : s_.unit_compute(u);
     MT_CHECK(src != nullptr, "unit %s has no compute weights after acquire", unit.name.c_str());
-    ops::convert(static_cast<S*>(m_.typed_weights_.data()) + unit.begin, src, unit.size(), c_);
+    Buffer& typed = m_.typed_units_[size_t(u)];
+    typed = ar_.alloc_uninitialized(MemCategory::params, size_t(unit.size()) * sizeof(S));
+    ops::convert(static_cast<S*>(typed.data()), src, unit.size(), c_);
   }
 }
 
@@ -500,11 +505,9 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
   check_batch(mb);
   if (mode != Mode::last_logits) MT_CHECK(mb.targets != nullptr, "loss requested without targets");
   const DType t = store_.compute_dtype();
-  if (t != DType::f32) {
-    // The typed weights: one 16-bit copy of the whole flat index space, filled unit by unit on acquire.
-    const size_t bytes = size_t(store_.total_numel()) * dtype_size(t);
-    if (typed_weights_.bytes() != bytes) typed_weights_ = arena_->alloc(MemCategory::params, bytes);
-  }
+  acquired_.assign(size_t(store_.num_units()), 0);
+  typed_units_.clear();
+  typed_units_.resize(size_t(store_.num_units()));
   switch (t) {
     case DType::f32: return Pass<float>(*this, mb).run(dloss, mode, last_logits);
     case DType::bf16: return Pass<bf16>(*this, mb).run(dloss, mode, last_logits);

@@ -87,7 +87,10 @@ DataParallel::DataParallel(ParamStore& store, Comm& dp, Arena& arena, const Data
     take_shard(store.master(), master_shard_);
     if (o.zero >= 2) unit_grads_.resize(size_t(U));
     if (o.zero == 3) {
-      compute_shard_buf_ = arena.alloc(MemCategory::params, size_t(shard_numel_) * 4);
+      // In fp32 the compute shard is the master shard itself (16 bytes per parameter over dp).
+      if (store.compute_dtype() != DType::f32)
+        compute_shard_buf_ = arena.alloc(MemCategory::params, size_t(shard_numel_) * 4);
+      compute_shard_ = store.compute_dtype() == DType::f32 ? master_shard_ : compute_shard_buf_.f32();
       unit_params_.resize(size_t(U));
       gathers_.resize(size_t(U));
     }
@@ -329,8 +332,10 @@ void DataParallel::publish_params() {
       }
     }
     last_acquired_ = -1;
-    arena_.mem().move(compute_shard_buf_.f32(), master_shard_, size_t(shard_numel_) * 4);
-    ops::round_to(compute_shard_buf_.f32(), shard_numel_, t, ctx_);
+    if (compute_shard_ != master_shard_) {
+      arena_.mem().move(compute_shard_, master_shard_, size_t(shard_numel_) * 4);
+      ops::round_to(compute_shard_, shard_numel_, t, ctx_);
+    }
     return;
   }
   std::vector<CommHandle> hs;
@@ -346,7 +351,7 @@ void DataParallel::publish_params() {
 
 void DataParallel::start_gather(int u) {
   unit_params_[size_t(u)] = arena_.alloc(MemCategory::params, size_t(store_.units()[size_t(u)].size()) * 4);
-  gathers_[size_t(u)] = tc_.all_gather_async(compute_shard_buf_.f32() + shard_offset(u), unit_params_[size_t(u)].f32(),
+  gathers_[size_t(u)] = tc_.all_gather_async(compute_shard_ + shard_offset(u), unit_params_[size_t(u)].f32(),
                                              size_t(chunk_size(u)), DType::f32);
 }
 

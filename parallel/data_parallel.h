@@ -169,6 +169,7 @@ class DataParallel final : public UnitHooks {
   std::vector<int64_t> shard_offsets_;
   int64_t shard_numel_ = 0;
   Buffer master_buf_, compute_shard_buf_, grad_shard_buf_;
+  float* compute_shard_ = nullptr;  // stage 3: what is gathered (the master shard itself in fp32)
   float* master_shard_ = nullptr;
   float* grad_shard_ = nullptr;
   bool last_micro_ = true;

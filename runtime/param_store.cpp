@@ -75,8 +75,14 @@ void ParamStore::finalize(Arena& arena, DType compute_dtype, int shard_multiple,
   unit_compute_.assign(units_.size(), nullptr);
   unit_grads_.assign(units_.size(), nullptr);
   if (full_compute()) {
-    compute_ = arena.alloc(MemCategory::params, bytes);
-    for (size_t u = 0; u < units_.size(); u++) unit_compute_[u] = compute_.f32() + units_[u].begin;
+    // In fp32 the compute weights equal the master: one buffer serves both (16 bytes of model state
+    // per parameter instead of 20) until a sharding engine releases the full master.
+    float* compute = master_.f32();
+    if (compute_dtype != DType::f32) {
+      compute_ = arena.alloc(MemCategory::params, bytes);
+      compute = compute_.f32();
+    }
+    for (size_t u = 0; u < units_.size(); u++) unit_compute_[u] = compute + units_[u].begin;
   }
   if (full_grads()) {
     grads_ = arena.alloc(MemCategory::grads, bytes);
@@ -94,6 +100,10 @@ int64_t ParamStore::param_count() const {
 const ParamEntry* ParamStore::find(const std::string& name) const {
   auto it = index_.find(name);
   return it == index_.end() ? nullptr : &entries_[size_t(it->second)];
+}
+
+bool ParamStore::compute_aliases_master() const {
+  return full_compute() && !compute_ && master_ && compute_dtype_ == DType::f32;
 }
 
 float* ParamStore::master(int i) const {
@@ -125,7 +135,11 @@ void ParamStore::set_unit_grads(int u, float* grads) {
   unit_grads_[size_t(u)] = grads;
 }
 
-void ParamStore::release_master() { master_.reset(); }
+void ParamStore::release_master() {
+  // An fp32 store's compute weights are the master's buffer: it stays, as the compute copy only.
+  if (compute_aliases_master()) compute_ = std::move(master_);
+  master_.reset();
+}
 
 void round_inplace(float* x, int64_t n, DType t) {
   if (t == DType::bf16) {
@@ -139,6 +153,7 @@ void round_inplace(float* x, int64_t n, DType t) {
 
 void ParamStore::refresh_compute() {
   MT_CHECK(full_compute() && master_, "refresh_compute needs full compute storage and the full master");
+  if (compute_aliases_master()) return;  // fp32: the same buffer
   mem_.move(compute(), master(), size_t(total_) * sizeof(float));
   mem_.round(compute(), total_, compute_dtype_);
 }

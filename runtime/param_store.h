@@ -4,7 +4,7 @@
 //   master   fp32 weights the optimizer updates                                     (params)
 //   compute  the copy forward/backward read: fp32 storage holding values rounded to the run's
 //            precision (bf16/fp16; the model converts it to real 16-bit storage per unit when it
-//            uses the unit), identical to master in fp32 runs                        (params)
+//            uses the unit); in fp32 runs the master buffer itself                   (params)
 //   grads    fp32 gradients, accumulated (+=) over micro-batches                     (grads)
 //
 // Parameters are grouped into UNITS (the embeddings, each transformer layer, the final norm): the
@@ -110,7 +110,7 @@ class ParamStore {
 
   // Full buffers (nullptr when not held: per-unit compute/grads, master once released).
   float* master() const { return master_.f32(); }
-  float* compute() const { return full_compute() ? compute_.f32() : nullptr; }
+  float* compute() const { return full_compute() ? (compute_ ? compute_.f32() : master_.f32()) : nullptr; }
   float* grads() const { return full_grads() ? grads_.f32() : nullptr; }
   float* master(int i) const;
   // Pointers into the unit's current buffers; fail if the unit is not materialised.
@@ -123,6 +123,8 @@ class ParamStore {
   void set_unit_compute(int u, float* compute);
   void set_unit_grads(int u, float* grads);
   void release_master();
+  // True while the fp32 compute weights are the master's own buffer (full storage, master held).
+  bool compute_aliases_master() const;
 
   // compute = round(master) in the compute dtype (full storage only).
   void refresh_compute();

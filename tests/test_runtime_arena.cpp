@@ -183,7 +183,8 @@ TEST(ParamStore, OffsetsAreAlignedAndUnitsPaddedToWholeShards) {
     EXPECT_EQ(ps.find("missing"), nullptr);
 
     const size_t bytes = size_t(ps.total_numel()) * sizeof(float);
-    EXPECT_EQ(live(a, MemCategory::params), 2 * bytes);  // master + compute
+    EXPECT_EQ(live(a, MemCategory::params), bytes);  // fp32: the master is also the compute copy
+    EXPECT_EQ(ps.compute(), ps.master());
     EXPECT_EQ(live(a, MemCategory::grads), bytes);
     for (int i = 0; i < int(es.size()); i++) {
       EXPECT_EQ(reinterpret_cast<uintptr_t>(ps.master(i)) % 64, 0u);

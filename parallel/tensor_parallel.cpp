@@ -23,14 +23,22 @@ ParamBox TensorParallel::split(std::vector<int64_t> space, int dim) const {
 
 TensorParallelGrads::TensorParallelGrads(ParamStore& store, const TensorParallel& tp, DataParallel& dp)
     : store_(store), tp_(tp), dp_(dp), partial_(size_t(store.num_units())) {
-  for (int i = 0; i < int(store.entries().size()); i++)
-    if (store.entry(i).partial_grad & kAxisTp) partial_[size_t(store.entry(i).unit)].push_back(i);
+  // Offsets relative to the unit's start (its gradient buffer may move between steps under ZeRO-2/3).
+  for (const ParamEntry& e : store.entries()) {
+    if (!(e.partial_grad & kAxisTp)) continue;
+    auto& ranges = partial_[size_t(e.unit)];
+    const int64_t b = e.offset - store.units()[size_t(e.unit)].begin;
+    if (!ranges.empty() && ranges.back().second == b)
+      ranges.back().second = b + e.numel;
+    else
+      ranges.push_back({b, b + e.numel});
+  }
 }
 
 void TensorParallelGrads::grads_ready(int u) {
   if (tp_.active() && dp_.reduces_this_micro())
-    for (int i : partial_[size_t(u)])
-      tp_.comm().all_reduce(store_.grad(i), size_t(store_.entry(i).numel), DType::f32, ReduceOp::sum);
+    for (const auto& [b, e] : partial_[size_t(u)])
+      tp_.comm().all_reduce(store_.unit_grads(u) + b, size_t(e - b), DType::f32, ReduceOp::sum);
   dp_.grads_ready(u);
 }
 

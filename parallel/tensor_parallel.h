@@ -97,7 +97,9 @@ class TensorParallelGrads final : public UnitHooks {
   ParamStore& store_;
   const TensorParallel& tp_;
   DataParallel& dp_;
-  std::vector<std::vector<int>> partial_;  // per unit: entries with a partial gradient over tp
+  // Per unit: the flat ranges of its entries with a partial gradient over tp, adjacent entries
+  // merged (a LayerNorm's weight and bias are one range: one all-reduce).
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> partial_;
 };
 
 }  // namespace mt::parallel

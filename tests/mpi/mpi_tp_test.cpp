@@ -249,10 +249,11 @@ TEST(TensorParallel, CountedBytesEqualTheFormula) {
       EXPECT_EQ(c[CommOp::reduce_scatter].calls, blocks);
       EXPECT_EQ(c[CommOp::reduce_scatter].sent_bytes, blocks * (P - 1) * act / P);
       EXPECT_EQ(c[CommOp::all_gather].sent_bytes, (blocks + regathers) * (P - 1) * act / P + stats);
-      // Partial gradients summed over tp, one all-reduce per entry: per layer ln_1 and ln_2 weight and
-      // bias, ln_f's two, and wpe (block_size x C).
+      // Partial gradients summed over tp, one all-reduce per LayerNorm (weight and bias together: they
+      // are adjacent) and one for wpe (block_size x C): per layer ln_1 and ln_2, then ln_f.
       uint64_t ar = 0;
-      for (uint64_t n : {C, C, C, C, C, C, C, C, C, C, 16 * C})
+      EXPECT_EQ(c[CommOp::all_reduce].calls, 2 * L + 2);
+      for (uint64_t n : {2 * C, 2 * C, 2 * C, 2 * C, 2 * C, 16 * C})
         ar += parallel::all_reduce_sent_bytes(size_t(n), 4, W, t.mesh().tp_comm().rank());
       EXPECT_EQ(c[CommOp::all_reduce].sent_bytes, ar);
     } else {

@@ -14,6 +14,7 @@
 #include "data/shard.h"
 #include "runtime/check.h"
 #include "train/trainer.h"
+#include "tests/test_train_util.h"
 #include "tests/test_util.h"
 
 namespace mt::train {
@@ -34,15 +35,7 @@ class Recovery : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = testing::make_temp_dir("mt_recover");
-    data::ShardBuilder b(64, 63);
-    std::mt19937_64 rng(testing::test_seed());
-    for (int d = 0; d < 100; d++) {
-      std::vector<int32_t> doc(size_t(8 + rng() % 40));
-      for (auto& t : doc) t = int32_t(rng() % 63);
-      b.add_document(doc);
-    }
-    data_ = dir_ + "/random.bin";
-    b.write(data_);
+    data_ = testing::write_random_shard(dir_, 64, 100, testing::test_seed());
   }
   void TearDown() override { fs::remove_all(dir_); }
 

@@ -19,6 +19,7 @@
 #include "model/gpt.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/mpi/mpi_test_util.h"
+#include "tests/mpi/mpi_train_util.h"
 #include "tests/test_util.h"
 #include "train/trainer.h"
 
@@ -28,28 +29,6 @@ namespace {
 using train::TrainOptions;
 using train::Trainer;
 
-// A shared data file: rank 0 writes it, everyone uses the same path (the config must match).
-std::string shared_corpus(parallel::Comm& world) {
-  static std::string path;
-  if (!path.empty()) return path;
-  char buf[256] = {};
-  if (world.rank() == 0) {
-    const std::string dir = make_temp_dir("mt_tp");
-    data::ShardBuilder b(64, 63);
-    std::mt19937_64 rng(shared_seed());
-    for (int d = 0; d < 300; d++) {
-      std::vector<int32_t> doc(size_t(8 + rng() % 30));
-      int32_t x = int32_t(rng() % 63);
-      for (auto& t : doc) t = x = (x + 1 + int32_t(rng() % 3)) % 63;
-      b.add_document(doc);
-    }
-    b.write(dir + "/corpus.bin");
-    std::snprintf(buf, sizeof buf, "%s/corpus.bin", dir.c_str());
-  }
-  world.broadcast(buf, sizeof buf / 4, DType::i32, 0);
-  path = buf;
-  return path;
-}
 
 // One layout of the world. batch is B per dp rank; the reference runs dp x B rows on one rank.
 struct Layout {

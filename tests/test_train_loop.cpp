@@ -245,6 +245,13 @@ TEST_F(TrainLoop, BadInputsFailWithAClearMessageAndWriteNothing) {
     apply_option(o, "data.mix", data_ + ":1");
     expect_error([&] { Trainer t(o); }, "data.path=" + data_ + " and data.mix=" + data_ + ":1 are both set");
   }
+  {  // validation data whose vocabulary is larger than the model's
+    TrainOptions o = tiny_options(data_, out);
+    fs::create_directory(dir_ + "/wide");
+    apply_option(o, "data.val_path", write_counting_shard(dir_ + "/wide", 128, 50, 3));
+    apply_option(o, "eval_every", "10");
+    expect_error([&] { Trainer t(o); }, "validation data '" + dir_ + "/wide/counting.bin' uses a vocabulary of 128");
+  }
   {  // validation data made with another tokenizer (same vocabulary size)
     for (const char* d : {"/a", "/b"}) {
       fs::create_directory(dir_ + d);

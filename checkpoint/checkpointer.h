@@ -79,9 +79,10 @@ struct Options {
   bool deferred_snapshot = false;
   // Fault injection (tests): at the named phase of the save of `fault_step`, only on rank
   // `fault_rank`, SIGKILL this process: "staging" (before the copy), "write" (half of the rank file
-  // written), "before_commit" (rank file durable; rank 0: every rank's file durable, manifest not
-  // yet written; other ranks: the file not yet announced, so no commit can follow), "after_commit"
-  // (rank 0: renamed and `latest` updated, before retention; other ranks: the commit seen).
+  // written), "before_commit" (rank file durable; rank 0: every rank's file durable and the manifest
+  // written in step_N.tmp, not yet renamed, `latest` untouched; other ranks: the file not yet
+  // announced, so no commit can follow), "after_commit" (rank 0: renamed and `latest` updated,
+  // before retention; other ranks: the commit seen).
   // "enospc" instead makes this rank's file writes fail with ENOSPC, as a full disk would.
   // The trainer adds its own phases ("forward", "backward", "optimizer") through fault_point().
   std::string fault_phase;

@@ -134,10 +134,11 @@ void commit(WriteJob& job, const Options& o) {
   m.files = std::move(files);
   const std::string problem = table_problem(m);
   if (!problem.empty()) fail("the ranks' pieces do not form a complete checkpoint: %s", problem.c_str());
-  fault_point(o, job.rank, job.step, "before_commit");
   io::write_file_atomically(io::join(job.tmp_dir, kManifestName), manifest_to_json(m).dump(1) + "\n");
   for (int r = 1; r < job.world_size; r++) ::unlink(io::join(job.tmp_dir, rank_table_name(r)).c_str());
   io::fsync_dir(job.tmp_dir);
+  // The last moment before the commit: everything written, nothing published (`latest` included).
+  fault_point(o, job.rank, job.step, "before_commit");
 
   // 3. Publish: one rename. A checkpoint of the same step already there (a re-save after resuming)
   // is swapped out atomically and then deleted, unless it does not verify: a damaged checkpoint is

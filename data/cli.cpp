@@ -198,7 +198,8 @@ void inspect_shard(const std::string& path, const std::string& tokenizer, int sa
   if (tok) {
     std::fprintf(out, "sample       first %llu tokens, decoded with %s:\n", (unsigned long long)n, tok_path.c_str());
     std::string text = tok->decode(ids);
-    std::fprintf(out, "%s\n", text.c_str());
+    text += '\n';
+    std::fwrite(text.data(), 1, text.size(), out);  // the decoded bytes as they are, NULs included
   } else {
     std::fprintf(out, "sample       first %llu token ids (no tokenizer.json beside the shard):\n",
                  (unsigned long long)n);

@@ -68,8 +68,21 @@ std::vector<std::string> resolve_shards(const std::string& source, Split split) 
   return {source};
 }
 
+// The "tokenizer_fingerprint" of the meta.json beside `shard`, or "".
+static std::string recorded_tokenizer(const std::string& shard) {
+  const fs::path meta = fs::path(shard).parent_path() / "meta.json";
+  std::error_code ec;
+  if (!fs::exists(meta, ec)) return "";
+  std::ifstream in(meta);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded()) fail("%s: unreadable dataset manifest", meta.c_str());
+  const auto it = j.is_object() ? j.find("tokenizer_fingerprint") : j.end();
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
 Dataset::Dataset(const std::string& source, Split split, bool verify) : source_(source) {
   std::vector<std::string> paths = resolve_shards(source, split);
+  tokenizer_fp_ = recorded_tokenizer(paths[0]);
   shards_.resize(paths.size());
   // Shards verify independently (each CRC pass is sequential), so spread them over the cores.
   std::vector<std::string> errors(paths.size());

@@ -37,6 +37,9 @@ class Dataset {
   uint64_t num_docs() const { return num_docs_; }
   uint32_t vocab_size() const { return vocab_; }
   uint32_t eot_token() const { return eot_; }
+  // The tokenizer fingerprint recorded by `data prepare` in the meta.json of the directory holding
+  // the (first) shard; "" when there is none (a shard made some other way).
+  const std::string& tokenizer_fingerprint() const { return tokenizer_fp_; }
   size_t num_shards() const { return shards_.size(); }
   const Shard& shard(size_t i) const { return *shards_[i]; }
 
@@ -53,6 +56,7 @@ class Dataset {
   std::vector<uint64_t> offsets_;  // stream offset of each shard, plus the total at the end
   uint64_t num_docs_ = 0;
   uint32_t vocab_ = 0, eot_ = 0;
+  std::string tokenizer_fp_;
   size_t shard_of(uint64_t pos) const;
 };
 

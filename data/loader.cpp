@@ -3,10 +3,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 
 #include "runtime/check.h"
 
 namespace mt::data {
+
+namespace fs = std::filesystem;
 
 namespace {
 constexpr int kStateVersion = 1;
@@ -33,6 +36,14 @@ std::vector<DataSource> parse_mixture(const std::string& spec, const char* flag)
       s.path = item.substr(0, colon);
       s.weight = v;
       if (s.path.empty()) fail("%s: entry '%s' names no dataset", flag, item.c_str());
+    }
+    // Listed twice, the dataset would be read twice as often as its weight says, and its two streams
+    // would repeat each other's windows: one entry, with the summed weight, says what is meant.
+    for (const DataSource& o : out) {
+      std::error_code ec;
+      if (o.path == s.path || fs::equivalent(o.path, s.path, ec))
+        fail("%s: '%s' and '%s' name the same dataset; list it once (with the summed weight)", flag,
+             o.path.c_str(), s.path.c_str());
     }
     out.push_back(s);
     begin = end + 1;
@@ -63,6 +74,11 @@ Loader::Loader(LoaderConfig cfg) : cfg_(std::move(cfg)) {
       fail("%s: vocab %u / end-of-text %u differs from %s (vocab %u / end-of-text %u): mixed datasets must "
            "share a tokenizer", s.path.c_str(), d.vocab_size(), d.eot_token(), first.source().c_str(),
            first.vocab_size(), first.eot_token());
+    const std::string fp = tokenizer_fingerprint();  // the first one recorded (this dataset's, if none before)
+    if (!fp.empty() && !d.tokenizer_fingerprint().empty() && d.tokenizer_fingerprint() != fp)
+      fail("%s (tokenizer fingerprint %s) and %s (tokenizer fingerprint %s) were tokenized differently: mixed "
+           "datasets must share a tokenizer", s.path.c_str(), d.tokenizer_fingerprint().c_str(),
+           tokenizer_source().c_str(), fp.c_str());
     uint64_t w = d.num_windows(cfg_.T);
     if (w == 0)
       fail("%s: the %s split has %llu tokens, fewer than sequence length + 1 = %d", s.path.c_str(),
@@ -187,6 +203,18 @@ uint64_t Loader::num_windows() const {
 
 uint64_t Loader::position() const { return state_.position(); }
 uint64_t Loader::epoch() const { return state_.consumed[0] / sampler_->num_windows(0); }
+
+std::string Loader::tokenizer_fingerprint() const {
+  for (const auto& d : datasets_)
+    if (!d->tokenizer_fingerprint().empty()) return d->tokenizer_fingerprint();
+  return "";
+}
+
+std::string Loader::tokenizer_source() const {
+  for (const auto& d : datasets_)
+    if (!d->tokenizer_fingerprint().empty()) return d->source();
+  return "";
+}
 
 void Loader::check_model_vocab(int model_vocab) const {
   if (uint64_t(model_vocab) != vocab_size())

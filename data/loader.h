@@ -39,7 +39,7 @@ struct DataSource {
 };
 
 // "dir" or "a:0.7,b:0.3" (weights need not sum to 1; the last ':' splits path and weight).
-// Fails naming `flag` and the bad entry.
+// Fails naming `flag` and the bad entry, or both entries when two name the same dataset.
 std::vector<DataSource> parse_mixture(const std::string& spec, const char* flag = "data.mix");
 
 struct LoaderConfig {
@@ -74,6 +74,10 @@ class Loader {
 
   double wait_seconds() const;
   uint32_t vocab_size() const { return datasets_[0]->vocab_size(); }
+  // The tokenizer fingerprint the datasets record (equal wherever recorded), and the first dataset
+  // recording it; "" when none does.
+  std::string tokenizer_fingerprint() const;
+  std::string tokenizer_source() const;
   int32_t eot_token() const { return int32_t(datasets_[0]->eot_token()); }
   uint64_t num_tokens() const;   // all datasets of this split
   uint64_t num_windows() const;  // all datasets; one epoch of a single dataset

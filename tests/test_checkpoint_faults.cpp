@@ -99,8 +99,9 @@ TEST(CheckpointFaults, FaultPointKillsOnlyAtTheNamedRankStepAndPhase) {
   expect_error([&] { Checkpointer ck(o, self); }, {"unknown fault phase 'lunch'"});
 }
 
-// Killed before the manifest exists: the unfinished step_000002.tmp/ is never loaded, step 1 stays
-// in force, and the next run deletes the leftovers and saves step 2 normally.
+// Killed before the commit (at before_commit, with the manifest already in step_000002.tmp/): the
+// unfinished step_000002.tmp/ is never loaded, step 1 stays in force with `latest` naming it, and
+// the next run deletes the leftovers and saves step 2 normally.
 TEST(CheckpointFaults, SaveKilledBeforeCommitLeavesThePreviousCheckpointInForce) {
   std::mt19937_64 rng(mt::testing::test_seed());
   const State s = State::random(rng, 4, 200);
@@ -119,6 +120,9 @@ TEST(CheckpointFaults, SaveKilledBeforeCommitLeavesThePreviousCheckpointInForce)
       });
       EXPECT_TRUE(killed(status)) << "status " << status;
       EXPECT_TRUE(fs::exists(dir + "/step_000002.tmp"));  // the kill did happen mid-save
+      // before_commit is the last moment before the commit (the manifest is written), so whatever
+      // the commit publishes, `latest` included, must come after it.
+      EXPECT_EQ(fs::exists(dir + "/step_000002.tmp/manifest.json"), std::string(phase) == "before_commit");
       EXPECT_FALSE(fs::exists(dir + "/step_000002"));
       EXPECT_EQ(read_latest(dir), "step_000001");
       const auto found = latest_valid(dir);

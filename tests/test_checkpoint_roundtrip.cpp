@@ -238,6 +238,36 @@ TEST(CheckpointRoundTrip, NewestMeansLastCommittedAndResavingAStepReplacesIt) {
   fs::remove_all(dir);
 }
 
+// Retention keeps the newest commits, not the highest steps: after resuming from step 10 beside an
+// abandoned run's steps 20 and 30, the resumed run's saves (15, then 20 again) are the ones kept.
+// Ordered by step, keep = 1 or 2 would delete the checkpoint just committed.
+TEST(CheckpointRoundTrip, RetentionAfterResumingFromAnOlderCheckpointKeepsTheNewCommits) {
+  std::mt19937_64 rng(mt::testing::test_seed() + 9);
+  const State a = State::random(rng, 2), b = State::random(rng, 2);
+  for (const int keep : {1, 2}) {
+    SCOPED_TRACE("keep=" + std::to_string(keep));
+    const std::string dir = mt::testing::make_temp_dir("ckpt_keep_resumed");
+    parallel::SelfComm self;
+    {
+      Checkpointer ck(options(dir, false, 0), self);  // the abandoned run
+      for (int64_t step : {10, 20, 30}) ck.save(a.request(step, 0, 1));
+    }
+    Checkpointer ck(options(dir, false, keep), self);  // resumed from step 10
+    ck.save(b.request(15, 0, 1));
+    EXPECT_TRUE(fs::exists(dir + "/step_000015")) << "retention deleted the checkpoint it had just committed";
+    ck.save(b.request(20, 0, 1));
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    const std::vector<std::string> want = keep == 1 ? std::vector<std::string>{"latest", "step_000020"}
+                                                    : std::vector<std::string>{"latest", "step_000015", "step_000020"};
+    EXPECT_EQ(names, want);
+    EXPECT_EQ(read_latest(dir), "step_000020");
+    expect_state(Reader(dir + "/step_000020"), b);
+    fs::remove_all(dir);
+  }
+}
+
 TEST(CheckpointRoundTrip, StatsReportEachCompletedSave) {
   std::mt19937_64 rng(mt::testing::test_seed() + 7);
   const State s = State::random(rng, 3);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <set>
 #include <thread>
@@ -252,6 +253,57 @@ TEST_F(LoaderTest, BadConfigsAndMismatchesFailWithClearMessages) {
   EXPECT_THROW(parse_mixture("a:0.5,b:x"), mt::Error);
   EXPECT_THROW(parse_mixture("a:-1"), mt::Error);
   EXPECT_THROW(parse_mixture("a,,b"), mt::Error);
+}
+
+// A dataset manifest as `data prepare` writes it (the fields the loader reads): the train_*.bin
+// shards of `dir` and the fingerprint of the tokenizer that made them.
+static void write_meta(const std::string& dir, const std::string& fingerprint) {
+  nlohmann::json shards = nlohmann::json::array();
+  for (int s = 0; fs::exists(dir + "/train_" + std::to_string(s) + ".bin"); s++)
+    shards.push_back({{"file", "train_" + std::to_string(s) + ".bin"}});
+  nlohmann::json meta = {{"tokenizer_fingerprint", fingerprint},
+                         {"splits", {{"train", {{"shards", shards}}}, {"val", {{"shards", nlohmann::json::array()}}}}}};
+  std::ofstream(dir + "/meta.json") << meta.dump();
+}
+
+// Datasets made with different tokenizers (same vocabulary size) are refused in one mixture, naming
+// both datasets and fingerprints; the same tokenizer, or a dataset that records none, is accepted.
+TEST_F(LoaderTest, MixedDatasetsMustShareTheirTokenizer) {
+  const std::string other = mt::testing::make_temp_dir("mt_loader_tok");
+  write_split(other, "train", rng, 8000, 2);
+  LoaderConfig c = config(dir, 2, 16, seed);
+  c.sources = parse_mixture(dir + ":0.5," + other + ":0.5");
+  EXPECT_NO_THROW(Loader l(c)) << "no fingerprint recorded: nothing to compare";
+  write_meta(dir, "00000000000000aa");
+  EXPECT_NO_THROW(Loader l(c)) << "one fingerprint recorded";
+  write_meta(other, "00000000000000aa");
+  EXPECT_NO_THROW(Loader l(c)) << "the same tokenizer";
+  write_meta(other, "00000000000000bb");
+  for (const std::string& second : {other, other + "/train_1.bin"}) {  // a dataset, or one shard of it
+    c.sources = parse_mixture(dir + ":0.5," + second + ":0.5");
+    try {
+      Loader l(c);
+      ADD_FAILURE() << "datasets of two tokenizers were mixed";
+    } catch (const mt::Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(second + " (tokenizer fingerprint 00000000000000bb)"), std::string::npos) << m;
+      EXPECT_NE(m.find(dir + " (tokenizer fingerprint 00000000000000aa)"), std::string::npos) << m;
+    }
+  }
+  fs::remove_all(other);
+}
+
+// A dataset listed twice in a mixture (under the same or another spelling) is refused by name.
+TEST_F(LoaderTest, MixtureNamingADatasetTwiceIsRefused) {
+  for (const std::string& again : {dir, dir + "/", dir + "/../" + fs::path(dir).filename().string()}) {
+    try {
+      parse_mixture(dir + ":0.7," + again + ":0.3");
+      ADD_FAILURE() << again << " accepted beside " << dir;
+    } catch (const mt::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("data.mix: '" + dir + "' and '" + again + "' name the same dataset"),
+                std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST_F(LoaderTest, DamagedShardIsReportedWhenTheLoaderOpens) {

@@ -259,6 +259,24 @@ TEST_F(PrepareTest, InspectPrintsHeaderCountsAndDecodedSample) {
   std::fclose(g);
 }
 
+// The decoded sample is printed byte for byte: a NUL in the text does not end it.
+TEST_F(PrepareTest, InspectPrintsTheWholeSamplePastANulByte) {
+  const std::string doc = std::string("before the NUL ") + '\0' + " and after it\n";
+  std::ofstream(in + "/nul.txt", std::ios::binary) << doc;
+  PrepareOptions o = options();
+  o.inputs = {in + "/nul.txt"};
+  o.splitter = Splitter::file;
+  o.val_fraction = 0;
+  prepare_dataset(o, kQuiet);
+  std::FILE* f = std::tmpfile();
+  inspect_shard(out + "/train_000000.bin", "", 1000, f);
+  std::rewind(f);
+  std::string text(1 << 16, '\0');
+  text.resize(std::fread(text.data(), 1, text.size(), f));
+  std::fclose(f);
+  EXPECT_NE(text.find("<|endoftext|>" + doc), std::string::npos) << text;
+}
+
 TEST_F(PrepareTest, CliParsesFlagsAndReportsErrorsWithExitCodes) {
   auto run = [](std::vector<std::string> args) {
     std::vector<char*> argv;

@@ -1,5 +1,6 @@
 // Activation checkpointing changes memory, never results: gradients are bitwise identical across
-// none | selective | full, and the measured activation peak drops (full <= 1/3 of none for 12 layers).
+// none | selective | full, with and without packed-document masks, and the measured activation peak
+// drops (full <= 1/3 of none for 12 layers).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -19,7 +20,7 @@ struct RunResult {
 };
 
 RunResult run_once(const GPTConfig& cfg, Recompute r, DType precision, const std::vector<int32_t>& tokens,
-                   const std::vector<int32_t>& targets, int B, int T) {
+                   const std::vector<int32_t>& targets, int B, int T, const int32_t* doc_ids = nullptr) {
   Arena arena;
   ParamStore store;
   GPT gpt(cfg, store);
@@ -29,7 +30,7 @@ RunResult run_once(const GPTConfig& cfg, Recompute r, DType precision, const std
   gpt.set_recompute(r);
   store.zero_grads();
   arena.reset_peaks();
-  MicroBatch mb{B, T, tokens.data(), targets.data(), nullptr, nullptr};
+  MicroBatch mb{B, T, tokens.data(), targets.data(), nullptr, doc_ids};
   RunResult res;
   res.loss = gpt.forward_backward(mb, 1.f / float(B * T));
   res.grads.assign(store.grads(), store.grads() + store.total_numel());
@@ -67,6 +68,34 @@ TEST_P(Recomputation, GradientsAreBitwiseIdenticalAndMemoryDrops) {
               sel.activation_peak, full.activation_peak, double(full.activation_peak) / double(none.activation_peak));
   EXPECT_LT(sel.activation_peak, none.activation_peak);
   EXPECT_LE(3 * full.activation_peak, none.activation_peak);
+}
+
+// Packed documents: selective recompute rebuilds the attention probabilities in backward, and must
+// mask them as the forward did (full recompute reruns the forward with its mask). The masked
+// gradients differ from the unmasked ones, so a recompute that dropped the mask could not match.
+TEST_P(Recomputation, DocumentMaskedGradientsAreBitwiseIdentical) {
+  GPTConfig cfg;
+  cfg.vocab_size = 211;
+  cfg.block_size = 32;
+  cfg.n_layer = 3;
+  cfg.n_head = 4;
+  cfg.n_embd = 48;
+  const int B = 2, T = 32;
+  std::mt19937_64 rng(testing::test_seed());
+  std::uniform_int_distribution<int32_t> d(0, cfg.vocab_size - 1);
+  std::vector<int32_t> tokens(size_t(B * T)), targets(size_t(B * T));
+  for (auto& t : tokens) t = d(rng);
+  for (auto& t : targets) t = d(rng);
+  const std::vector<int32_t> docs = testing::random_doc_ids(B, T, rng);
+
+  const RunResult none = run_once(cfg, Recompute::none, GetParam(), tokens, targets, B, T, docs.data());
+  const RunResult unmasked = run_once(cfg, Recompute::none, GetParam(), tokens, targets, B, T);
+  ASSERT_NE(0, std::memcmp(none.grads.data(), unmasked.grads.data(), none.grads.size() * 4)) << "the mask changed nothing";
+  for (Recompute r : {Recompute::selective, Recompute::full}) {
+    const RunResult got = run_once(cfg, r, GetParam(), tokens, targets, B, T, docs.data());
+    EXPECT_EQ(none.loss, got.loss) << recompute_name(r);
+    EXPECT_EQ(0, std::memcmp(none.grads.data(), got.grads.data(), none.grads.size() * 4)) << recompute_name(r);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, Recomputation, ::testing::Values(DType::f32, DType::bf16, DType::f16),

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 
+#include "data/loader.h"
 #include "data/shard.h"
 #include "runtime/check.h"
 #include "train/trainer.h"
@@ -239,6 +240,30 @@ TEST_F(TrainLoop, BadInputsFailWithAClearMessageAndWriteNothing) {
     std::ofstream(dir_ + "/short.bin") << "MTOK";
     expect_error([&] { Trainer(tiny_options(dir_ + "/short.bin", out)); }, "short.bin");
   }
+  {  // data.mix replaces data.path: both set would leave one silently unused
+    TrainOptions o = tiny_options(data_, out);
+    apply_option(o, "data.mix", data_ + ":1");
+    expect_error([&] { Trainer t(o); }, "data.path=" + data_ + " and data.mix=" + data_ + ":1 are both set");
+  }
+  {  // validation data whose vocabulary is larger than the model's
+    TrainOptions o = tiny_options(data_, out);
+    fs::create_directory(dir_ + "/wide");
+    apply_option(o, "data.val_path", write_counting_shard(dir_ + "/wide", 128, 50, 3));
+    apply_option(o, "eval_every", "10");
+    expect_error([&] { Trainer t(o); }, "validation data '" + dir_ + "/wide/counting.bin' uses a vocabulary of 128");
+  }
+  {  // validation data made with another tokenizer (same vocabulary size)
+    for (const char* d : {"/a", "/b"}) {
+      fs::create_directory(dir_ + d);
+      fs::copy_file(data_, dir_ + d + "/counting.bin");
+      std::ofstream(dir_ + d + "/meta.json") << "{\"tokenizer_fingerprint\": \"" << (d[1] == 'a' ? "0a" : "0b") << "\"}";
+    }
+    TrainOptions o = tiny_options(dir_ + "/a/counting.bin", out);
+    apply_option(o, "data.val_path", dir_ + "/b/counting.bin");
+    apply_option(o, "eval_every", "10");
+    expect_error([&] { Trainer t(o); }, "data.val_path " + dir_ + "/b/counting.bin (tokenizer fingerprint 0b) and the "
+                                        "training data " + dir_ + "/a/counting.bin (tokenizer fingerprint 0a)");
+  }
   EXPECT_FALSE(fs::exists(out)) << "a failed start created the output directory";
 }
 
@@ -266,6 +291,13 @@ TEST(NoiseScale, RecoversTraceAndSignalFromTwoBatchSizes) {
 
 namespace mt::train {
 namespace {
+
+// One default data mode, the loader's own (README: shuffled).
+TEST(Options, DefaultDataModeIsTheLoadersShuffled) {
+  EXPECT_EQ(TrainOptions{}.data.mode, "shuffled");
+  EXPECT_EQ(parse_train_options({}).data.mode, "shuffled");
+  EXPECT_EQ(data::LoaderConfig{}.mode, data::SampleMode::shuffled);
+}
 
 // The resolved config a run writes (config.json) is a valid --config that resolves to itself.
 TEST(Options, WrittenConfigReloadsToTheSameOptions) {

@@ -60,6 +60,8 @@ class ShardBatches final : public BatchSource {
   double wait_seconds() const override { return loader_.wait_seconds(); }
   int vocab_size() const override { return int(loader_.vocab_size()); }
   void rewind() override { loader_.rewind(); }
+  std::string tokenizer_fingerprint() const override { return loader_.tokenizer_fingerprint(); }
+  std::string tokenizer_source() const override { return loader_.tokenizer_source(); }
 
  private:
   data::Loader loader_;
@@ -90,6 +92,15 @@ std::unique_ptr<BatchSource> open_batches(const TrainOptions& o, const std::stri
   c.doc_mask = o.data.doc_mask;
   c.prefetch = val ? 0 : o.data.prefetch;
   return std::make_unique<ShardBatches>(std::move(c));
+}
+
+void check_same_tokenizer(const TrainOptions& o, const BatchSource& train, const BatchSource& val) {
+  const std::string a = train.tokenizer_fingerprint(), b = val.tokenizer_fingerprint();
+  if (a.empty() || b.empty() || a == b) return;
+  fail("%s %s (tokenizer fingerprint %s) and the training data %s (tokenizer fingerprint %s) were tokenized "
+       "differently: validation data must share the training data's tokenizer",
+       o.data.val_path.empty() ? "the validation split" : "data.val_path", val.tokenizer_source().c_str(), b.c_str(),
+       train.tokenizer_source().c_str(), a.c_str());
 }
 
 }  // namespace mt::train

@@ -2,6 +2,7 @@
 // position. Implemented over data::Loader in train/batches.cpp.
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -25,10 +26,17 @@ class BatchSource {
   virtual double wait_seconds() const = 0;  // cumulative time next() waited for data
   virtual int vocab_size() const = 0;
   virtual void rewind() = 0;  // back to the first batch (each evaluation reads the same batches)
+  // The tokenizer fingerprint its datasets record and the first dataset recording it ("": none).
+  virtual std::string tokenizer_fingerprint() const { return ""; }
+  virtual std::string tokenizer_source() const { return ""; }
 };
 
 // Opens the training (split = "train") or validation ("val") stream described by the options, for
 // data-parallel rank `dp_rank` of `dp_size`. Fails naming the file on any problem.
 std::unique_ptr<BatchSource> open_batches(const TrainOptions& o, const std::string& split, int dp_rank, int dp_size);
+
+// Fails, naming both datasets and fingerprints, when the validation data records another tokenizer
+// than the training data.
+void check_same_tokenizer(const TrainOptions& o, const BatchSource& train, const BatchSource& val);
 
 }  // namespace mt::train

@@ -80,9 +80,11 @@ int sample_main(const std::vector<std::string>& args) {
   const std::vector<int32_t> p = tok.encode(text);
   o.prompt.insert(o.prompt.end(), p.begin(), p.end());
   o.stop_token = tok.eot_token();  // one document: stop where the model ends it
+  o.vocab_limit = tok.vocab_size();
   std::vector<int32_t> out = mt::train::sample_tokens(o);
   if (out.back() == tok.eot_token()) out.pop_back();
-  std::printf("%s\n", tok.decode(std::span<const int32_t>(out).subspan(1)).c_str());
+  const std::string decoded = tok.decode(std::span<const int32_t>(out).subspan(1)) + "\n";
+  std::fwrite(decoded.data(), 1, decoded.size(), stdout);  // byte for byte, NULs included
   return 0;
 }
 

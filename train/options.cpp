@@ -275,6 +275,9 @@ void TrainOptions::validate() const {
   model.validate();
   if (seq_len > model.block_size)
     fail("seq_len %d is longer than the model's context (model.block_size = %d)", seq_len, model.block_size);
+  if (!data.mix.empty() && !data.path.empty())
+    fail("data.path=%s and data.mix=%s are both set: data.mix names every training dataset (drop data.path, or "
+         "add it to the mix)", data.path.c_str(), data.mix.c_str());
   if (parallel.pp != 1 || parallel.cp != 1)
     fail("--pp %d --cp %d: pipeline and context parallelism are not implemented yet (pp = cp = 1)", parallel.pp,
          parallel.cp);

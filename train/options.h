@@ -38,10 +38,10 @@ struct LossScaleOptions {
 struct DataOptions {
   std::string path;             // a token shard file or a dataset directory
   std::string val_path;         // optional held-out shards
-  std::string mode = "sequential";  // sequential | shuffled
+  std::string mode = "shuffled";  // shuffled | sequential (the loader's default too)
   bool doc_mask = false;        // document-masked attention and per-document positions
   int prefetch = 2;             // batches prepared ahead on a background thread (0: none)
-  std::string mix;              // "a:0.7,b:0.3" weighted mixture of datasets
+  std::string mix;              // "a:0.7,b:0.3" weighted mixture of datasets (in place of path)
 };
 
 // The parallel layout (--dp --tp --pp --cp), ZeRO stage and data-parallel knobs.

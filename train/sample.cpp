@@ -59,6 +59,9 @@ std::vector<int32_t> sample_tokens(const SampleOptions& o) {
   gpt.set_arena(&arena);
   std::vector<int32_t> seq = o.prompt;
   std::vector<float> logits(static_cast<size_t>(cfg.vocab_size));
+  // A model's vocabulary may be larger than its tokenizer's (rounded up, or set by hand); the ids past
+  // the tokenizer's have no text, so they are never drawn.
+  const int V = o.vocab_limit > 0 ? std::min(o.vocab_limit, cfg.vocab_size) : cfg.vocab_size;
   uint64_t rng = o.seed * 0x9E3779B97F4A7C15ULL + 1;
   for (int i = 0; i < o.max_new_tokens; i++) {
     // The context is the last block_size tokens (no KV cache: recomputed each step, fine for demos).
@@ -68,7 +71,7 @@ std::vector<int32_t> sample_tokens(const SampleOptions& o) {
     mb.T = T;
     mb.tokens = seq.data() + (seq.size() - size_t(T));
     gpt.forward_last_logits(mb, logits.data());
-    seq.push_back(sample_from_logits(logits.data(), cfg.vocab_size, o.temperature, o.top_k, rng));
+    seq.push_back(sample_from_logits(logits.data(), V, o.temperature, o.top_k, rng));
     if (seq.back() == o.stop_token) break;
   }
   return seq;

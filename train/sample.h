@@ -14,6 +14,7 @@ struct SampleOptions {
   int top_k = 40;              // 0: no truncation
   uint64_t seed = 1;
   int32_t stop_token = -1;     // generation ends after this token is produced (the end-of-text token)
+  int vocab_limit = 0;         // > 0: draw only ids below it (a tokenizer's vocabulary, when the model's is larger)
 };
 
 // Returns prompt + generated tokens. The model config comes from the file's metadata.

@@ -96,9 +96,16 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   }
   train_data_ = open_batches(o_, "train", dp.rank(), dp.size());
   if (train_data_->vocab_size() > o_.model.vocab_size)
-    fail("data '%s' uses a vocabulary of %d tokens but model.vocab_size is %d", o_.data.path.c_str(),
-         train_data_->vocab_size(), o_.model.vocab_size);
-  if (o_.eval_every > 0) val_data_ = open_batches(o_, "val", dp.rank(), dp.size());
+    fail("data '%s' uses a vocabulary of %d tokens but model.vocab_size is %d",
+         (o_.data.mix.empty() ? o_.data.path : o_.data.mix).c_str(), train_data_->vocab_size(), o_.model.vocab_size);
+  if (o_.eval_every > 0) {
+    val_data_ = open_batches(o_, "val", dp.rank(), dp.size());
+    if (val_data_->vocab_size() > o_.model.vocab_size)
+      fail("validation data '%s' uses a vocabulary of %d tokens but model.vocab_size is %d",
+           (o_.data.val_path.empty() ? o_.data.path : o_.data.val_path).c_str(), val_data_->vocab_size(),
+           o_.model.vocab_size);
+    check_same_tokenizer(o_, *train_data_, *val_data_);
+  }
   if (mesh_->tp() > 1) tp_ = parallel::TensorParallel(mesh_->tp_comm(), o_.sequence_parallel());
   gpt_ = std::make_unique<model::GPT>(o_.model, store_, tp_);
   store_.finalize(arena_, o_.precision, dp.size(), parallel::storage_for_zero(o_.parallel.zero));

@@ -1,6 +1,7 @@
 // Data parallelism changes nothing but memory and speed: for every ZeRO stage, with and without
 // gradient accumulation, the dp-rank run's loss curve and final weights match a single-rank run of
-// the same global batch; ZeRO-3 holds less parameter memory; the communication counted per step
+// the same global batch (loss, gradient norm and weights); the noise scale's per-rank input is each
+// rank's own gradient norm; ZeRO-3 holds less parameter memory; the communication counted per step
 // equals the theoretical volume of each stage; a state saved under one layout resumes under another;
 // tensor collectives go over the device communicator when one is given (NCCL's place on GPUs); a
 // flipped bit on one replica is caught by the SDC check.
@@ -19,6 +20,7 @@
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/mpi/mpi_train_util.h"
 #include "tests/test_util.h"
+#include "train/batches.h"
 #include "train/trainer.h"
 
 namespace mt::testing {
@@ -57,15 +59,22 @@ TEST(DataParallel, EveryZeroStageMatchesTheSingleRankRun) {
     // The reference: one rank, the same global batch (D*B rows per micro-batch), every rank alone.
     TrainOptions ro = options(data, D * B, accum, 0, 1);
     Trainer ref(ro);
-    std::vector<double> want;
-    for (int i = 0; i < ro.steps; i++) want.push_back(ref.step().loss);
+    std::vector<double> want, want_norm;
+    for (int i = 0; i < ro.steps; i++) {
+      const train::StepResult r = ref.step();
+      want.push_back(r.loss);
+      want_norm.push_back(r.grad_norm);
+    }
     const std::vector<float> want_w = ref.full_master();
     for (int zero = 0; zero <= 3; zero++) {
       Trainer t(options(data, B, accum, zero, D), &world);
-      double loss_err = 0;
+      // The gradient norm is compared too: clipping and AdamW hide a constant factor on the gradient
+      // (a loss normalised by the rank's own target count) from the loss and the weights.
+      double loss_err = 0, norm_err = 0;
       for (int i = 0; i < ro.steps; i++) {
-        const double l = t.step().loss;
-        loss_err = std::max(loss_err, std::fabs(l - want[size_t(i)]) / std::fabs(want[size_t(i)]));
+        const train::StepResult r = t.step();
+        loss_err = std::max(loss_err, std::fabs(r.loss - want[size_t(i)]) / std::fabs(want[size_t(i)]));
+        norm_err = std::max(norm_err, std::fabs(r.grad_norm - want_norm[size_t(i)]) / want_norm[size_t(i)]);
       }
       const std::vector<float> w = t.full_master();
       // The stores are padded differently (per dp size), so compare tensor by tensor.
@@ -78,12 +87,54 @@ TEST(DataParallel, EveryZeroStageMatchesTheSingleRankRun) {
       }
       werr /= max_abs(want_w);
       if (world.rank() == 0)
-        std::printf("dp=%d zero=%d accum=%d: loss max rel err %.2e, weights max abs err / max |w| %.2e\n", D, zero,
-                    accum, loss_err, werr);
+        std::printf("dp=%d zero=%d accum=%d: loss max rel err %.2e, grad norm %.2e, weights max abs err / max |w| "
+                    "%.2e\n", D, zero, accum, loss_err, norm_err, werr);
       EXPECT_LE(loss_err, 1e-5) << "zero=" << zero << " accum=" << accum;
+      EXPECT_LE(norm_err, 1e-5) << "zero=" << zero << " accum=" << accum;
       EXPECT_LE(werr, 1e-4) << "zero=" << zero << " accum=" << accum;
       EXPECT_TRUE(same_on_all_ranks(world, w.data(), w.size() * 4)) << "ranks disagree on the weights";
     }
+  }
+}
+
+// The gradient noise scale's small-batch input is the mean over ranks of |g_r|^2, g_r the gradient
+// of the mean loss over rank r's own tokens. Here g_r is computed apart from the trainer: a model
+// with the same initial weights runs rank r's micro-batches (read from the same loader).
+TEST(DataParallel, NoiseScaleInputIsTheMeanOfEachRanksOwnGradientNorm) {
+  parallel::Comm& world = mpi_world().comm();
+  const int D = world.size();
+  if (D < 2) GTEST_SKIP() << "the per-rank gradient needs dp > 1";
+  const std::string data = shared_corpus(world);
+  // (ZeRO stage, accumulation): stage 2 reduces every micro-batch, so only with one does a rank hold
+  // its whole own gradient; stage 3 never does.
+  for (const auto& [zero, accum] : std::vector<std::pair<int, int>>{{0, 1}, {0, 2}, {1, 2}, {2, 1}}) {
+    TrainOptions o = options(data, 2, accum, zero, D);
+    o.parallel.embedding_rows = false;  // every parameter in the per-rank norm
+    Trainer t(o, &world);
+    const int rank = t.mesh().dp_comm().rank();
+    Arena arena;
+    ParamStore store;
+    model::GPT gpt(o.model, store);
+    store.finalize(arena, DType::f32);
+    gpt.init_weights(o.seed);
+    gpt.set_arena(&arena);
+    store.zero_grads();
+    std::unique_ptr<train::BatchSource> src = train::open_batches(o, "train", rank, D);
+    std::vector<train::HostBatch> micro(static_cast<size_t>(accum));
+    int valid = 0;
+    for (auto& b : micro) {
+      src->next(b);
+      valid += train::valid_targets(b);
+    }
+    for (const auto& b : micro) gpt.forward_backward(train::view(b), 1.f / float(valid));
+    double own = 0;
+    for (int64_t k = 0; k < store.total_numel(); k++) own += double(store.grads()[k]) * store.grads()[k];
+    const double want = parallel::all_reduce_sum_double(world, own) / D;
+    const double got = t.step().local_grad_sq;
+    if (world.rank() == 0)
+      std::printf("dp=%d zero=%d accum=%d: per-rank |g|^2 %.6g, from each rank's own batch %.6g\n", D, zero, accum,
+                  got, want);
+    EXPECT_NEAR(got, want, 1e-5 * want) << "zero=" << zero << " accum=" << accum;
   }
 }
 

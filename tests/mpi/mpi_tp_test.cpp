@@ -184,11 +184,18 @@ TEST(TensorParallel, NoiseScaleEqualsTheDataParallelRuns) {
     EXPECT_GT(a, 0);
     err = std::max(err, std::fabs(a - b) / a);
   }
-  EXPECT_TRUE(ref.noise_scale().valid() && t.noise_scale().valid());
-  const double bs = std::fabs(ref.noise_scale().b_simple() - t.noise_scale().b_simple()) / ref.noise_scale().b_simple();
-  if (world.rank() == 0) std::printf("noise scale tp=2 x dp=2 vs dp=2: per-rank |g|^2 %.2e, B_simple %.2e\n", err, bs);
+  // The estimator's two sums (|G|^2 and tr(Sigma), whose ratio is B_simple) rather than B_simple
+  // itself: with six tiny batches the |G|^2 estimate is negative for some corpora (then there is no
+  // B_simple), and the promise is the same estimate either way.
+  const train::NoiseScale &a = ref.noise_scale(), &b = t.noise_scale();
+  ASSERT_NE(a.g2(), 0) << "no estimate was made";
+  const double g2 = std::fabs(a.g2() - b.g2()) / std::fabs(a.g2());
+  const double tr = std::fabs(a.trace_sigma() - b.trace_sigma()) / std::fabs(a.trace_sigma());
+  if (world.rank() == 0)
+    std::printf("noise scale tp=2 x dp=2 vs dp=2: per-rank |g|^2 %.2e, |G|^2 %.2e, tr(Sigma) %.2e\n", err, g2, tr);
   EXPECT_LE(err, 1e-5);
-  EXPECT_LE(bs, 1e-4);
+  EXPECT_LE(g2, 1e-4);
+  EXPECT_LE(tr, 1e-4);
 }
 
 // bf16 activations: the tp run rounds at other points (the sum of partial products is rounded once

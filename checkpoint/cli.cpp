@@ -64,15 +64,22 @@ int cmd_ls(const std::string& root) {
     }
     if (!parse_step_dir_name(name) || !io::is_dir(path)) continue;
     shown++;
+    // Every checkpoint listed is verified (every byte read and checked), so "ok" means usable.
     try {
       const Reader r(path);
       uint64_t bytes = 0;
       for (const FileRecord& f : r.manifest().files) bytes += f.bytes;
-      std::printf("%-22s %8lld %6zu %12s %20s  ok%s\n", name.c_str(), (long long)r.step(), r.manifest().files.size(),
-                  format_bytes(size_t(bytes)).c_str(), utc_time(r.manifest().created_unix).c_str(),
+      std::string status = "ok, verified";
+      try {
+        r.verify_all();
+      } catch (const Error& e) {
+        status = std::string("DAMAGED: ") + e.what();
+      }
+      std::printf("%-22s %8lld %6zu %12s %20s  %s%s\n", name.c_str(), (long long)r.step(), r.manifest().files.size(),
+                  format_bytes(size_t(bytes)).c_str(), utc_time(r.manifest().created_unix).c_str(), status.c_str(),
                   latest && *latest == name ? " (latest)" : "");
     } catch (const Error& e) {
-      std::printf("%-22s %8s %6s %12s %20s  BROKEN: %s\n", name.c_str(), "-", "-", "-", "-", e.what());
+      std::printf("%-22s %8s %6s %12s %20s  DAMAGED: %s\n", name.c_str(), "-", "-", "-", "-", e.what());
     }
   }
   if (shown == 0) std::printf("(no checkpoints in %s)\n", root.c_str());

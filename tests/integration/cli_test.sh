@@ -46,6 +46,28 @@ else
   fail "stop and resume gives the uninterrupted losses"
 fi
 
+# Every byte a resume reads is checksummed, the manifest's own values too: an edited update count or
+# loader position fails `ckpt verify`, and `ckpt ls` (which verifies what it lists) says damaged.
+for key in updates data; do
+  rm -rf "$work/edited" && cp -r "$work/c/checkpoints" "$work/edited"
+  m=$(ls -d "$work"/edited/step_* | tail -1)/manifest.json
+  "$py" - "$m" "$key" <<'PY'
+import json, sys
+path, key = sys.argv[1:]
+m = json.load(open(path))
+m["meta"][key] = m["meta"][key] + 1 if key == "updates" else {**m["meta"][key], "edited": 1}
+json.dump(m, open(path, "w"), indent=1)
+PY
+  out=$("$mt" ckpt verify "${m%/manifest.json}" 2>&1)
+  rc=$?
+  ls_out=$("$mt" ckpt ls "$work/edited" 2>&1)
+  if [[ $rc -eq 1 && "$out" == *"manifest checksum mismatch"* && "$ls_out" == *"DAMAGED"*"manifest checksum mismatch"* ]]; then
+    pass "an edited manifest ($key) fails verify and ls"
+  else
+    fail "an edited manifest ($key) fails verify and ls (rc=$rc: $out / $ls_out)"
+  fi
+done
+
 out=$("$mt" sample --model "$work/a/model.safetensors" --tokenizer "$work/data/tokenizer.json" --text "document" \
       --tokens 8 --seed 3 2>&1) && [[ "$out" == document* ]] && pass "sample decodes text" || fail "sample: $out"
 

@@ -1,7 +1,11 @@
 // Starting a run as a user relies on it: resume=auto refuses checkpoints that exist but do not
 // verify (naming each, touching nothing) instead of starting over beside them; resume=fresh starts
-// over on request and still never deletes a damaged checkpoint.
+// over on request and still never deletes a damaged checkpoint; a second run on a directory that a
+// live run holds fails at once naming the holder, and a killed run's lock never blocks a restart.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -13,6 +17,7 @@
 #include "checkpoint/reader.h"
 #include "data/shard.h"
 #include "runtime/check.h"
+#include "runtime/dir_lock.h"
 #include "train/trainer.h"
 #include "tests/test_util.h"
 
@@ -163,6 +168,62 @@ TEST_F(Recovery, FaultInjectionThatCannotFireIsRefusedBeforeTheRun) {
   EXPECT_NE(run_error(options({"steps=6", "resume=auto", "ckpt.fault_phase=forward", "ckpt.fault_step=3"}))
                 .find("ckpt.fault_step=3 can never fire: the run resumes after step 4"),
             std::string::npos);
+}
+
+// One run per directory: while a run holds out_dir (here: a resume=auto trainer, which locks before
+// it scans the checkpoints), a second one fails at once naming the holder's pid and host, whether it
+// resumes or starts; once the holder is gone, the next run starts.
+TEST_F(Recovery, SecondRunOnAHeldDirectoryFailsNamingTheHolder) {
+  run_ = dir_ + "/run";
+  Trainer(options({"steps=2", "save_every=2"})).run();
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  const std::string holder = strfmt("(pid %d on host %s)", int(getpid()), host);
+  {
+    Trainer first(options({"steps=4", "save_every=2", "resume=auto"}));
+    for (const char* resume : {"resume=auto", "resume=fresh"}) {
+      SCOPED_TRACE(resume);
+      const std::string what = run_error(options({"steps=4", "save_every=2", resume}));
+      EXPECT_NE(what.find("out_dir '" + run_ + "' is in use by another run " + holder), std::string::npos) << what;
+    }
+    const std::string what = run_error(options({"steps=4", "out_dir=" + dir_ + "/other", "ckpt.dir=" + run_ + "/checkpoints"}));
+    EXPECT_NE(what.find("ckpt.dir '" + run_ + "/checkpoints' is in use by another run " + holder), std::string::npos)
+        << what;
+    first.run();
+  }
+  EXPECT_EQ(run_error(options({"steps=6", "save_every=2", "resume=auto"})), "");
+}
+
+// The lock is the kernel's (flock): a process killed while holding it leaves the lock file but no
+// lock, so a restart takes it; a live holder in another process is named.
+TEST_F(Recovery, LockOfAKilledRunNeverBlocksARestart) {
+  const std::string dir = dir_ + "/held";
+  fs::create_directories(dir);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    DirLock lock(dir, "out_dir");
+    (void)!write(ready[1], "x", 1);
+    pause();  // killed by the parent while holding the lock
+    _exit(0);
+  }
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  try {
+    DirLock second(dir, "out_dir");
+    ADD_FAILURE() << "two processes held the lock of " << dir;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(strfmt("is in use by another run (pid %d on host", int(child))),
+              std::string::npos) << e.what();
+  }
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  close(ready[0]);
+  close(ready[1]);
+  EXPECT_TRUE(fs::exists(dir + "/" + kDirLockName));
+  EXPECT_NO_THROW(DirLock(dir, "out_dir")) << "a killed holder's lock file blocked a restart";
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "parallel/mesh.h"
 #include "parallel/tensor_parallel.h"
 #include "runtime/arena.h"
+#include "runtime/dir_lock.h"
 #include "runtime/param_store.h"
 #include "kernels/op_timer.h"
 #include "train/batches.h"
@@ -103,8 +104,14 @@ class Trainer {
   checkpoint::SaveRequest checkpoint_request();
   void load_checkpoint(const std::string& ckpt_path);
   void resume_at_start();  // as o.resume says (train/trainer_resume.cpp)
-  // Fault injection (train/fault_plan.cpp): fails if the planned fault could never fire, else arms
-  // it (once per out_dir); at the end of the run, fails if it was armed and never fired.
+  // One run per directory (runtime/dir_lock.h): rank 0 locks out_dir and the checkpoint directory
+  // (creating them when `create`; else only those that exist) unless held already; if another run
+  // holds one, every rank fails together, rank 0 naming the holder. Collective.
+  void lock_run_dirs(bool create);
+  // Fault injection (train/fault_plan.cpp): fails if the planned fault could never fire (before
+  // anything is written), arms it (once per out_dir); at the end of the run, fails if it was armed
+  // and never fired.
+  void check_fault_plan();
   void arm_fault_injection();
   void check_fault_fired();
   // With one rank, the noise scale compares the first micro-batch's gradient with the whole batch's.
@@ -130,6 +137,7 @@ class Trainer {
   std::unique_ptr<parallel::TensorParallelGrads> tp_grads_;  // the model's hooks when tp > 1
   std::unique_ptr<AdamW> adam_;
   checkpoint::Options ckpt_opts_;
+  DirLock out_lock_, ckpt_lock_;  // held by rank 0 from the start of the run (resume=auto: of the scan)
   std::unique_ptr<checkpoint::Checkpointer> ckpt_;
   LossScaler scaler_;
   NoiseScale gns_;

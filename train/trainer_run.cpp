@@ -59,7 +59,9 @@ void Trainer::run() {
     throw parallel::CollectiveError(strfmt(
         "out_dir '%s' already holds a run (metrics.jsonl); choose another --out, resume=auto to continue it, or resume=fresh to start over in it",
         o_.out_dir.c_str()));
-  arm_fault_injection();  // or fail before anything is written if it could never fire
+  check_fault_plan();  // before anything is written
+  lock_run_dirs(true);
+  arm_fault_injection();
   JsonlWriter log;
   if (writer) {
     fs::create_directories(out);
@@ -149,6 +151,8 @@ void Trainer::run() {
     std::fprintf(stderr, "minitrain: done. logs %s, checkpoints %s, weights %s\n", metrics_path.c_str(),
                  ckpt_opts_.dir.c_str(), (out / "model.safetensors").c_str());
   }
+  out_lock_ = DirLock();
+  ckpt_lock_ = DirLock();
 }
 
 }  // namespace mt::train

@@ -1,9 +1,11 @@
 // Starting a run as a user relies on it: resume=auto refuses checkpoints that exist but do not
 // verify (naming each, touching nothing) instead of starting over beside them; resume=fresh starts
 // over on request and still never deletes a damaged checkpoint; a second run on a directory that a
-// live run holds fails at once naming the holder, and a killed run's lock never blocks a restart.
+// live run holds fails at once naming the holder, and a killed run's lock never blocks a restart; a
+// metrics write that fails stops the run there, leaving only whole records.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -168,6 +170,31 @@ TEST_F(Recovery, FaultInjectionThatCannotFireIsRefusedBeforeTheRun) {
   EXPECT_NE(run_error(options({"steps=6", "resume=auto", "ckpt.fault_phase=forward", "ckpt.fault_step=3"}))
                 .find("ckpt.fault_step=3 can never fire: the run resumes after step 4"),
             std::string::npos);
+}
+
+// Logs are data: when metrics.jsonl can take no more (here the file size limit, as a full disk), the
+// run stops at that step with an error naming the file, and every line left is a whole record.
+TEST_F(Recovery, FailedMetricsWriteStopsTheRunAtOnce) {
+  run_ = dir_ + "/run";
+  rlimit old{};
+  getrlimit(RLIMIT_FSIZE, &old);
+  signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 12000;  // a few records; the config and the start record fit
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::string what = run_error(options({"steps=200", "save_every=0"}));
+  setrlimit(RLIMIT_FSIZE, &old);
+  signal(SIGXFSZ, SIG_DFL);
+  EXPECT_NE(what.find("writing " + run_ + "/metrics.jsonl: File too large"), std::string::npos) << what;
+  const std::string text = read_bytes(run_ + "/metrics.jsonl");
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n') << "a torn record";
+  int records = 0;
+  for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1, records++)
+    EXPECT_NO_THROW((void)nlohmann::json::parse(text.substr(at, nl - at))) << "line " << records;
+  EXPECT_GT(records, 2);
+  EXPECT_LT(records, 100) << "the run went on past the failed write";
+  EXPECT_FALSE(fs::exists(run_ + "/checkpoints/step_000200")) << "the run went on to the end";
 }
 
 // One run per directory: while a run holds out_dir (here: a resume=auto trainer, which locks before

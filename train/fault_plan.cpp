@@ -83,7 +83,7 @@ void Trainer::arm_fault_injection() {
       why = strfmt("ckpt.fault_step=%d can never fire: the run resumes after step %d", c.fault_step, step_);
     } else {
       fs::create_directories(out);
-      std::ofstream(marker) << plan << "\n";
+      checkpoint::io::write_file_atomically(marker.string(), plan + "\n");
       msg[0] = 1;
     }
     msg[1] = !why.empty();

@@ -5,9 +5,9 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 #include "checkpoint/format.h"
+#include "checkpoint/fsio.h"
 #include "model/hf_io.h"
 #include "runtime/check.h"
 #include "train/divergence.h"
@@ -65,9 +65,11 @@ void Trainer::run() {
   JsonlWriter log;
   if (writer) {
     fs::create_directories(out);
-    std::ofstream cfg(out / "config.json");
-    cfg << o_.to_json().dump(2) << "\n";
+    checkpoint::io::write_file_atomically((out / "config.json").string(), o_.to_json().dump(2) + "\n");
     log = JsonlWriter(metrics_path.string(), resuming);
+    if (log.cut_bytes())
+      std::fprintf(stderr, "minitrain: %s ended in a torn record (%llu bytes, from an interrupted run): cut\n",
+                   metrics_path.c_str(), (unsigned long long)log.cut_bytes());
   }
   const int threads = o_.threads > 0 ? o_.threads : omp_get_max_threads();
   const Peak peak = run_peak(o_, threads);

@@ -2,7 +2,8 @@
 // verify (naming each, touching nothing) instead of starting over beside them; resume=fresh starts
 // over on request and still never deletes a damaged checkpoint; a second run on a directory that a
 // live run holds fails at once naming the holder, and a killed run's lock never blocks a restart; a
-// metrics write that fails stops the run there, leaving only whole records.
+// metrics write that fails stops the run there, leaving only whole records; a resume in another
+// precision resets the loss scale.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -195,6 +196,40 @@ TEST_F(Recovery, FailedMetricsWriteStopsTheRunAtOnce) {
   EXPECT_GT(records, 2);
   EXPECT_LT(records, 100) << "the run went on past the failed write";
   EXPECT_FALSE(fs::exists(run_ + "/checkpoints/step_000200")) << "the run went on to the end";
+}
+
+// Resuming in another precision says what changed and keeps only what applies: an fp32 run saved
+// a loss scale of 1, and fp16 resumed from it starts at loss_scale.init (as a fresh fp16 run), not
+// at 1 (every small gradient underflowing); fp16 -> fp16 continues the saved scale; leaving fp16
+// drops it.
+TEST_F(Recovery, ResumingInAnotherPrecisionResetsWhatNoLongerApplies) {
+  run_ = dir_ + "/run";
+  Trainer(options({"steps=2", "save_every=2"})).run();
+  float saved_scale = 0;
+  {
+    ::testing::internal::CaptureStderr();
+    Trainer t(options({"steps=4", "save_every=2", "resume=auto", "precision=fp16", "loss_scale.init=1024"}));
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(t.loss_scaler().scale(), 1024.f) << "fp32 -> fp16 inherited the fp32 run's loss scale";
+    EXPECT_NE(err.find("was saved in fp32, resuming in fp16"), std::string::npos) << err;
+    EXPECT_NE(err.find("the loss scale starts at loss_scale.init 1024 (not the saved 1)"), std::string::npos) << err;
+    t.run();
+    saved_scale = t.loss_scaler().scale();
+  }
+  {
+    ::testing::internal::CaptureStderr();
+    Trainer t(options({"steps=6", "save_every=2", "resume=auto", "precision=fp16", "loss_scale.init=8"}));
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(t.loss_scaler().scale(), saved_scale) << "fp16 -> fp16 did not continue the saved scale";
+    EXPECT_EQ(err.find("was saved in"), std::string::npos) << err;
+  }
+  ::testing::internal::CaptureStderr();
+  Trainer t(options({"steps=6", "resume=auto", "precision=bf16"}));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(t.loss_scaler().scale(), 1.f);
+  EXPECT_NE(err.find("was saved in fp16, resuming in bf16: fp32 master weights and AdamW moments carry over; "
+                     "the saved loss scale (" + strfmt("%g", double(saved_scale)) + ") no longer applies"),
+            std::string::npos) << err;
 }
 
 // One run per directory: while a run holds out_dir (here: a resume=auto trainer, which locks before

@@ -28,6 +28,7 @@ namespace fs = std::filesystem;
 constexpr const char* kUsage =
     "usage: minitrain ckpt ls <dir>\n"
     "       minitrain ckpt verify <checkpoint or root>...\n"
+    "       minitrain ckpt export <checkpoint, root or root/latest> <out.safetensors> [--all]\n"
     "       minitrain ckpt bench --dir D [--mb N] [--saves K] [--interval S]\n";
 
 std::string utc_time(double unix_s) {
@@ -209,6 +210,21 @@ int cmd_bench(const std::vector<std::string>& args) {
 }
 
 }  // namespace
+
+std::string resolve_checkpoint(const std::string& path) {
+  if (base_name(path) == kLatestName && !io::is_dir(path)) {
+    const std::string root = fs::path(path).lexically_normal().parent_path().string();
+    const std::optional<std::string> name = read_latest(root.empty() ? "." : root);
+    if (!name) fail("%s does not name a checkpoint (expected a step_* name)", path.c_str());
+    return io::join(root.empty() ? "." : root, *name);
+  }
+  if (!io::is_dir(path) || io::exists(io::join(path, kManifestName)) || parse_step_dir_name(base_name(path)))
+    return path;  // a checkpoint, or not one: the reader says which
+  parallel::SelfComm self;
+  const std::optional<Found> found = find_latest_valid(path, self, Logger(LogLevel::warn));
+  if (!found) fail("%s holds no checkpoint", path.c_str());
+  return found->path;
+}
 
 int ckpt_cli(int argc, char** argv) {
   if (argc < 1) {

@@ -5,7 +5,8 @@
 #  - each bad input fails with exit status 1, one `minitrain: error:` line naming the cause, and
 #    leaves no output directory behind;
 #  - a diverging run stops with exit status 3 (also under mpirun), exports nothing, and leaves only
-#    checkpoints that verify.
+#    checkpoints that verify;
+#  - an edited manifest fails verify and ls; ckpt export takes a root or its latest.
 # Usage: cli_test.sh <minitrain binary> <python3 with numpy>
 set -u
 mt=$1
@@ -124,6 +125,26 @@ diverged() {
 diverge=(optim.lr=1e4 optim.grad_clip=0 optim.warmup_steps=0 steps=20 save_every=1 ckpt.keep=2)
 diverged "diverged run: exit 3, finite checkpoints only" "$work/div" \
   "$mt" train "${common[@]}" "${diverge[@]}" out_dir="$work/div"
+
+# `data prepare` on empty input: one error line, and no --out directory left behind.
+: > "$work/empty.txt"
+err=$("$mt" data prepare --input "$work/empty.txt" --out "$work/empty_out" --vocab 300 2>&1 >/dev/null)
+rc=$?
+[[ $rc -eq 1 && $(printf '%s\n' "$err" | grep -c 'error') -eq 1 && "$err" == *"no documents"* && ! -e "$work/empty_out" ]] \
+  && pass "data prepare of empty input leaves nothing" || fail "data prepare of empty input leaves nothing (rc=$rc: $err)"
+
+# `ckpt export` takes a checkpoint, a root (its newest checkpoint that verifies) or the root's latest;
+# the ckpt usage lists it.
+"$mt" ckpt export "$work/c/checkpoints/step_000006" "$work/exp_step.safetensors" >/dev/null 2>&1
+"$mt" ckpt export "$work/c/checkpoints" "$work/exp_root.safetensors" >/dev/null 2>&1
+"$mt" ckpt export "$work/c/checkpoints/latest" "$work/exp_latest.safetensors" >/dev/null 2>&1
+if [[ -s "$work/exp_step.safetensors" ]] && cmp -s "$work/exp_step.safetensors" "$work/exp_root.safetensors" \
+   && cmp -s "$work/exp_step.safetensors" "$work/exp_latest.safetensors"; then
+  pass "ckpt export resolves a root and its latest"
+else
+  fail "ckpt export resolves a root and its latest"
+fi
+[[ $("$mt" ckpt 2>&1) == *"ckpt export"* ]] && pass "ckpt usage lists export" || fail "ckpt usage lists export"
 
 # Bad layouts under mpirun: one error line (from rank 0), non-zero exit, no hang.
 if command -v mpirun >/dev/null; then

@@ -6,7 +6,8 @@
 #    leaves no output directory behind;
 #  - a diverging run stops with exit status 3 (also under mpirun), exports nothing, and leaves only
 #    checkpoints that verify;
-#  - an edited manifest fails verify and ls; ckpt export takes a root or its latest.
+#  - an edited manifest fails verify and ls; ckpt export takes a root or its latest; a failed save
+#    under mpirun prints one error, from the rank that failed.
 # Usage: cli_test.sh <minitrain binary> <python3 with numpy>
 set -u
 mt=$1
@@ -170,6 +171,19 @@ if command -v mpirun >/dev/null; then
   bad_mpi "dp larger than the batch allows" "global_batch" -np 3 "$mt" train "${common[@]}" global_batch=2 out_dir="$work/never"
   bad_mpi "bucket size" "bucket_mb" -np 2 "$mt" train "${common[@]}" bucket_mb=0 out_dir="$work/never"
   bad_mpi "missing data file on every rank" "missing.bin" -np 2 "$mt" train "${common[@]}" data.path="$work/missing.bin" out_dir="$work/never"
+  # A failed save (an injected ENOSPC) on either rank: one error line, from the rank that failed, saying
+  # what failed; not the other rank's view of it (a save directory that vanished).
+  for r in 0 1; do
+    err=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 "${mpi[@]}" -np 2 "$mt" train "${common[@]}" \
+          steps=6 save_every=2 ckpt.fault_phase=enospc ckpt.fault_step=4 ckpt.fault_rank=$r out_dir="$work/enospc$r" 2>&1 >/dev/null)
+    rc=$?
+    if [[ $rc -ne 0 && $rc -ne 124 && $(printf '%s\n' "$err" | grep -c 'error:') -eq 1 \
+          && "$err" == *"[rank $r] error: checkpoint save of step 4"*"No space left on device"* ]]; then
+      pass "ENOSPC on rank $r under mpirun: one error, from rank $r"
+    else
+      fail "ENOSPC on rank $r under mpirun: one error, from rank $r (rc=$rc, stderr: $(printf '%s\n' "$err" | grep 'error:'))"
+    fi
+  done
   diverged "diverged run under mpirun: exit 3" "$work/div2" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     timeout 120 "${mpi[@]}" -np 2 "$mt" train "${common[@]}" "${diverge[@]}" --zero 1 out_dir="$work/div2"
 fi

@@ -312,12 +312,17 @@ void Checkpointer::run(WriteJob& job, bool stage_first) {
     last_ = job.stats;
   } catch (const std::exception& e) {
     std::string why = e.what();
-    if (job.rank != 0 && !io::exists(job.tmp_dir) && why.find("No such file or directory") != std::string::npos)
-      why += " (rank 0 removed the save directory: it abandoned this save)";
+    // Another rank's failure (reported there) or this rank's own (reported here): see FollowOnError.
+    bool follow_on = dynamic_cast<const parallel::FollowOnError*>(&e) != nullptr;
+    if (job.rank != 0 && !io::exists(job.tmp_dir) && why.find("No such file or directory") != std::string::npos) {
+      why = strfmt("rank 0 abandoned the save (it removed %s while this rank was writing; rank 0 reports why)",
+                   job.tmp_dir.c_str());
+      follow_on = true;
+    }
     abandon(job, why);
-    error_ = std::make_exception_ptr(Error(strfmt("checkpoint save of step %lld to %s failed on rank %d: %s; the "
-                                                  "earlier checkpoints are untouched",
-                                                  (long long)job.step, o_.dir.c_str(), job.rank, why.c_str())));
+    const std::string what = strfmt("checkpoint save of step %lld to %s failed on rank %d: %s; the earlier checkpoints "
+                                    "are untouched", (long long)job.step, o_.dir.c_str(), job.rank, why.c_str());
+    error_ = follow_on ? std::make_exception_ptr(parallel::FollowOnError(what)) : std::make_exception_ptr(Error(what));
   }
 }
 

@@ -28,6 +28,7 @@ namespace fs = std::filesystem;
 constexpr const char* kUsage =
     "usage: minitrain ckpt ls <dir>\n"
     "       minitrain ckpt verify <checkpoint or root>...\n"
+    "       minitrain ckpt export <checkpoint, root or root/latest> <out.safetensors> [--all]\n"
     "       minitrain ckpt bench --dir D [--mb N] [--saves K] [--interval S]\n";
 
 std::string utc_time(double unix_s) {
@@ -64,15 +65,22 @@ int cmd_ls(const std::string& root) {
     }
     if (!parse_step_dir_name(name) || !io::is_dir(path)) continue;
     shown++;
+    // Every checkpoint listed is verified (every byte read and checked), so "ok" means usable.
     try {
       const Reader r(path);
       uint64_t bytes = 0;
       for (const FileRecord& f : r.manifest().files) bytes += f.bytes;
-      std::printf("%-22s %8lld %6zu %12s %20s  ok%s\n", name.c_str(), (long long)r.step(), r.manifest().files.size(),
-                  format_bytes(size_t(bytes)).c_str(), utc_time(r.manifest().created_unix).c_str(),
+      std::string status = "ok, verified";
+      try {
+        r.verify_all();
+      } catch (const Error& e) {
+        status = std::string("DAMAGED: ") + e.what();
+      }
+      std::printf("%-22s %8lld %6zu %12s %20s  %s%s\n", name.c_str(), (long long)r.step(), r.manifest().files.size(),
+                  format_bytes(size_t(bytes)).c_str(), utc_time(r.manifest().created_unix).c_str(), status.c_str(),
                   latest && *latest == name ? " (latest)" : "");
     } catch (const Error& e) {
-      std::printf("%-22s %8s %6s %12s %20s  BROKEN: %s\n", name.c_str(), "-", "-", "-", "-", e.what());
+      std::printf("%-22s %8s %6s %12s %20s  DAMAGED: %s\n", name.c_str(), "-", "-", "-", "-", e.what());
     }
   }
   if (shown == 0) std::printf("(no checkpoints in %s)\n", root.c_str());
@@ -202,6 +210,21 @@ int cmd_bench(const std::vector<std::string>& args) {
 }
 
 }  // namespace
+
+std::string resolve_checkpoint(const std::string& path) {
+  if (base_name(path) == kLatestName && !io::is_dir(path)) {
+    const std::string root = fs::path(path).lexically_normal().parent_path().string();
+    const std::optional<std::string> name = read_latest(root.empty() ? "." : root);
+    if (!name) fail("%s does not name a checkpoint (expected a step_* name)", path.c_str());
+    return io::join(root.empty() ? "." : root, *name);
+  }
+  if (!io::is_dir(path) || io::exists(io::join(path, kManifestName)) || parse_step_dir_name(base_name(path)))
+    return path;  // a checkpoint, or not one: the reader says which
+  parallel::SelfComm self;
+  const std::optional<Found> found = find_latest_valid(path, self, Logger(LogLevel::warn));
+  if (!found) fail("%s holds no checkpoint", path.c_str());
+  return found->path;
+}
 
 int ckpt_cli(int argc, char** argv) {
   if (argc < 1) {

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "checkpoint/crc32c.h"
 #include "checkpoint/fsio.h"
 #include "runtime/check.h"
 
@@ -144,11 +145,19 @@ ordered_json manifest_to_json(const Manifest& m) {
   ordered_json tensors = ordered_json::array(), files = ordered_json::array();
   for (const TensorInfo& t : m.tensors) tensors.push_back(tensor_to_json(t));
   for (const FileRecord& f : m.files) files.push_back(file_to_json(f));
-  return ordered_json{{"format", kFormatName},         {"version", m.version},
-                      {"step", m.step},                {"save_id", m.save_id},
-                      {"created_unix", m.created_unix}, {"world_size", m.world_size},
-                      {"chunk_bytes", m.chunk_bytes},  {"meta", ordered_json(m.meta)},
-                      {"tensors", tensors},            {"files", files}};
+  ordered_json j{{"format", kFormatName},         {"version", m.version},
+                 {"step", m.step},                {"save_id", m.save_id},
+                 {"created_unix", m.created_unix}, {"world_size", m.world_size},
+                 {"chunk_bytes", m.chunk_bytes},  {"meta", ordered_json(m.meta)},
+                 {"tensors", tensors},            {"files", files}};
+  j["manifest_crc32c"] = manifest_crc(json::parse(j.dump()));  // as a reader will parse it
+  return j;
+}
+
+uint32_t manifest_crc(json j) {
+  j.erase("manifest_crc32c");
+  const std::string text = j.dump();
+  return crc32c(text.data(), text.size());
 }
 
 TensorInfo tensor_from_json(const json& j, const std::string& where) {
@@ -207,6 +216,12 @@ Manifest manifest_from_json(const json& j, const std::string& where) {
   if (m.version != kFormatVersion)
     fail("%s: checkpoint format version %d is not supported by this build (it reads version %d)", where.c_str(),
          m.version, kFormatVersion);
+  // Everything a resume reads from here on (the step, the trainer's meta, the file table) is checked.
+  if (!j.contains("manifest_crc32c"))
+    fail("%s has no manifest_crc32c (written by an older build): its contents cannot be checked", where.c_str());
+  const uint32_t crc = get<uint32_t>(j, "manifest_crc32c", where);
+  if (manifest_crc(j) != crc)
+    fail("%s: manifest checksum mismatch (the file was edited or damaged after it was written)", where.c_str());
   m.step = get<int64_t>(j, "step", where);
   m.save_id = get<std::string>(j, "save_id", where);
   m.created_unix = get<double>(j, "created_unix", where);

@@ -117,8 +117,14 @@ inline constexpr const char* kLatestName = "latest";
 // Written with keys in the order of this page and the format doc, for people reading the files.
 nlohmann::ordered_json tensor_to_json(const TensorInfo& t);
 nlohmann::ordered_json file_to_json(const FileRecord& f);
+// The manifest ends with its own checksum, "manifest_crc32c" (see manifest_crc()).
 nlohmann::ordered_json manifest_to_json(const Manifest& m);
-// Parsers validate types and ranges and throw mt::Error prefixed with `where` (a path).
+// CRC-32C of the manifest's compact JSON text with keys sorted, without its "manifest_crc32c"
+// field. Parsing and printing again gives the same text, so layout and key order do not matter,
+// but every value does: an edited step, update count or loader position fails the check.
+uint32_t manifest_crc(nlohmann::json j);
+// Parsers validate types and ranges and throw mt::Error prefixed with `where` (a path);
+// manifest_from_json also checks the manifest's checksum.
 TensorInfo tensor_from_json(const nlohmann::json& j, const std::string& where);
 FileRecord file_from_json(const nlohmann::json& j, const std::string& where);
 Manifest manifest_from_json(const nlohmann::json& j, const std::string& where);

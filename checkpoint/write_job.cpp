@@ -100,7 +100,7 @@ void commit(WriteJob& job, const Options& o) {
     for (int r = 1; r < job.world_size; r++) {
       if (have[size_t(r)]) continue;
       const std::string failed = io::join(job.tmp_dir, rank_failed_name(r));
-      if (io::exists(failed)) fail("rank %d failed: %s", r, io::read_file(failed).c_str());
+      if (io::exists(failed)) throw parallel::FollowOnError(strfmt("rank %d failed: %s", r, io::read_file(failed).c_str()));
       const std::string table = io::join(job.tmp_dir, rank_table_name(r));
       if (!io::exists(table)) continue;
       json j;
@@ -183,7 +183,9 @@ void await_commit(WriteJob& job, const Options& o) {
     }
     return false;
   });
-  if (abandoned) fail("rank 0 abandoned the save (%s was removed without a commit; rank 0 reports why)", job.tmp_dir.c_str());
+  if (abandoned)
+    throw parallel::FollowOnError(strfmt("rank 0 abandoned the save (%s was removed without a commit; rank 0 reports why)",
+                                         job.tmp_dir.c_str()));
   if (!ok) fail("timed out after %.1f s waiting for rank 0 to commit %s", o.commit_timeout_s, job.final_dir.c_str());
   fault_point(o, job.rank, job.step, "after_commit");
 }

@@ -186,6 +186,16 @@ PrepareReport prepare_dataset(const PrepareOptions& opt, const Logger& log) {
                 opt.out_dir.c_str(), r.train_shards, r.val_shards);
     return r;
   }
+  // A directory this call creates goes again if the call fails (empty input, a full disk), so no
+  // empty --out is left behind; an existing one loses its old outputs, never a mix of old and new.
+  struct RemoveUnlessDone {
+    fs::path dir;
+    bool done = false;
+    ~RemoveUnlessDone() {
+      std::error_code ignored;
+      if (!done && !dir.empty()) fs::remove_all(dir, ignored);
+    }
+  } created{fs::exists(out) ? fs::path() : out};
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec || !fs::is_directory(out)) fail("--out %s: cannot create the directory: %s", opt.out_dir.c_str(),
@@ -321,6 +331,7 @@ PrepareReport prepare_dataset(const PrepareOptions& opt, const Logger& log) {
                  {"threads", threads},
                  {"tokenize_mb_per_s", r.tokenize_mb_per_s()}}}};
   write_json_atomic(out / "meta.json", meta);
+  created.done = true;
   MT_LOG_INFO(log, "data prepare: done in %.1f s: %llu docs (%llu val), %.2fM tokens (%.2fM val), %zu + %zu shards, "
               "tokenized at %.1f MB/s on %d threads", r.seconds, (unsigned long long)(r.train_docs + r.val_docs),
               (unsigned long long)r.val_docs, (r.train_tokens + r.val_tokens) / 1e6, r.val_tokens / 1e6,

@@ -95,6 +95,15 @@ class CollectiveError : public Error {
   int exit_status_;
 };
 
+// An error whose cause lies on another rank, which reports that cause itself (a save that rank 0
+// abandoned because of its own failed write; rank 0 giving up because another rank's write failed).
+// The launcher lets the rank that failed end the job and prints this one only if that does not
+// happen within a grace period, so that a job shows one error, the true one.
+class FollowOnError : public Error {
+ public:
+  using Error::Error;
+};
+
 // One operation in flight, implemented by a backend.
 class PendingOp {
  public:

@@ -64,7 +64,7 @@ void World::abort(int code) const {
 
 int run_main(World& world, const std::function<int(World&)>& body) {
   std::string msg;
-  bool collective = false;
+  bool collective = false, follow_on = false;
   int status = 1;
   try {
     return body(world);
@@ -72,6 +72,9 @@ int run_main(World& world, const std::function<int(World&)>& body) {
     msg = e.what();
     collective = true;
     status = e.exit_status();
+  } catch (const FollowOnError& e) {
+    msg = e.what();
+    follow_on = true;
   } catch (const std::exception& e) {
     msg = e.what();
   } catch (...) {
@@ -83,9 +86,9 @@ int run_main(World& world, const std::function<int(World&)>& body) {
     std::fflush(stderr);
     return status;
   }
-  if (collective && rank != 0) {
-    // Rank 0 raised the same error and is ending the job; were it not (the error was not
-    // collective after all), fall through after a grace period and report it here.
+  if ((collective && rank != 0) || follow_on) {
+    // Rank 0 raised the same error (or the rank that caused this one its own) and is ending the job;
+    // were it not, fall through after a grace period and report it here.
     std::this_thread::sleep_for(std::chrono::seconds(5));
   }
   if (collective && rank == 0)

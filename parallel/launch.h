@@ -57,8 +57,8 @@ class World {
 // "[rank R] error: <what>" to stderr and, in a world of more than one rank, aborts the job, so the
 // other ranks (possibly blocked in a collective with the failed one) do not hang. A CollectiveError
 // is printed once, by rank 0, without the rank prefix; the other ranks wait a few seconds for rank 0
-// to end the job and only then print and abort themselves. The exit status is 1, or the
-// CollectiveError's own exit_status().
+// to end the job and only then print and abort themselves; a FollowOnError waits the same way for
+// the rank that caused it. The exit status is 1, or the CollectiveError's own exit_status().
 int run_main(World& world, const std::function<int(World&)>& body);
 
 // Checks that `text` (e.g. the resolved config as JSON) is identical on every rank of `comm`. On a

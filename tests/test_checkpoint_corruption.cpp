@@ -292,6 +292,53 @@ TEST(CheckpointCorruption, DamagedManifestIsDetected) {
   c.expect_detected_and_skipped("malformed JSON");
 }
 
+// Every byte a resume reads is checked, the manifest's own values too: the trainer's state in "meta"
+// (step, update count, loader position), the commit time that orders checkpoints, the file table.
+// Reformatting the file (whitespace, key order) changes no value and still verifies.
+TEST(CheckpointCorruption, EditedManifestValueIsDetected) {
+  const std::vector<std::pair<const char*, std::function<void(nlohmann::json&)>>> edits = {
+      {"meta step", [](nlohmann::json& m) { m["meta"]["step"] = m["meta"]["step"].get<int>() + 1; }},
+      {"meta model", [](nlohmann::json& m) { m["meta"]["model"]["n_layer"] = 3; }},
+      {"created_unix", [](nlohmann::json& m) { m["created_unix"] = m["created_unix"].get<double>() + 1; }},
+      {"piece crc", [](nlohmann::json& m) { m["files"][0]["pieces"][0]["crc32c"][0] = 7; }},
+  };
+  for (const auto& [what, edit] : edits) {
+    SCOPED_TRACE(what);
+    TwoCheckpoints c;
+    const std::string path = c.newest + "/manifest.json";
+    nlohmann::json m = nlohmann::json::parse(testing::file_bytes(path));
+    testing::write_bytes(path, m.dump(4));
+    EXPECT_NO_THROW(verify(c.newest)) << "a reformatted manifest with the same values";
+    edit(m);
+    testing::write_bytes(path, m.dump(1));
+    c.expect_detected_and_skipped("manifest checksum mismatch");
+  }
+  TwoCheckpoints c;
+  const std::string path = c.newest + "/manifest.json";
+  nlohmann::json m = nlohmann::json::parse(testing::file_bytes(path));
+  m.erase("manifest_crc32c");
+  testing::write_bytes(path, m.dump(1));
+  c.expect_detected_and_skipped("has no manifest_crc32c");
+}
+
+// `ckpt ls` reads every byte of what it lists: a flipped byte in a rank file shows as damaged.
+TEST(CheckpointCorruption, ListingReportsADamagedCheckpoint) {
+  TwoCheckpoints c;
+  damage(c.newest);
+  char ls[] = "ls";
+  char* argv[] = {ls, c.dir.data()};
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(ckpt_cli(2, argv), 0);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  const size_t newest = out.find("step_000020"), older = out.find("step_000010");
+  ASSERT_NE(newest, std::string::npos) << out;
+  ASSERT_NE(older, std::string::npos) << out;
+  const std::string newest_line = out.substr(newest, out.find('\n', newest) - newest);
+  const std::string older_line = out.substr(older, out.find('\n', older) - older);
+  EXPECT_NE(newest_line.find("DAMAGED: " + c.newest + "/rank_00000.bin: checksum mismatch"), std::string::npos) << out;
+  EXPECT_NE(older_line.find("ok, verified"), std::string::npos) << out;
+}
+
 // Checkpoints, but none verifies: an error naming each one and why (not "nothing to resume", which
 // a trainer would take for a fresh start), and nothing is touched. No checkpoint at all: nullopt.
 TEST(CheckpointCorruption, NoCheckpointVerifyingIsAnErrorNamingEach) {

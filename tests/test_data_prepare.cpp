@@ -214,7 +214,9 @@ TEST_F(PrepareTest, BadInputFailsNamingTheProblemAndLeavesNothingThatLooksValid)
   EXPECT_NE(message(o).find(in + "/missing"), std::string::npos);
   std::ofstream(dir + "/empty.txt").close();
   o.inputs = {dir + "/empty.txt"};
+  o.out_dir = dir + "/not_yet";
   EXPECT_NE(message(o).find("no documents"), std::string::npos);
+  EXPECT_FALSE(fs::exists(o.out_dir)) << "a failed prepare left an empty --out directory";
   o = options();
   o.vocab_size = 100;
   EXPECT_NE(message(o).find("--vocab"), std::string::npos);

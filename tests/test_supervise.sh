@@ -6,7 +6,7 @@
 #   stuck:     always fails before any progress: exit 3 after 3 restarts without progress;
 #   progress:  always fails, but after a new checkpoint each time: exit 4 once --max-restarts is used;
 #   diverged:  exits 3 (training diverged): not relaunched, exit 3 after one attempt;
-#   usage:     no command: exit 2.
+#   usage:     no command: exit 2; --help prints the description, exit 0.
 # Usage: tests/test_supervise.sh [path/to/supervise]
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -99,6 +99,9 @@ check "diverged: says why" grep -q "training diverged (exit status 3)" "$s/stder
 check "usage: no command is exit 2" test $? -eq 2
 "$supervise" --max-restarts x -- true 2>/dev/null
 check "usage: bad --max-restarts is exit 2" test $? -eq 2
+help=$("$supervise" --help 2>/dev/null)
+check "usage: --help is exit 0" test $? -eq 0
+check "usage: --help explains the restart loop" grep -q "resume=auto" <<<"$help"
 
 if [[ $failures -ne 0 ]]; then
   echo "$failures check(s) failed; supervise output of the last case:"

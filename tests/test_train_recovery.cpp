@@ -1,7 +1,14 @@
 // Starting a run as a user relies on it: resume=auto refuses checkpoints that exist but do not
 // verify (naming each, touching nothing) instead of starting over beside them; resume=fresh starts
-// over on request and still never deletes a damaged checkpoint.
+// over on request and still never deletes a damaged checkpoint; a second run on a directory that a
+// live run holds fails at once naming the holder, and a killed run's lock never blocks a restart; a
+// metrics write that fails stops the run there, leaving only whole records; a resume in another
+// precision resets the loss scale.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -13,6 +20,7 @@
 #include "checkpoint/reader.h"
 #include "data/shard.h"
 #include "runtime/check.h"
+#include "runtime/dir_lock.h"
 #include "train/trainer.h"
 #include "tests/test_train_util.h"
 #include "tests/test_util.h"
@@ -156,6 +164,121 @@ TEST_F(Recovery, FaultInjectionThatCannotFireIsRefusedBeforeTheRun) {
   EXPECT_NE(run_error(options({"steps=6", "resume=auto", "ckpt.fault_phase=forward", "ckpt.fault_step=3"}))
                 .find("ckpt.fault_step=3 can never fire: the run resumes after step 4"),
             std::string::npos);
+}
+
+// Logs are data: when metrics.jsonl can take no more (here the file size limit, as a full disk), the
+// run stops at that step with an error naming the file, and every line left is a whole record.
+TEST_F(Recovery, FailedMetricsWriteStopsTheRunAtOnce) {
+  run_ = dir_ + "/run";
+  rlimit old{};
+  getrlimit(RLIMIT_FSIZE, &old);
+  signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 12000;  // a few records; the config and the start record fit
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::string what = run_error(options({"steps=200", "save_every=0"}));
+  setrlimit(RLIMIT_FSIZE, &old);
+  signal(SIGXFSZ, SIG_DFL);
+  EXPECT_NE(what.find("writing " + run_ + "/metrics.jsonl: File too large"), std::string::npos) << what;
+  const std::string text = read_bytes(run_ + "/metrics.jsonl");
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n') << "a torn record";
+  int records = 0;
+  for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1, records++)
+    EXPECT_NO_THROW((void)nlohmann::json::parse(text.substr(at, nl - at))) << "line " << records;
+  EXPECT_GT(records, 2);
+  EXPECT_LT(records, 100) << "the run went on past the failed write";
+  EXPECT_FALSE(fs::exists(run_ + "/checkpoints/step_000200")) << "the run went on to the end";
+}
+
+// Resuming in another precision says what changed and keeps only what applies: an fp32 run saved
+// a loss scale of 1, and fp16 resumed from it starts at loss_scale.init (as a fresh fp16 run), not
+// at 1 (every small gradient underflowing); fp16 -> fp16 continues the saved scale; leaving fp16
+// drops it.
+TEST_F(Recovery, ResumingInAnotherPrecisionResetsWhatNoLongerApplies) {
+  run_ = dir_ + "/run";
+  Trainer(options({"steps=2", "save_every=2"})).run();
+  float saved_scale = 0;
+  {
+    ::testing::internal::CaptureStderr();
+    Trainer t(options({"steps=4", "save_every=2", "resume=auto", "precision=fp16", "loss_scale.init=1024"}));
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(t.loss_scaler().scale(), 1024.f) << "fp32 -> fp16 inherited the fp32 run's loss scale";
+    EXPECT_NE(err.find("was saved in fp32, resuming in fp16"), std::string::npos) << err;
+    EXPECT_NE(err.find("the loss scale starts at loss_scale.init 1024 (not the saved 1)"), std::string::npos) << err;
+    t.run();
+    saved_scale = t.loss_scaler().scale();
+  }
+  {
+    ::testing::internal::CaptureStderr();
+    Trainer t(options({"steps=6", "save_every=2", "resume=auto", "precision=fp16", "loss_scale.init=8"}));
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(t.loss_scaler().scale(), saved_scale) << "fp16 -> fp16 did not continue the saved scale";
+    EXPECT_EQ(err.find("was saved in"), std::string::npos) << err;
+  }
+  ::testing::internal::CaptureStderr();
+  Trainer t(options({"steps=6", "resume=auto", "precision=bf16"}));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(t.loss_scaler().scale(), 1.f);
+  EXPECT_NE(err.find("was saved in fp16, resuming in bf16: fp32 master weights and AdamW moments carry over; "
+                     "the saved loss scale (" + strfmt("%g", double(saved_scale)) + ") no longer applies"),
+            std::string::npos) << err;
+}
+
+// One run per directory: while a run holds out_dir (here: a resume=auto trainer, which locks before
+// it scans the checkpoints), a second one fails at once naming the holder's pid and host, whether it
+// resumes or starts; once the holder is gone, the next run starts.
+TEST_F(Recovery, SecondRunOnAHeldDirectoryFailsNamingTheHolder) {
+  run_ = dir_ + "/run";
+  Trainer(options({"steps=2", "save_every=2"})).run();
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  const std::string holder = strfmt("(pid %d on host %s)", int(getpid()), host);
+  {
+    Trainer first(options({"steps=4", "save_every=2", "resume=auto"}));
+    for (const char* resume : {"resume=auto", "resume=fresh"}) {
+      SCOPED_TRACE(resume);
+      const std::string what = run_error(options({"steps=4", "save_every=2", resume}));
+      EXPECT_NE(what.find("out_dir '" + run_ + "' is in use by another run " + holder), std::string::npos) << what;
+    }
+    const std::string what = run_error(options({"steps=4", "out_dir=" + dir_ + "/other", "ckpt.dir=" + run_ + "/checkpoints"}));
+    EXPECT_NE(what.find("ckpt.dir '" + run_ + "/checkpoints' is in use by another run " + holder), std::string::npos)
+        << what;
+    first.run();
+  }
+  EXPECT_EQ(run_error(options({"steps=6", "save_every=2", "resume=auto"})), "");
+}
+
+// The lock is the kernel's (flock): a process killed while holding it leaves the lock file but no
+// lock, so a restart takes it; a live holder in another process is named.
+TEST_F(Recovery, LockOfAKilledRunNeverBlocksARestart) {
+  const std::string dir = dir_ + "/held";
+  fs::create_directories(dir);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    DirLock lock(dir, "out_dir");
+    (void)!write(ready[1], "x", 1);
+    pause();  // killed by the parent while holding the lock
+    _exit(0);
+  }
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  try {
+    DirLock second(dir, "out_dir");
+    ADD_FAILURE() << "two processes held the lock of " << dir;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(strfmt("is in use by another run (pid %d on host", int(child))),
+              std::string::npos) << e.what();
+  }
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  close(ready[0]);
+  close(ready[1]);
+  EXPECT_TRUE(fs::exists(dir + "/" + kDirLockName));
+  EXPECT_NO_THROW(DirLock(dir, "out_dir")) << "a killed holder's lock file blocked a restart";
 }
 
 }  // namespace

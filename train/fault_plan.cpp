@@ -56,9 +56,13 @@ std::string plan_problem(const TrainOptions& o, int world_size, int dp_size) {
 
 // Collective. The fault is armed once per output directory (the `fault_armed` marker), so that the
 // run a supervisor relaunches (with resume=auto) does not fire it again.
-void Trainer::arm_fault_injection() {
-  std::string why = plan_problem(o_, world_.size(), mesh_->dp());
+void Trainer::check_fault_plan() {
+  const std::string why = plan_problem(o_, world_.size(), mesh_->dp());
   if (!why.empty()) throw parallel::CollectiveError(why);
+}
+
+void Trainer::arm_fault_injection() {
+  std::string why;
   const CheckpointOptions& c = o_.ckpt;
   if (c.fault_phase.empty()) return;
   const std::string plan = strfmt("%s step %d rank %d", c.fault_phase.c_str(), c.fault_step, c.fault_rank);
@@ -79,7 +83,7 @@ void Trainer::arm_fault_injection() {
       why = strfmt("ckpt.fault_step=%d can never fire: the run resumes after step %d", c.fault_step, step_);
     } else {
       fs::create_directories(out);
-      std::ofstream(marker) << plan << "\n";
+      checkpoint::io::write_file_atomically(marker.string(), plan + "\n");
       msg[0] = 1;
     }
     msg[1] = !why.empty();

@@ -29,7 +29,7 @@ const char* kUsage =
     "  bench   time training steps on synthetic tokens and print a table\n"
     "  sample  generate tokens from a trained model.safetensors\n"
     "  selftest  check every CUDA op against its CPU twin (--device cuda [--seed S])\n"
-    "  ckpt    ls | verify <checkpoint> | export <checkpoint> <out.safetensors> [--all]\n"
+    "  ckpt    ls <root> | verify <checkpoint> | export <checkpoint or root> <out.safetensors> [--all]\n"
     "  data    prepare | inspect token shards\n";
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -94,8 +94,8 @@ int sample_main(const std::vector<std::string>& args) {
 int ckpt_main(int argc, char** argv) {
   if (argc >= 1 && std::string(argv[0]) == "export") {
     if (argc < 3 || argc > 4 || (argc == 4 && std::string(argv[3]) != "--all"))
-      mt::fail("usage: minitrain ckpt export <checkpoint dir> <out.safetensors> [--all]");
-    mt::train::export_checkpoint(argv[1], argv[2], argc == 4);
+      mt::fail("usage: minitrain ckpt export <checkpoint, root or root/latest> <out.safetensors> [--all]");
+    mt::train::export_checkpoint(mt::checkpoint::resolve_checkpoint(argv[1]), argv[2], argc == 4);
     return 0;
   }
   return mt::checkpoint::ckpt_cli(argc, argv);

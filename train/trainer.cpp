@@ -73,6 +73,16 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   mesh_ = std::make_unique<parallel::Mesh>(parallel::resolve_layout(layout, world_.size()), world_,
                                            arena_.device() == Device::cpu ? &arena_ : nullptr);
   parallel::Comm& dp = mesh_->dp_comm();
+  ckpt_opts_.dir = o_.ckpt.dir.empty() ? (std::filesystem::path(o_.out_dir) / "checkpoints").string() : o_.ckpt.dir;
+  ckpt_opts_.keep = o_.ckpt.keep;
+  ckpt_opts_.async = o_.ckpt.async;
+  // Async saves copy the state in the background while the next forward/backward runs; the
+  // optimizer waits for that copy (snapshot_fence) before it changes the weights.
+  ckpt_opts_.deferred_snapshot = o_.ckpt.async;
+  ckpt_opts_.log = Logger(LogLevel::info, world_.size() > 1 ? world_.rank() : -1);
+  // The checkpoint to start from is chosen before the batch is sized: its global batch may carry over.
+  resume_path_ = choose_resume();
+  if (!resume_path_.empty()) keep_saved_global_batch(resume_path_);
   if (o_.global_batch > 0) {
     const int per_step = dp.size() * o_.grad_accum;
     if (o_.global_batch % per_step != 0)
@@ -142,13 +152,6 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   step_scalars_ = arena_.alloc(MemCategory::optimizer, sizeof(StepScalars));
   micro_.resize(size_t(o_.grad_accum));
   gpt_->set_phase_hook([this](const char* phase) { fault(phase); });
-  ckpt_opts_.dir = o_.ckpt.dir.empty() ? (std::filesystem::path(o_.out_dir) / "checkpoints").string() : o_.ckpt.dir;
-  ckpt_opts_.keep = o_.ckpt.keep;
-  ckpt_opts_.async = o_.ckpt.async;
-  // Async saves copy the state in the background while the next forward/backward runs; the
-  // optimizer waits for that copy (snapshot_fence) before it changes the weights.
-  ckpt_opts_.deferred_snapshot = o_.ckpt.async;
-  ckpt_opts_.log = Logger(LogLevel::info, world_.size() > 1 ? world_.rank() : -1);
   if (arena_.device() != Device::cpu) {
     // The pieces of a save point into device memory: stage them with device-to-host copies.
     const MemOps mem = arena_.mem();
@@ -168,7 +171,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
     ckpt_opts_.staging.free = [](void* p) { cuda::pinned_free(p); };
 #endif
   }
-  resume_at_start();
+  if (!resume_path_.empty()) load_checkpoint(resume_path_);
 }
 
 Trainer::~Trainer() = default;

@@ -12,6 +12,7 @@
 #include "parallel/mesh.h"
 #include "parallel/tensor_parallel.h"
 #include "runtime/arena.h"
+#include "runtime/dir_lock.h"
 #include "runtime/param_store.h"
 #include "kernels/op_timer.h"
 #include "train/batches.h"
@@ -92,6 +93,7 @@ class Trainer {
   parallel::Mesh& mesh() { return *mesh_; }
   parallel::DataParallel& data_parallel() { return *dp_; }
   const NoiseScale& noise_scale() const { return gns_; }
+  const LossScaler& loss_scaler() const { return scaler_; }
   ops::OpTimer* op_timer() { return op_timer_.get(); }  // with profile_ops=1, else nullptr
 
  private:
@@ -102,9 +104,22 @@ class Trainer {
   void check_state_finite();
   checkpoint::SaveRequest checkpoint_request();
   void load_checkpoint(const std::string& ckpt_path);
-  void resume_at_start();  // as o.resume says (train/trainer_resume.cpp)
-  // Fault injection (train/fault_plan.cpp): fails if the planned fault could never fire, else arms
-  // it (once per out_dir); at the end of the run, fails if it was armed and never fired.
+  // Where the run starts, as o.resume says (train/trainer_resume.cpp): the checkpoint to load, or ""
+  // for step 0. Collective.
+  std::string choose_resume();
+  // Resuming under another dp size without global_batch: keeps the checkpoint's global batch (as if
+  // global_batch were given), saying so. Before the batch is sized.
+  void keep_saved_global_batch(const std::string& ckpt_path);
+  // On load: what a change of precision since the save means for the loss scale, said once.
+  void restore_loss_scale(const nlohmann::json& meta, const std::string& ckpt_path);
+  // One run per directory (runtime/dir_lock.h): rank 0 locks out_dir and the checkpoint directory
+  // (creating them when `create`; else only those that exist) unless held already; if another run
+  // holds one, every rank fails together, rank 0 naming the holder. Collective.
+  void lock_run_dirs(bool create);
+  // Fault injection (train/fault_plan.cpp): fails if the planned fault could never fire (before
+  // anything is written), arms it (once per out_dir); at the end of the run, fails if it was armed
+  // and never fired.
+  void check_fault_plan();
   void arm_fault_injection();
   void check_fault_fired();
   // With one rank, the noise scale compares the first micro-batch's gradient with the whole batch's.
@@ -130,6 +145,8 @@ class Trainer {
   std::unique_ptr<parallel::TensorParallelGrads> tp_grads_;  // the model's hooks when tp > 1
   std::unique_ptr<AdamW> adam_;
   checkpoint::Options ckpt_opts_;
+  std::string resume_path_;  // the checkpoint the run started from ("" : step 0)
+  DirLock out_lock_, ckpt_lock_;  // held by rank 0 from the start of the run (resume=auto: of the scan)
   std::unique_ptr<checkpoint::Checkpointer> ckpt_;
   LossScaler scaler_;
   NoiseScale gns_;

@@ -5,9 +5,9 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 
 #include "checkpoint/format.h"
+#include "checkpoint/fsio.h"
 #include "model/hf_io.h"
 #include "runtime/check.h"
 #include "train/divergence.h"
@@ -59,13 +59,17 @@ void Trainer::run() {
     throw parallel::CollectiveError(strfmt(
         "out_dir '%s' already holds a run (metrics.jsonl); choose another --out, resume=auto to continue it, or resume=fresh to start over in it",
         o_.out_dir.c_str()));
-  arm_fault_injection();  // or fail before anything is written if it could never fire
+  check_fault_plan();  // before anything is written
+  lock_run_dirs(true);
+  arm_fault_injection();
   JsonlWriter log;
   if (writer) {
     fs::create_directories(out);
-    std::ofstream cfg(out / "config.json");
-    cfg << o_.to_json().dump(2) << "\n";
+    checkpoint::io::write_file_atomically((out / "config.json").string(), o_.to_json().dump(2) + "\n");
     log = JsonlWriter(metrics_path.string(), resuming);
+    if (log.cut_bytes())
+      std::fprintf(stderr, "minitrain: %s ended in a torn record (%llu bytes, from an interrupted run): cut\n",
+                   metrics_path.c_str(), (unsigned long long)log.cut_bytes());
   }
   const int threads = o_.threads > 0 ? o_.threads : omp_get_max_threads();
   const Peak peak = run_peak(o_, threads);
@@ -149,6 +153,8 @@ void Trainer::run() {
     std::fprintf(stderr, "minitrain: done. logs %s, checkpoints %s, weights %s\n", metrics_path.c_str(),
                  ckpt_opts_.dir.c_str(), (out / "model.safetensors").c_str());
   }
+  out_lock_ = DirLock();
+  ckpt_lock_ = DirLock();
 }
 
 }  // namespace mt::train

@@ -68,6 +68,8 @@ checkpoint::SaveRequest Trainer::checkpoint_request() {
   }
   req.global_meta = {{"format", "minitrain-train-state"}, {"version", 2}, {"step", step_}, {"updates", updates_},
                      {"loss_scale", scaler_.scale()}, {"loss_scale_clean", scaler_.clean_steps()},
+                     {"precision", dtype_name(o_.precision)},
+                     {"global_batch", mesh_->dp() * o_.batch_size * o_.grad_accum},
                      {"model", o_.model.to_json()}, {"data", train_data_->state()}, {"seed", o_.seed},
                      {"layout", {{"dp", mesh_->dp()}, {"tp", mesh_->tp()}, {"sp", o_.sequence_parallel()},
                                  {"zero", o_.parallel.zero}}}};
@@ -171,7 +173,7 @@ void Trainer::load_checkpoint(const std::string& path) {
     for (int k = 0; k < 3; k++) mem.upload(bufs[k], dst[k], n * sizeof(float));
   step_ = meta.at("step");
   updates_ = meta.at("updates");
-  scaler_.restore(meta.at("loss_scale"), meta.at("loss_scale_clean"));
+  restore_loss_scale(meta, path);
   train_data_->restore(meta.at("data"));
   dp_->publish_params();
   if (world_.rank() == 0) std::fprintf(stderr, "minitrain: resumed from %s (step %d)\n", path.c_str(), step_);

@@ -5,7 +5,9 @@
 #  - each bad input fails with exit status 1, one `minitrain: error:` line naming the cause, and
 #    leaves no output directory behind;
 #  - a diverging run stops with exit status 3 (also under mpirun), exports nothing, and leaves only
-#    checkpoints that verify.
+#    checkpoints that verify;
+#  - an edited manifest fails verify and ls; ckpt export takes a root or its latest; a failed save
+#    under mpirun prints one error, from the rank that failed.
 # Usage: cli_test.sh <minitrain binary> <python3 with numpy>
 set -u
 mt=$1
@@ -45,6 +47,28 @@ if diff <(losses "$work/c/metrics.jsonl") <(losses "$work/d/metrics.jsonl") >/de
 else
   fail "stop and resume gives the uninterrupted losses"
 fi
+
+# Every byte a resume reads is checksummed, the manifest's own values too: an edited update count or
+# loader position fails `ckpt verify`, and `ckpt ls` (which verifies what it lists) says damaged.
+for key in updates data; do
+  rm -rf "$work/edited" && cp -r "$work/c/checkpoints" "$work/edited"
+  m=$(ls -d "$work"/edited/step_* | tail -1)/manifest.json
+  "$py" - "$m" "$key" <<'PY'
+import json, sys
+path, key = sys.argv[1:]
+m = json.load(open(path))
+m["meta"][key] = m["meta"][key] + 1 if key == "updates" else {**m["meta"][key], "edited": 1}
+json.dump(m, open(path, "w"), indent=1)
+PY
+  out=$("$mt" ckpt verify "${m%/manifest.json}" 2>&1)
+  rc=$?
+  ls_out=$("$mt" ckpt ls "$work/edited" 2>&1)
+  if [[ $rc -eq 1 && "$out" == *"manifest checksum mismatch"* && "$ls_out" == *"DAMAGED"*"manifest checksum mismatch"* ]]; then
+    pass "an edited manifest ($key) fails verify and ls"
+  else
+    fail "an edited manifest ($key) fails verify and ls (rc=$rc: $out / $ls_out)"
+  fi
+done
 
 out=$("$mt" sample --model "$work/a/model.safetensors" --tokenizer "$work/data/tokenizer.json" --text "document" \
       --tokens 8 --seed 3 2>&1) && [[ "$out" == document* ]] && pass "sample decodes text" || fail "sample: $out"
@@ -103,6 +127,26 @@ diverge=(optim.lr=1e4 optim.grad_clip=0 optim.warmup_steps=0 steps=20 save_every
 diverged "diverged run: exit 3, finite checkpoints only" "$work/div" \
   "$mt" train "${common[@]}" "${diverge[@]}" out_dir="$work/div"
 
+# `data prepare` on empty input: one error line, and no --out directory left behind.
+: > "$work/empty.txt"
+err=$("$mt" data prepare --input "$work/empty.txt" --out "$work/empty_out" --vocab 300 2>&1 >/dev/null)
+rc=$?
+[[ $rc -eq 1 && $(printf '%s\n' "$err" | grep -c 'error') -eq 1 && "$err" == *"no documents"* && ! -e "$work/empty_out" ]] \
+  && pass "data prepare of empty input leaves nothing" || fail "data prepare of empty input leaves nothing (rc=$rc: $err)"
+
+# `ckpt export` takes a checkpoint, a root (its newest checkpoint that verifies) or the root's latest;
+# the ckpt usage lists it.
+"$mt" ckpt export "$work/c/checkpoints/step_000006" "$work/exp_step.safetensors" >/dev/null 2>&1
+"$mt" ckpt export "$work/c/checkpoints" "$work/exp_root.safetensors" >/dev/null 2>&1
+"$mt" ckpt export "$work/c/checkpoints/latest" "$work/exp_latest.safetensors" >/dev/null 2>&1
+if [[ -s "$work/exp_step.safetensors" ]] && cmp -s "$work/exp_step.safetensors" "$work/exp_root.safetensors" \
+   && cmp -s "$work/exp_step.safetensors" "$work/exp_latest.safetensors"; then
+  pass "ckpt export resolves a root and its latest"
+else
+  fail "ckpt export resolves a root and its latest"
+fi
+[[ $("$mt" ckpt 2>&1) == *"ckpt export"* ]] && pass "ckpt usage lists export" || fail "ckpt usage lists export"
+
 # Bad layouts under mpirun: one error line (from rank 0), non-zero exit, no hang.
 if command -v mpirun >/dev/null; then
   mpi=(mpirun --oversubscribe --mca btl self,vader --mca pml ob1)
@@ -127,6 +171,19 @@ if command -v mpirun >/dev/null; then
   bad_mpi "dp larger than the batch allows" "global_batch" -np 3 "$mt" train "${common[@]}" global_batch=2 out_dir="$work/never"
   bad_mpi "bucket size" "bucket_mb" -np 2 "$mt" train "${common[@]}" bucket_mb=0 out_dir="$work/never"
   bad_mpi "missing data file on every rank" "missing.bin" -np 2 "$mt" train "${common[@]}" data.path="$work/missing.bin" out_dir="$work/never"
+  # A failed save (an injected ENOSPC) on either rank: one error line, from the rank that failed, saying
+  # what failed; not the other rank's view of it (a save directory that vanished).
+  for r in 0 1; do
+    err=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 "${mpi[@]}" -np 2 "$mt" train "${common[@]}" \
+          steps=6 save_every=2 ckpt.fault_phase=enospc ckpt.fault_step=4 ckpt.fault_rank=$r out_dir="$work/enospc$r" 2>&1 >/dev/null)
+    rc=$?
+    if [[ $rc -ne 0 && $rc -ne 124 && $(printf '%s\n' "$err" | grep -c 'error:') -eq 1 \
+          && "$err" == *"[rank $r] error: checkpoint save of step 4"*"No space left on device"* ]]; then
+      pass "ENOSPC on rank $r under mpirun: one error, from rank $r"
+    else
+      fail "ENOSPC on rank $r under mpirun: one error, from rank $r (rc=$rc, stderr: $(printf '%s\n' "$err" | grep 'error:'))"
+    fi
+  done
   diverged "diverged run under mpirun: exit 3" "$work/div2" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     timeout 120 "${mpi[@]}" -np 2 "$mt" train "${common[@]}" "${diverge[@]}" --zero 1 out_dir="$work/div2"
 fi

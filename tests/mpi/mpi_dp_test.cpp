@@ -269,6 +269,59 @@ TEST(DataParallel, StateSavedUnderOneLayoutResumesUnderAnother) {
   EXPECT_LE(gerr, 1e-5);
 }
 
+// A run resumed on fewer ranks without global_batch keeps the checkpoint's global batch (batch_size
+// grows to make it up), so it continues the uninterrupted run's losses; where dp x grad_accum does
+// not divide it, an error says so; a global_batch the user gives is theirs.
+TEST(DataParallel, ResumeOnFewerRanksKeepsTheGlobalBatch) {
+  parallel::Comm& world = mpi_world().comm();
+  const int D = world.size();
+  const std::string data = shared_corpus(world);
+  TrainOptions ro = options(data, 2 * D, 1, 0, 1);
+  ro.steps = 8;
+  Trainer ref(ro);
+  std::vector<double> want;
+  for (int i = 0; i < ro.steps; i++) want.push_back(ref.step().loss);
+  char path[256] = {};
+  if (world.rank() == 0) std::snprintf(path, sizeof path, "%s/ckpt", make_temp_dir("mt_dp_batch").c_str());
+  world.broadcast(path, sizeof path / 4, DType::i32, 0);
+  {
+    TrainOptions o = options(data, 2, 1, 1, D);
+    o.steps = 8;
+    Trainer t(o, &world);
+    for (int i = 0; i < 4; i++) t.step();
+    t.save_state(path);
+  }
+  world.barrier();
+  // Rank 0 alone, and the other ranks together: each group resumes with the same batch_size as before.
+  std::unique_ptr<parallel::Comm> group = world.split(world.rank() == 0 ? 0 : 1, world.rank(), "fewer");
+  const int gd = group->size();
+  TrainOptions go = options(data, 2, 1, 0, gd);
+  go.steps = 8;
+  go.resume = path;
+  if ((2 * D) % gd != 0) {
+    try {
+      Trainer g(go, group.get());
+      ADD_FAILURE() << "a global batch of " << 2 * D << " rows was changed on dp " << gd;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("global batch of " + std::to_string(2 * D) + " rows on dp " +
+                                           std::to_string(D) + "; on dp " + std::to_string(gd)),
+                std::string::npos) << e.what();
+    }
+    return;
+  }
+  {
+    Trainer g(go, group.get());
+    EXPECT_EQ(g.options().batch_size, 2 * D / gd);
+    double err = 0;
+    for (int i = 4; i < 8; i++) err = std::max(err, std::fabs(g.step().loss - want[size_t(i)]) / want[size_t(i)]);
+    if (group->rank() == 0) std::printf("resume dp=%d -> dp=%d, the global batch kept: max rel loss err %.2e\n", D, gd, err);
+    EXPECT_LE(err, 1e-5);
+  }
+  go.global_batch = 2 * gd;  // the user's choice: another global batch
+  Trainer g(go, group.get());
+  EXPECT_EQ(g.options().batch_size, 2);
+}
+
 // On GPUs the gradient and parameter collectives go over a device communicator (NCCL) and only scalars
 // over the host one. The same split on CPUs, with a second MPI communicator of the dp group standing
 // in for NCCL: it must carry every gradient and parameter byte of the formula, the host communicator

@@ -41,19 +41,31 @@ RunResult run_once(const GPTConfig& cfg, Recompute r, DType precision, const std
 
 class Recomputation : public ::testing::TestWithParam<DType> {};
 
-TEST_P(Recomputation, GradientsAreBitwiseIdenticalAndMemoryDrops) {
+// A small model of `layers` layers and one random micro-batch of tokens and targets.
+struct Case {
+  explicit Case(int layers) : rng(testing::test_seed()) {
+    cfg.vocab_size = 211;
+    cfg.block_size = 32;
+    cfg.n_layer = layers;
+    cfg.n_head = 4;
+    cfg.n_embd = 48;
+    std::uniform_int_distribution<int32_t> d(0, cfg.vocab_size - 1);
+    tokens.resize(size_t(B * T));
+    targets.resize(size_t(B * T));
+    for (auto& t : tokens) t = d(rng);
+    for (auto& t : targets) t = d(rng);
+  }
   GPTConfig cfg;
-  cfg.vocab_size = 211;
-  cfg.block_size = 32;
-  cfg.n_layer = 12;
-  cfg.n_head = 4;
-  cfg.n_embd = 48;
   const int B = 2, T = 32;
-  std::mt19937_64 rng(testing::test_seed());
-  std::uniform_int_distribution<int32_t> d(0, cfg.vocab_size - 1);
-  std::vector<int32_t> tokens(size_t(B * T)), targets(size_t(B * T));
-  for (auto& t : tokens) t = d(rng);
-  for (auto& t : targets) t = d(rng);
+  std::mt19937_64 rng;
+  std::vector<int32_t> tokens, targets;
+};
+
+TEST_P(Recomputation, GradientsAreBitwiseIdenticalAndMemoryDrops) {
+  Case c(12);
+  const GPTConfig& cfg = c.cfg;
+  const int B = c.B, T = c.T;
+  const std::vector<int32_t>&tokens = c.tokens, &targets = c.targets;
 
   const RunResult none = run_once(cfg, Recompute::none, GetParam(), tokens, targets, B, T);
   const RunResult sel = run_once(cfg, Recompute::selective, GetParam(), tokens, targets, B, T);
@@ -74,18 +86,11 @@ TEST_P(Recomputation, GradientsAreBitwiseIdenticalAndMemoryDrops) {
 // mask them as the forward did (full recompute reruns the forward with its mask). The masked
 // gradients differ from the unmasked ones, so a recompute that dropped the mask could not match.
 TEST_P(Recomputation, DocumentMaskedGradientsAreBitwiseIdentical) {
-  GPTConfig cfg;
-  cfg.vocab_size = 211;
-  cfg.block_size = 32;
-  cfg.n_layer = 3;
-  cfg.n_head = 4;
-  cfg.n_embd = 48;
-  const int B = 2, T = 32;
-  std::mt19937_64 rng(testing::test_seed());
-  std::uniform_int_distribution<int32_t> d(0, cfg.vocab_size - 1);
-  std::vector<int32_t> tokens(size_t(B * T)), targets(size_t(B * T));
-  for (auto& t : tokens) t = d(rng);
-  for (auto& t : targets) t = d(rng);
+  Case c(3);
+  const GPTConfig& cfg = c.cfg;
+  const int B = c.B, T = c.T;
+  const std::vector<int32_t>&tokens = c.tokens, &targets = c.targets;
+  std::mt19937_64& rng = c.rng;
   const std::vector<int32_t> docs = testing::random_doc_ids(B, T, rng);
 
   const RunResult none = run_once(cfg, Recompute::none, GetParam(), tokens, targets, B, T, docs.data());

@@ -40,11 +40,6 @@ double attention_flops(int B, int T, int C, int NH) {
   return 2.0 * B * NH * (double(T) * (T + 1) / 2) * 2.0 * (NH > 0 ? C / NH : 0);
 }
 
-// An op the CUDA backend does not have yet (the trainer refuses the layouts that would need it first).
-[[noreturn]] void no_cuda_kernel(const char* op) {
-  fail("%s has no CUDA kernel yet: tensor parallelism runs on the CPU backend so far", op);
-}
-
 }  // namespace
 
 // Dispatches to the backend; a profiling run times the op and books its FLOPs and its least memory
@@ -189,21 +184,21 @@ void softmax_xent(float* losses, S* dlogits, const S* logits, const int32_t* tar
 template <class S>
 void embedding_fwd(S* out, const int32_t* ids, const S* table, int row0, int rows, int N, int C, const Ctx& ctx) {
   MT_DISPATCH_COST(0.0, 2.0 * N * C * sizeof(S), cpu::embedding_fwd<S>(out, ids, table, row0, rows, N, C),
-                   no_cuda_kernel("embedding_fwd"));
+                   cuda::embedding_fwd<S>(out, ids, table, row0, rows, N, C, ctx));
 }
 
 template <class S>
 void embedding_bwd(float* dtable, const S* dout, const int32_t* ids, int row0, int rows, int N, int C,
                    const Ctx& ctx) {
   MT_DISPATCH_COST(0.0, double(N) * C * sizeof(S), cpu::embedding_bwd<S>(dtable, dout, ids, row0, rows, N, C),
-                   no_cuda_kernel("embedding_bwd"));
+                   cuda::embedding_bwd<S>(dtable, dout, ids, row0, rows, N, C, ctx));
 }
 
 template <class S>
 void xent_slice_stats(float* stats, const S* logits, const int32_t* targets, int col0, int N, int V, int Vl,
                       const Ctx& ctx) {
   MT_DISPATCH_COST(0.0, double(N) * Vl * sizeof(S), cpu::xent_slice_stats<S>(stats, logits, targets, col0, N, V, Vl),
-                   no_cuda_kernel("xent_slice_stats"));
+                   cuda::xent_slice_stats<S>(stats, logits, targets, col0, N, V, Vl, ctx));
 }
 
 template <class S>
@@ -211,7 +206,8 @@ void xent_slice_finish(float* losses, S* dlogits, const S* logits, const float* 
                        const int32_t* targets, float dloss, int col0, int N, int V, int Vl, const Ctx& ctx) {
   MT_DISPATCH_COST(0.0, double(N) * Vl * sizeof(S) * (dlogits ? 2 : 1),
                    cpu::xent_slice_finish<S>(losses, dlogits, logits, stats, P, targets, dloss, col0, N, V, Vl),
-                   no_cuda_kernel("xent_slice_finish"));
+                   cuda::xent_slice_finish<S>(losses, dlogits, logits, stats, P, targets, dloss, col0, N, V, Vl,
+                                               ctx));
 }
 
 template <class D, class S>

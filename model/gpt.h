@@ -129,11 +129,8 @@ class GPT {
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   Recompute recompute_ = Recompute::none;
   Attention attention_ = Attention::materialized;
-  // Per unit, while it is acquired: whether it is, and in a 16-bit run its compute weights in that
-  // type (params memory, converted on acquire and freed on release, so no full-size 16-bit copy is
-  // kept and a weight read outside acquire/release fails in every precision).
+  // Per unit: whether it is acquired (a weight read outside acquire/release fails in every precision).
   std::vector<char> acquired_;
-  std::vector<Buffer> typed_units_;
   UnitHooks* hooks_ = nullptr;
   std::function<void(const char*)> phase_hook_;
   void acquire(int u, bool grads) {
@@ -142,7 +139,6 @@ class GPT {
   }
   void release(int u) {
     acquired_[size_t(u)] = 0;
-    typed_units_[size_t(u)].reset();
     if (hooks_) hooks_->release(u);
   }
   void grads_ready(int u) {

@@ -112,9 +112,8 @@ class Pass {
 
   // The weight entry i as the ops read it, in S.
   const S* w(int i) const;
-  // Unit u's parameters (and gradient buffer) about to be used: the hooks materialise them, then a
-  // 16-bit run converts their fp32 compute copy into the typed weights.
-  void acquire(int u, bool grads);
+  // Unit u's parameters (and gradient buffer) about to be used: the hooks materialise them.
+  void acquire(int u, bool grads) { m_.acquire(u, grads); }
   float* g(int i) const { return s_.grad(i); }
 
   void layer_forward(int l, const S* x, S* x_next, LayerActs& a, Workspace& ws, const int32_t* doc);
@@ -162,25 +161,7 @@ template <class S>
 const S* Pass<S>::w(int i) const {
   const ParamEntry& e = s_.entry(i);
   MT_CHECK(m_.acquired_[size_t(e.unit)], "weight '%s' read outside an acquire of its unit", e.name.c_str());
-  if constexpr (std::is_same_v<S, float>) {
-    return s_.compute(i);
-  } else {
-    const ParamUnit& unit = s_.units()[size_t(e.unit)];
-    return static_cast<const S*>(m_.typed_units_[size_t(e.unit)].data()) + (e.offset - unit.begin);
-  }
-}
-
-template <class S>
-void Pass<S>::acquire(int u, bool grads) {
-  m_.acquire(u, grads);
-  if constexpr (!std::is_same_v<S, float>) {
-    const ParamUnit& unit = s_.units()[size_t(u)];
-    const float* src = s_.full_compute() ? s_.compute() + unit.begin : s_.unit_compute(u);
-    MT_CHECK(src != nullptr, "unit %s has no compute weights after acquire", unit.name.c_str());
-    Buffer& typed = m_.typed_units_[size_t(u)];
-    typed = ar_.alloc_uninitialized(MemCategory::params, size_t(unit.size()) * sizeof(S));
-    ops::convert(static_cast<S*>(typed.data()), src, unit.size(), c_);
-  }
+  return s_.compute_as<S>(i);
 }
 
 template <class S>
@@ -251,7 +232,7 @@ void Pass<S>::column_parallel_bwd(S* dinp_own, float* dw, float* db, const S* do
     ops::matmul_bwd(dinp_own, dw, db, dout, inp_own, w, N, C, OC, c_);
     return;
   }
-  parallel::Comm& tc = tp_.comm();
+  parallel::Comm& tc = tp_.data_comm();
   const bool sp = tp_.splits_sequence();
   const DType t = dtype_of<S>();
   parallel::CommHandle gather, sum;
@@ -287,7 +268,7 @@ void Pass<S>::classifier(float* losses, const S* lnf, S* dlnf, const int32_t* ta
       ops::softmax_xent(losses + r0, dlogits, p(logits), targets + r0, dloss, n, V, Vl, c_);
     } else {
       ops::xent_slice_stats(stats.f32(), p(logits), targets + r0, col0, n, V, Vl, c_);
-      tp_.comm().all_gather(stats.f32(), stats_all.f32(), size_t(n) * 3, DType::f32);
+      tp_.data_comm().all_gather(stats.f32(), stats_all.f32(), size_t(n) * 3, DType::f32);
       ops::xent_slice_finish(losses + r0, dlogits, p(logits), stats_all.f32(), P_, targets + r0, dloss, col0, n, V,
                              Vl, c_);
     }
@@ -506,8 +487,6 @@ double GPT::run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits
   if (mode != Mode::last_logits) MT_CHECK(mb.targets != nullptr, "loss requested without targets");
   const DType t = store_.compute_dtype();
   acquired_.assign(size_t(store_.num_units()), 0);
-  typed_units_.clear();
-  typed_units_.resize(size_t(store_.num_units()));
   switch (t) {
     case DType::f32: return Pass<float>(*this, mb).run(dloss, mode, last_logits);
     case DType::bf16: return Pass<bf16>(*this, mb).run(dloss, mode, last_logits);

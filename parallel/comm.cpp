@@ -23,6 +23,15 @@ uint64_t CommCounters::total_sent_bytes() const {
   return s;
 }
 
+CommCounters& CommCounters::operator+=(const CommCounters& o) {
+  for (size_t i = 0; i < ops.size(); i++) {
+    ops[i].calls += o.ops[i].calls;
+    ops[i].payload_bytes += o.ops[i].payload_bytes;
+    ops[i].sent_bytes += o.ops[i].sent_bytes;
+  }
+  return *this;
+}
+
 uint64_t CommCounters::total_payload_bytes() const {
   uint64_t s = 0;
   for (const auto& o : ops) s += o.payload_bytes;

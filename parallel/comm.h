@@ -73,6 +73,7 @@ struct CommCounters {
   const CommOpCount& operator[](CommOp op) const { return ops[size_t(op)]; }
   uint64_t total_sent_bytes() const;
   uint64_t total_payload_bytes() const;
+  CommCounters& operator+=(const CommCounters& o);  // op by op
 };
 
 // The i-th of n near-equal parts of `count` elements: the first count % n parts are one longer.

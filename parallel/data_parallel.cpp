@@ -87,10 +87,12 @@ DataParallel::DataParallel(ParamStore& store, Comm& dp, Arena& arena, const Data
     take_shard(store.master(), master_shard_);
     if (o.zero >= 2) unit_grads_.resize(size_t(U));
     if (o.zero == 3) {
-      // In fp32 the compute shard is the master shard itself (16 bytes per parameter over dp).
+      // In fp32 the compute shard is the master shard itself (16 bytes per parameter over dp); in
+      // bf16/fp16 a 16-bit copy of it (18), which is what the gathers move.
       if (store.compute_dtype() != DType::f32)
-        compute_shard_buf_ = arena.alloc(MemCategory::params, size_t(shard_numel_) * 4);
-      compute_shard_ = store.compute_dtype() == DType::f32 ? master_shard_ : compute_shard_buf_.f32();
+        compute_shard_buf_ = arena.alloc(MemCategory::params, store.compute_bytes(shard_numel_));
+      compute_shard_ = store.compute_dtype() == DType::f32 ? static_cast<void*>(master_shard_)
+                                                           : compute_shard_buf_.data();
       unit_params_.resize(size_t(U));
       gathers_.resize(size_t(U));
     }
@@ -316,6 +318,14 @@ bool DataParallel::grads_finite() {
 }
 
 
+void DataParallel::to_compute(void* dst, const float* src, int64_t n) {
+  switch (store_.compute_dtype()) {
+    case DType::bf16: return ops::convert(static_cast<bf16*>(dst), src, n, ctx_);
+    case DType::f16: return ops::convert(static_cast<f16*>(dst), src, n, ctx_);
+    default: return arena_.mem().move(dst, src, size_t(n) * 4);
+  }
+}
+
 void DataParallel::publish_params() {
   const DType t = store_.compute_dtype();
   if (o_.zero == 0) {
@@ -332,27 +342,25 @@ void DataParallel::publish_params() {
       }
     }
     last_acquired_ = -1;
-    if (compute_shard_ != master_shard_) {
-      arena_.mem().move(compute_shard_, master_shard_, size_t(shard_numel_) * 4);
-      ops::round_to(compute_shard_, shard_numel_, t, ctx_);
-    }
+    if (compute_shard_ != master_shard_) to_compute(compute_shard_, master_shard_, shard_numel_);
     return;
   }
   std::vector<CommHandle> hs;
   for (int u = 0; u < store_.num_units(); u++) {
     const int64_t cs = chunk_size(u);
-    float* mine = store_.unit_compute(u) + rank_ * cs;
-    arena_.mem().move(mine, master_shard_ + shard_offset(u), size_t(cs) * 4);
-    ops::round_to(mine, cs, t, ctx_);
-    hs.push_back(tc_.all_gather_async(mine, store_.unit_compute(u), size_t(cs), DType::f32));  // in place
+    void* mine = static_cast<char*>(store_.unit_compute(u)) + store_.compute_bytes(rank_ * cs);
+    to_compute(mine, master_shard_ + shard_offset(u), cs);
+    hs.push_back(tc_.all_gather_async(mine, store_.unit_compute(u), size_t(cs), t));  // in place
   }
   for (CommHandle& h : hs) h.wait();
 }
 
 void DataParallel::start_gather(int u) {
-  unit_params_[size_t(u)] = arena_.alloc(MemCategory::params, size_t(store_.units()[size_t(u)].size()) * 4);
-  gathers_[size_t(u)] = tc_.all_gather_async(compute_shard_ + shard_offset(u), unit_params_[size_t(u)].f32(),
-                                             size_t(chunk_size(u)), DType::f32);
+  unit_params_[size_t(u)] =
+      arena_.alloc(MemCategory::params, store_.compute_bytes(store_.units()[size_t(u)].size()));
+  gathers_[size_t(u)] =
+      tc_.all_gather_async(static_cast<char*>(compute_shard_) + store_.compute_bytes(shard_offset(u)),
+                           unit_params_[size_t(u)].data(), size_t(chunk_size(u)), store_.compute_dtype());
 }
 
 void DataParallel::acquire(int u, bool with_grads) {
@@ -367,7 +375,7 @@ void DataParallel::acquire(int u, bool with_grads) {
   const auto t0 = clock_type::now();
   gathers_[k].wait();
   stats_.gather_wait_s += since(t0);
-  store_.set_unit_compute(u, unit_params_[k].f32());
+  store_.set_unit_compute(u, unit_params_[k].data());
   // Prefetch the unit that comes next when units are walked in order (forward up, backward down).
   const int step = u - last_acquired_;
   const int next = u + step;

@@ -158,6 +158,9 @@ class DataParallel final : public UnitHooks {
   void start_gather(int u);
   void complete(Pending& p);
 
+  // dst (n elements of the compute dtype) = src (fp32 master values) rounded, on the ops' stream.
+  void to_compute(void* dst, const float* src, int64_t n);
+
   ParamStore& store_;
   Comm& dp_;  // host: scalars, row gradients, checkpoint gathers
   Comm& tc_;  // tensors: gradient reductions and parameter gathers (dp_ on the CPU backend)
@@ -169,7 +172,7 @@ class DataParallel final : public UnitHooks {
   std::vector<int64_t> shard_offsets_;
   int64_t shard_numel_ = 0;
   Buffer master_buf_, compute_shard_buf_, grad_shard_buf_;
-  float* compute_shard_ = nullptr;  // stage 3: what is gathered (the master shard itself in fp32)
+  void* compute_shard_ = nullptr;  // stage 3: what is gathered, in the compute dtype (fp32: the master shard)
   float* master_shard_ = nullptr;
   float* grad_shard_ = nullptr;
   bool last_micro_ = true;

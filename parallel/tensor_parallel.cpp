@@ -4,11 +4,20 @@
 
 namespace mt::parallel {
 
-TensorParallel::TensorParallel(Comm& tp, bool sp) : comm_(&tp), size_(tp.size()), rank_(tp.rank()), sp_(sp) {}
+TensorParallel::TensorParallel(Comm& tp, bool sp, Comm* data)
+    : comm_(&tp), data_(data ? data : &tp), size_(tp.size()), rank_(tp.rank()), sp_(sp) {
+  MT_CHECK(data_->size() == size_ && data_->rank() == rank_, "the tensor-parallel data communicator (%d of %d) "
+           "is not over the same ranks as its host one (%d of %d)", data_->rank(), data_->size(), rank_, size_);
+}
 
 Comm& TensorParallel::comm() const {
   MT_CHECK(comm_ != nullptr, "tensor parallelism without a communicator");
   return *comm_;
+}
+
+Comm& TensorParallel::data_comm() const {
+  MT_CHECK(data_ != nullptr, "tensor parallelism without a communicator");
+  return *data_;
 }
 
 ParamBox TensorParallel::split(std::vector<int64_t> space, int dim) const {
@@ -38,7 +47,7 @@ TensorParallelGrads::TensorParallelGrads(ParamStore& store, const TensorParallel
 void TensorParallelGrads::grads_ready(int u) {
   if (tp_.active() && dp_.reduces_this_micro())
     for (const auto& [b, e] : partial_[size_t(u)])
-      tp_.comm().all_reduce(store_.unit_grads(u) + b, size_t(e - b), DType::f32, ReduceOp::sum);
+      tp_.data_comm().all_reduce(store_.unit_grads(u) + b, size_t(e - b), DType::f32, ReduceOp::sum);
   dp_.grads_ready(u);
 }
 

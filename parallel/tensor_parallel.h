@@ -38,15 +38,18 @@ namespace mt::parallel {
 class TensorParallel {
  public:
   TensorParallel() = default;  // no tensor parallelism: one rank
-  // `tp`: the tensor-parallel communicator (host buffers: the CPU backend); sp: sequence parallelism.
-  TensorParallel(Comm& tp, bool sp);
+  // `tp`: the tensor-parallel communicator on the host (scalars: norms, flags); `data`: the one the
+  // activations and gradients travel on, over the same ranks (an NcclComm over `tp` on GPUs; nullptr:
+  // `tp` itself, the CPU backend). sp: sequence parallelism.
+  TensorParallel(Comm& tp, bool sp, Comm* data = nullptr);
 
   int size() const { return size_; }
   int rank() const { return rank_; }
   bool active() const { return size_ > 1; }
   // True when the residual stream is split over the ranks (sp with more than one rank).
   bool splits_sequence() const { return sp_ && size_ > 1; }
-  Comm& comm() const;
+  Comm& comm() const;       // host scalars
+  Comm& data_comm() const;  // tensors, where the model's buffers live
 
   // The box of this rank's part when dimension `dim` of `space` is split into size() equal parts.
   ParamBox split(std::vector<int64_t> space, int dim) const;
@@ -61,18 +64,19 @@ class TensorParallel {
   // all-reduce in place (own == partial). Not called with one rank.
   template <class S>
   void gather(S* full, const S* own, int64_t own_rows, int64_t C) const {
-    comm().all_gather(own, full, size_t(own_rows * C), dtype_of<S>());
+    data_comm().all_gather(own, full, size_t(own_rows * C), dtype_of<S>());
   }
   template <class S>
   void sum_scatter(S* own, S* partial, int64_t own_rows, int64_t C) const {
     if (splits_sequence())
-      comm().reduce_scatter(partial, own, size_t(own_rows * C), dtype_of<S>(), ReduceOp::sum);
+      data_comm().reduce_scatter(partial, own, size_t(own_rows * C), dtype_of<S>(), ReduceOp::sum);
     else
-      comm().all_reduce(own, size_t(own_rows * C), dtype_of<S>(), ReduceOp::sum);
+      data_comm().all_reduce(own, size_t(own_rows * C), dtype_of<S>(), ReduceOp::sum);
   }
 
  private:
   Comm* comm_ = nullptr;
+  Comm* data_ = nullptr;
   int size_ = 1, rank_ = 0;
   bool sp_ = false;
 };

@@ -3,7 +3,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "runtime/param_store.h"
+#include "runtime/check.h"
+#include "runtime/dtype.h"
 
 namespace mt {
 
@@ -37,8 +38,21 @@ void host_copy(void* dst, const void* src, size_t n, CopyKind) {
 
 void host_sync() {}
 
-constexpr MemOps kHost{Device::cpu,  host_alloc,    host_free, host_zero,
-                       host_copy,    round_inplace, host_sync, host_alloc_poisoned};
+void host_narrow(void* dst, const float* src, int64_t n, DType t) {
+  if (t == DType::f32) return host_copy(dst, src, size_t(n) * 4, CopyKind::device_to_device);
+  MT_CHECK(t == DType::bf16 || t == DType::f16, "narrow: no conversion from f32 to %s", dtype_name(t));
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  if (t == DType::bf16) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) d[i] = f32_to_f16(src[i]);
+  }
+}
+
+constexpr MemOps kHost{Device::cpu, host_alloc,  host_free, host_zero,
+                       host_copy,   host_narrow, host_sync, host_alloc_poisoned};
 
 }  // namespace
 

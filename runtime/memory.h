@@ -25,8 +25,8 @@ struct MemOps {
   void (*free)(void* p) = nullptr;
   void (*zero)(void* p, size_t bytes) = nullptr;
   void (*copy)(void* dst, const void* src, size_t bytes, CopyKind kind) = nullptr;
-  // Rounds n floats in place to the values representable in `t` (no-op for f32).
-  void (*round)(float* x, int64_t n, DType t) = nullptr;
+  // dst (n elements of type t: f32, bf16 or f16) = src (n floats) rounded to t, to nearest even.
+  void (*narrow)(void* dst, const float* src, int64_t n, DType t) = nullptr;
   // Returns when all work queued on this memory is done (host: nothing to wait for).
   void (*sync)() = nullptr;
   // A block whose contents are unspecified, for buffers every reader writes first (activations):

@@ -76,13 +76,14 @@ void ParamStore::finalize(Arena& arena, DType compute_dtype, int shard_multiple,
   unit_grads_.assign(units_.size(), nullptr);
   if (full_compute()) {
     // In fp32 the compute weights equal the master: one buffer serves both (16 bytes of model state
-    // per parameter instead of 20) until a sharding engine releases the full master.
-    float* compute = master_.f32();
+    // per parameter instead of 20) until a sharding engine releases the full master. In bf16/fp16
+    // they are a 16-bit copy (18 bytes).
+    char* compute = static_cast<char*>(master_.data());
     if (compute_dtype != DType::f32) {
-      compute_ = arena.alloc(MemCategory::params, bytes);
-      compute = compute_.f32();
+      compute_ = arena.alloc(MemCategory::params, compute_bytes(total_));
+      compute = static_cast<char*>(compute_.data());
     }
-    for (size_t u = 0; u < units_.size(); u++) unit_compute_[u] = compute + units_[u].begin;
+    for (size_t u = 0; u < units_.size(); u++) unit_compute_[u] = compute + compute_bytes(units_[u].begin);
   }
   if (full_grads()) {
     grads_ = arena.alloc(MemCategory::grads, bytes);
@@ -111,11 +112,11 @@ float* ParamStore::master(int i) const {
   return master() + entries_[size_t(i)].offset;
 }
 
-float* ParamStore::compute(int i) const {
+void* ParamStore::compute_entry(int i) const {
   const ParamEntry& e = entries_[size_t(i)];
-  float* base = unit_compute_[size_t(e.unit)];
+  char* base = static_cast<char*>(unit_compute_[size_t(e.unit)]);
   MT_CHECK(base != nullptr, "parameters of unit '%s' are not materialised", units_[size_t(e.unit)].name.c_str());
-  return base + (e.offset - units_[size_t(e.unit)].begin);
+  return base + compute_bytes(e.offset - units_[size_t(e.unit)].begin);
 }
 
 float* ParamStore::grad(int i) const {
@@ -125,7 +126,7 @@ float* ParamStore::grad(int i) const {
   return base + (e.offset - units_[size_t(e.unit)].begin);
 }
 
-void ParamStore::set_unit_compute(int u, float* compute) {
+void ParamStore::set_unit_compute(int u, void* compute) {
   MT_CHECK(!full_compute(), "set_unit_compute on a store with full compute storage");
   unit_compute_[size_t(u)] = compute;
 }
@@ -141,21 +142,10 @@ void ParamStore::release_master() {
   master_.reset();
 }
 
-void round_inplace(float* x, int64_t n, DType t) {
-  if (t == DType::bf16) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) x[i] = round_bf16(x[i]);
-  } else if (t == DType::f16) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) x[i] = round_f16(x[i]);
-  }
-}
-
 void ParamStore::refresh_compute() {
   MT_CHECK(full_compute() && master_, "refresh_compute needs full compute storage and the full master");
   if (compute_aliases_master()) return;  // fp32: the same buffer
-  mem_.move(compute(), master(), size_t(total_) * sizeof(float));
-  mem_.round(compute(), total_, compute_dtype_);
+  mem_.narrow(compute(), master(), total_, compute_dtype_);
 }
 
 void ParamStore::zero_grads() {

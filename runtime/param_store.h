@@ -2,9 +2,8 @@
 // checkpoints work on contiguous ranges and never need to know the model.
 //
 //   master   fp32 weights the optimizer updates                                     (params)
-//   compute  the copy forward/backward read: fp32 storage holding values rounded to the run's
-//            precision (bf16/fp16; the model converts it to real 16-bit storage per unit when it
-//            uses the unit); in fp32 runs the master buffer itself                   (params)
+//   compute  the copy forward/backward read, in the run's compute dtype: the master rounded to
+//            bf16/fp16 (2 bytes per parameter); in fp32 runs the master buffer itself (params)
 //   grads    fp32 gradients, accumulated (+=) over micro-batches                     (grads)
 //
 // Parameters are grouped into UNITS (the embeddings, each transformer layer, the final norm): the
@@ -31,7 +30,9 @@
 
 #include "runtime/arena.h"
 #include "runtime/box.h"
+#include "runtime/check.h"
 #include "runtime/dtype.h"
+#include "runtime/storage.h"
 
 namespace mt {
 
@@ -108,25 +109,33 @@ class ParamStore {
   bool full_grads() const { return storage_ == Storage::full; }
   bool full_storage() const { return storage_ == Storage::full; }
 
-  // Full buffers (nullptr when not held: per-unit compute/grads, master once released).
+  // Full buffers (nullptr when not held: per-unit compute/grads, master once released). The compute
+  // copy holds compute_dtype() elements (fp32: the master's buffer).
   float* master() const { return master_.f32(); }
-  float* compute() const { return full_compute() ? (compute_ ? compute_.f32() : master_.f32()) : nullptr; }
+  void* compute() const { return full_compute() ? (compute_ ? compute_.data() : master_.data()) : nullptr; }
   float* grads() const { return full_grads() ? grads_.f32() : nullptr; }
   float* master(int i) const;
-  // Pointers into the unit's current buffers; fail if the unit is not materialised.
-  float* compute(int i) const;
+  // Pointers into the unit's current buffers; fail if the unit is not materialised. compute_as<S>
+  // also fails unless S is the compute dtype.
+  template <class S>
+  S* compute_as(int i) const {
+    MT_CHECK(dtype_of<S>() == compute_dtype_, "compute weights are %s, read as %s", dtype_name(compute_dtype_),
+             dtype_name(dtype_of<S>()));
+    return static_cast<S*>(compute_entry(i));
+  }
   float* grad(int i) const;
-  float* unit_compute(int u) const { return unit_compute_[size_t(u)]; }
+  void* unit_compute(int u) const { return unit_compute_[size_t(u)]; }
   float* unit_grads(int u) const { return unit_grads_[size_t(u)]; }
+  size_t compute_bytes(int64_t n) const { return size_t(n) * dtype_size(compute_dtype_); }
   // Per-unit storage: points unit u's compute (or grads) at a caller-owned buffer of units()[u].size()
   // elements (nullptr: not materialised).
-  void set_unit_compute(int u, float* compute);
+  void set_unit_compute(int u, void* compute);
   void set_unit_grads(int u, float* grads);
   void release_master();
   // True while the fp32 compute weights are the master's own buffer (full storage, master held).
   bool compute_aliases_master() const;
 
-  // compute = round(master) in the compute dtype (full storage only).
+  // compute = master rounded to the compute dtype (full storage only).
   void refresh_compute();
   void zero_grads();  // full storage only; per-unit grads are zeroed by their owner
 
@@ -134,7 +143,9 @@ class ParamStore {
   std::vector<ParamEntry> entries_;
   std::vector<ParamUnit> units_;
   std::unordered_map<std::string, int> index_;
-  std::vector<float*> unit_compute_, unit_grads_;
+  void* compute_entry(int i) const;
+  std::vector<void*> unit_compute_;
+  std::vector<float*> unit_grads_;
   int64_t total_ = 0;
   int shard_multiple_ = 1;
   bool finalized_ = false;
@@ -179,8 +190,5 @@ class UnitHooks {
     (void)rows;
   }
 };
-
-// Rounds n floats in place to `t` (no-op for f32).
-void round_inplace(float* x, int64_t n, DType t);
 
 }  // namespace mt

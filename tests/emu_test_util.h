@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -14,6 +15,7 @@
 
 #include "kernels/cuda/column_sum_kernels.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/encoder_kernels.cuh"
 #include "kernels/cuda/warp_emulation.h"
 #include "runtime/dtype.h"
 #include "runtime/storage.h"
@@ -34,6 +36,24 @@ template <class Kernel, class... Args>
 void run(const cuda::LaunchShape& l, Kernel kernel, Args... args) {
   const cuda::emu::TimingScope scope(timing_of_run());
   cuda::emu::launch(l.grid, l.block, l.smem, kernel, args...);
+}
+
+// encoder.cu's backward scatter: the pair kernel, a stable sort by key (CUB's radix sort on the GPU,
+// std::stable_sort here: the same order), then the run kernel. Keys outside [row0, row0 + limit) add
+// nothing (the vocabulary-parallel embedding).
+template <class D>
+void emulated_scatter(float* dst, const D* src, const int32_t* keys, int rows, int T, int C, int row0 = 0,
+                      int limit = INT32_MAX) {
+  namespace enc = cuda::encoder_kernels;
+  std::vector<uint32_t> key(static_cast<size_t>(rows));
+  std::vector<int32_t> row(static_cast<size_t>(rows));
+  run(enc::pairs_shape(rows), enc::sort_pairs_kernel, key.data(), row.data(), keys, rows, T, row0, limit);
+  std::vector<std::pair<uint32_t, int32_t>> pairs;
+  for (int r = 0; r < rows; r++) pairs.emplace_back(key[size_t(r)], row[size_t(r)]);
+  std::stable_sort(pairs.begin(), pairs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (int r = 0; r < rows; r++) key[size_t(r)] = pairs[size_t(r)].first, row[size_t(r)] = pairs[size_t(r)].second;
+  run(enc::runs_shape(rows, C), enc::sum_runs_kernel<D>, dst, src, static_cast<const uint32_t*>(key.data()),
+      static_cast<const int32_t*>(row.data()), rows, C);
 }
 
 // The two passes of a column sum (kernels/cuda/column_sum.cuh) in the launcher's order, with its split.

@@ -31,13 +31,6 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
-inline std::vector<int32_t> random_ints(size_t n, int lo, int hi, std::mt19937_64& rng) {
-  std::uniform_int_distribution<int> d(lo, hi);
-  std::vector<int32_t> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
 // Packed documents (tests/test_util.h).
 inline std::vector<int32_t> random_docs(int B, int T, std::mt19937_64& rng) {
   return ::mt::testing::random_doc_ids(B, T, rng);

@@ -31,6 +31,7 @@
 
 namespace {
 
+using mt::testing::random_ints;
 using namespace mt::testing::emu;  // run, to_storage, to_floats, error, part_error, nans (tests/emu_test_util.h)
 using mt::bf16;
 using mt::f16;
@@ -41,13 +42,6 @@ namespace ek = mt::cuda::elementwise_kernels;
 namespace enc = mt::cuda::encoder_kernels;
 namespace ln = mt::cuda::layernorm_kernels;
 namespace xent = mt::cuda::softmax_xent_kernels;
-
-std::vector<int32_t> random_ints(size_t n, int lo, int hi, std::mt19937_64& rng) {
-  std::uniform_int_distribution<int> d(lo, hi);
-  std::vector<int32_t> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 template <class S>
 class EmulatedOps : public EmulatedTest<S> {};
@@ -72,21 +66,6 @@ TYPED_TEST(EmulatedOps, EncoderForwardIsExactlyTheCpuGather) {
       EXPECT_LE(error(got, want), tol::kExact.of<S>());
     }
   }
-}
-
-// encoder.cu's backward scatter: the pair kernel, a stable sort by key (CUB's radix sort on the GPU,
-// std::stable_sort here: the same order), then the run kernel.
-template <class D>
-void emulated_scatter(float* dst, const D* src, const int32_t* keys, int rows, int T, int C) {
-  std::vector<uint32_t> key(static_cast<size_t>(rows));
-  std::vector<int32_t> row(static_cast<size_t>(rows));
-  run(enc::pairs_shape(rows), enc::sort_pairs_kernel, key.data(), row.data(), keys, rows, T);
-  std::vector<std::pair<uint32_t, int32_t>> pairs;
-  for (int r = 0; r < rows; r++) pairs.emplace_back(key[size_t(r)], row[size_t(r)]);
-  std::stable_sort(pairs.begin(), pairs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (int r = 0; r < rows; r++) key[size_t(r)] = pairs[size_t(r)].first, row[size_t(r)] = pairs[size_t(r)].second;
-  run(enc::runs_shape(rows, C), enc::sum_runs_kernel<D>, dst, src, static_cast<const uint32_t*>(key.data()),
-      static_cast<const int32_t*>(row.data()), rows, C);
 }
 
 TYPED_TEST(EmulatedOps, EncoderBackwardAccumulatesLikeTheCpu) {

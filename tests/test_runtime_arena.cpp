@@ -189,7 +189,7 @@ TEST(ParamStore, OffsetsAreAlignedAndUnitsPaddedToWholeShards) {
     for (int i = 0; i < int(es.size()); i++) {
       EXPECT_EQ(reinterpret_cast<uintptr_t>(ps.master(i)) % 64, 0u);
       EXPECT_EQ(reinterpret_cast<uintptr_t>(ps.grad(i)) % 64, 0u);
-      EXPECT_EQ(ps.compute(i) - ps.compute(), es[size_t(i)].offset);
+      EXPECT_EQ(ps.compute_as<float>(i) - ps.master(), es[size_t(i)].offset);
     }
   }
 }
@@ -203,7 +203,8 @@ TEST(ParamStore, WithoutMaterializeOnlyTheMasterIsAllocated) {
   EXPECT_EQ(live(a, MemCategory::grads), 0u);
   EXPECT_EQ(ps.compute(), nullptr);
   EXPECT_EQ(ps.grads(), nullptr);
-  EXPECT_THROW(ps.compute(0), Error);  // the unit is not materialised
+  EXPECT_THROW(ps.compute_as<mt::bf16>(0), Error);  // the unit is not materialised
+  EXPECT_THROW(ps.compute_as<float>(0), Error);     // nor are its weights fp32
 }
 
 TEST(ParamStore, MisuseIsRejected) {
@@ -226,6 +227,8 @@ TEST(ParamStore, RefreshComputeRoundsMasterToTheComputeDtypeAndZeroGradsClears) 
     Arena a;
     ps.finalize(a, t);
     EXPECT_EQ(ps.compute_dtype(), t);
+    // The master in fp32, the compute copy in t (sharing the master's buffer in fp32): 4 or 6 bytes.
+    EXPECT_EQ(live(a, MemCategory::params), size_t(ps.total_numel()) * (t == DType::f32 ? 4 : 6));
     auto vals = mt::testing::random_floats(size_t(ps.total_numel()), rng, -70000.f, 70000.f);
     vals[3] = 1e-6f;  // an f16 subnormal
     std::copy(vals.begin(), vals.end(), ps.master());
@@ -235,7 +238,10 @@ TEST(ParamStore, RefreshComputeRoundsMasterToTheComputeDtypeAndZeroGradsClears) 
       const float m = vals[size_t(i)];
       const float want = t == DType::bf16 ? round_bf16(m) : t == DType::f16 ? round_f16(m) : m;
       ASSERT_EQ(ps.master()[i], m) << "master changed";
-      ASSERT_EQ(ps.compute()[i], want) << dtype_name(t) << " element " << i;
+      const float got = t == DType::bf16  ? load(static_cast<const mt::bf16*>(ps.compute())[i])
+                        : t == DType::f16 ? load(static_cast<const mt::f16*>(ps.compute())[i])
+                                          : static_cast<const float*>(ps.compute())[i];
+      ASSERT_EQ(got, want) << dtype_name(t) << " element " << i;
     }
     ps.zero_grads();
     for (int64_t i = 0; i < ps.total_numel(); i++) ASSERT_EQ(ps.grads()[i], 0.f);

@@ -46,7 +46,6 @@ TEST(LayoutRules, EachBadLayoutNamesItsFlagAndNumbers) {
   expect_error([] { parse_train_options(tiny({"tp.sp=true"})); }, "tp.sp=true", "--tp 1");
   expect_error([] { parse_train_options(tiny({"--tp", "2", "batch_size=1", "seq_len=15"})); }, "tp.sp",
                "divisible by --tp 2");
-  expect_error([] { parse_train_options(tiny({"--tp", "2", "--device", "cuda"})); }, "--tp 2", "CPU backend");
   expect_error([] { parse_train_options(tiny({"--tp", "0"})); }, "parallel.tp");
   expect_error([] { parse_train_options(tiny({"--pp", "2"})); }, "--pp 2");
   expect_error([] { parse_train_options(tiny({"tp.sp=maybe"})); }, "tp.sp");

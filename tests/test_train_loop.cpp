@@ -78,7 +78,8 @@ TEST_F(TrainLoop, IdenticalRunsGiveIdenticalLosses) {
 void expect_same_state(Trainer& a, Trainer& b) {
   const int64_t n = a.params().total_numel();
   EXPECT_EQ(0, std::memcmp(a.params().master(), b.params().master(), size_t(n) * 4)) << "master weights differ";
-  EXPECT_EQ(0, std::memcmp(a.params().compute(), b.params().compute(), size_t(n) * 4)) << "compute weights differ";
+  EXPECT_EQ(0, std::memcmp(a.params().compute(), b.params().compute(), a.params().compute_bytes(n)))
+      << "compute weights differ";
 }
 
 TEST_F(TrainLoop, SaveLoadContinueEqualsUninterruptedBitwise) {

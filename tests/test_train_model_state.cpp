@@ -1,8 +1,8 @@
 // Model state per parameter, measured by the arena over one training step (params, grads and
 // optimizer peaks): fp32 holds 16 bytes per parameter (weights, gradients, two moments: the master is
-// the compute copy); bf16 and fp16 hold the fp32 master, an fp32 copy rounded to the compute type,
-// fp32 gradients and two moments (20 bytes) plus the 16-bit weights of the units in use, never a
-// full-size 16-bit copy.
+// the compute copy); bf16 and fp16 hold the fp32 master, the 16-bit compute weights, fp32 gradients
+// and two moments: 18 bytes. Under ZeRO-3 every part is a 1/dp shard, plus the gathered 16-bit weights
+// of the units in use.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,27 +22,31 @@ TrainOptions small(const std::string& precision) {
 }
 
 TEST(ModelState, BytesPerParameterMeasuredByTheArena) {
-  for (const char* precision : {"fp32", "bf16", "fp16"}) {
-    Trainer t(small(precision));
-    t.arena().reset_peaks();
-    t.step();
-    const MemStats& m = t.arena().stats();
-    const double n = double(t.params().total_numel());
-    size_t largest_unit = 0;
-    for (const ParamUnit& u : t.params().units()) largest_unit = std::max(largest_unit, size_t(u.size()));
-    const double params = double(m.peak[size_t(MemCategory::params)]);
-    const double state = params + double(m.peak[size_t(MemCategory::grads)]) +
-                         double(m.peak[size_t(MemCategory::optimizer)]);
-    std::printf("%s: model state %.2f bytes per parameter (params %.2f)\n", precision, state / n, params / n);
-    const double scalars = 64;  // the step's few scalars (norm, clip factor) in the optimizer's memory
-    if (std::string(precision) == "fp32") {
-      EXPECT_GE(state, 16 * n);
-      EXPECT_LE(state, 16 * n + scalars) << "weights, gradients, two moments: 16 bytes";
-    } else {
-      // The 16-bit weights of at most two units at a time (the final norm is held through the
-      // classifier, which uses the embeddings).
-      EXPECT_GE(state, 20 * n);
-      EXPECT_LE(state, 20 * n + 2.0 * 2 * double(largest_unit) + scalars) << "a full-size 16-bit copy is kept";
+  for (const char* zero : {"0", "3"}) {
+    for (const char* precision : {"fp32", "bf16", "fp16"}) {
+      TrainOptions o = small(precision);
+      apply_option(o, "parallel.zero", zero);
+      Trainer t(o);
+      t.arena().reset_peaks();
+      t.step();
+      const MemStats& m = t.arena().stats();
+      const double n = double(t.params().total_numel());
+      size_t largest_unit = 0;
+      for (const ParamUnit& u : t.params().units()) largest_unit = std::max(largest_unit, size_t(u.size()));
+      const double params = double(m.peak[size_t(MemCategory::params)]);
+      const double state = params + double(m.peak[size_t(MemCategory::grads)]) +
+                           double(m.peak[size_t(MemCategory::optimizer)]);
+      std::printf("zero %s %s: model state %.2f bytes per parameter (params %.2f)\n", zero, precision, state / n,
+                  params / n);
+      const double scalars = 64;  // the step's few scalars (norm, clip factor) in the optimizer's memory
+      const double per_param = std::string(precision) == "fp32" ? 16 : 18;
+      // ZeRO-3 adds the units in use: their gathered weights and gradient buffers, at most three units
+      // at a time (one in use, the next prefetched, and the embeddings held through the classifier).
+      const double in_use = std::string(zero) == "3" ? 3.0 * (per_param == 16 ? 8 : 6) * double(largest_unit) : 0;
+      EXPECT_GE(state, per_param * n) << "zero " << zero << " " << precision;
+      EXPECT_LE(state, per_param * n + in_use + scalars)
+          << "zero " << zero << " " << precision << ": fp32 weights, gradients, two moments (16 bytes); "
+          << "16-bit runs add the 16-bit weights (18)";
     }
   }
 }

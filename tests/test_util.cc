@@ -41,6 +41,13 @@ std::vector<float> random_floats(size_t n, std::mt19937_64& rng, float lo, float
   return v;
 }
 
+std::vector<int32_t> random_ints(size_t n, int lo, int hi, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> d(lo, hi);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
 std::vector<double> random_doubles(size_t n, std::mt19937_64& rng, double lo, double hi) {
   std::uniform_real_distribution<double> d(lo, hi);
   std::vector<double> v(n);

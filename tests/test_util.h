@@ -12,6 +12,8 @@ uint64_t test_seed();
 
 std::vector<float> random_floats(size_t n, std::mt19937_64& rng, float lo = -1.f, float hi = 1.f);
 std::vector<double> random_doubles(size_t n, std::mt19937_64& rng, double lo = -1.0, double hi = 1.0);
+// n integers drawn uniformly from [lo, hi].
+std::vector<int32_t> random_ints(size_t n, int lo, int hi, std::mt19937_64& rng);
 
 // max_i |a_i - b_i| / max(max_i |b_i|, floor)
 double max_rel_error(const float* a, const float* b, size_t n, double floor = 1e-12);

@@ -97,9 +97,8 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   }
   // Bytes each group sent in the last step (before the blocking measurement below adds its own).
   parallel::Comm& dp = tr.mesh().dp_comm();
-  const parallel::CommCounters dp_bytes = dp.counters();
-  const parallel::CommCounters tp_bytes =
-      tr.mesh().tp() > 1 ? tr.mesh().tp_comm().counters() : parallel::CommCounters{};
+  const parallel::CommCounters dp_bytes = tr.group_counters(parallel::MeshDim::dp);
+  const parallel::CommCounters tp_bytes = tr.group_counters(parallel::MeshDim::tp);
   // Without overlap: the same gradient reduction, blocking, after everything else has finished.
   std::vector<double> waits, blocking;
   for (const StepResult& r : rs) waits.push_back(r.t_grad_wait);

@@ -285,9 +285,6 @@ void TrainOptions::validate() const {
     fail("tp.sp=true needs tensor parallelism: sequence parallelism splits the sequence over --tp ranks (got --tp 1)");
   if (parallel.tp > 1) {
     model::GPT::check_tensor_parallel(model, parallel.tp);
-    if (device != Device::cpu)
-      fail("--tp %d with --device %s: tensor parallelism runs on the CPU backend so far", parallel.tp,
-           device_name(device));
     if (sequence_parallel() && (int64_t(batch_size) * seq_len) % parallel.tp != 0 && global_batch == 0)
       fail("tp.sp: the rows of a micro-batch, batch_size %d x seq_len %d, must be divisible by --tp %d (or set "
            "tp.sp=false)", batch_size, seq_len, parallel.tp);

@@ -116,7 +116,21 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
            o_.model.vocab_size);
     check_same_tokenizer(o_, *train_data_, *val_data_);
   }
-  if (mesh_->tp() > 1) tp_ = parallel::TensorParallel(mesh_->tp_comm(), o_.sequence_parallel());
+  if (mesh_->tp() > 1) {
+    // On the GPU the activations and partial gradients travel over NCCL, bootstrapped by the tp
+    // group's host communicator (which keeps the scalar reductions), on its own stream.
+    parallel::Comm* tp_data = nullptr;
+    if (o_.device == Device::cuda) {
+#ifdef MT_HAVE_NCCL
+      tp_device_comm_ =
+          std::make_unique<parallel::NcclComm>(mesh_->tp_comm(), static_cast<cudaStream_t>(ctx_.stream), "tp.nccl");
+      tp_data = tp_device_comm_.get();
+#else
+      fail("--tp %d with --device cuda needs a build with NCCL (this one has none)", mesh_->tp());
+#endif
+    }
+    tp_ = parallel::TensorParallel(mesh_->tp_comm(), o_.sequence_parallel(), tp_data);
+  }
   gpt_ = std::make_unique<model::GPT>(o_.model, store_, tp_);
   store_.finalize(arena_, o_.precision, dp.size(), parallel::storage_for_zero(o_.parallel.zero));
   gpt_->set_arena(&arena_);
@@ -176,6 +190,20 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
 
 Trainer::~Trainer() = default;
 
+parallel::CommCounters Trainer::group_counters(parallel::MeshDim d) const {
+  const parallel::Comm* device = d == parallel::MeshDim::dp ? dp_device_comm_.get()
+                                 : d == parallel::MeshDim::tp ? tp_device_comm_.get()
+                                                              : nullptr;
+  parallel::CommCounters c = mesh_->comm(d).counters();
+  if (device) c += device->counters();
+  return c;
+}
+
+void Trainer::reset_group_counters() {
+  for (parallel::Comm* c : {&mesh_->dp_comm(), &mesh_->tp_comm(), dp_device_comm_.get(), tp_device_comm_.get()})
+    if (c) c->reset_counters();
+}
+
 // The gradient noise scale from this step's norms (after the optimizer: the gradients are intact,
 // AdamW applies its factor without writing them back). One rank: the first micro-batch's gradient
 // against the whole batch's; several: each rank's own gradient against the reduced one.
@@ -229,8 +257,7 @@ StepResult Trainer::step() {
   // reductions sum, so every rank's gradient contributions are weighted by the global count.
   const float dloss = scaler_.scale() / float(valid);
   dp_->begin_step();
-  dp.reset_counters();
-  if (tp_.active()) tp_.comm().reset_counters();
+  reset_group_counters();
   gpt_->reset_times();
   double loss_sum = 0;
   const bool gns_from_micro = noise_scale_from_micro();
@@ -325,21 +352,20 @@ void Trainer::check_replicas() {
   if (o_.parallel.zero == 3) return;
   parallel::Comm& dp = mesh_->dp_comm();
   if (dp.size() == 1) return;  // one replica: nothing to compare
-  std::vector<float> host;  // the parameters as host bytes (downloaded from a device)
+  const size_t bytes = store_.compute_bytes(store_.total_numel());
+  std::vector<unsigned char> host;  // the parameters as host bytes (downloaded from a device)
   if (o_.device != Device::cpu) {
-    host.resize(size_t(store_.total_numel()));
-    arena_.mem().download(host.data(), store_.compute(), host.size() * sizeof(float));
+    host.resize(bytes);
+    arena_.mem().download(host.data(), store_.compute(), bytes);
   }
-  float* params = host.empty() ? store_.compute() : host.data();
+  unsigned char* params = host.empty() ? static_cast<unsigned char*>(store_.compute()) : host.data();
   if (o_.parallel.sdc_flip_step == step_ && world_.rank() == o_.parallel.sdc_flip_rank) {
     // Fault injection: one flipped bit in one weight, as a cosmic ray or a bad HBM cell would.
-    uint32_t* w = reinterpret_cast<uint32_t*>(params + store_.entry(gpt_->wte()).offset);
-    *w ^= 1u << 20;
+    params[store_.compute_bytes(store_.entry(gpt_->wte()).offset) + 1] ^= 1u << 4;
   }
   // FNV-1a over the bytes: cheap, and any flipped bit changes it.
   uint64_t h = 1469598103934665603ULL;
-  const unsigned char* p = reinterpret_cast<const unsigned char*>(params);
-  for (size_t i = 0, n = size_t(store_.total_numel()) * sizeof(float); i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
+  for (size_t i = 0; i < bytes; i++) h = (h ^ params[i]) * 1099511628211ULL;
   std::vector<uint64_t> all(static_cast<size_t>(dp.size()));
   dp.all_gather(&h, all.data(), 4, DType::u16);
   // The majority hash is the healthy one (rank 0's on a tie); the others are the corrupted replicas.

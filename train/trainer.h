@@ -91,6 +91,9 @@ class Trainer {
   Arena& arena() { return arena_; }
   const TrainOptions& options() const { return o_; }
   parallel::Mesh& mesh() { return *mesh_; }
+  // What a group's ranks exchanged since the step began (its host communicator and, on GPUs, the
+  // NCCL one beside it): the dp and tp groups so far.
+  parallel::CommCounters group_counters(parallel::MeshDim d) const;
   parallel::DataParallel& data_parallel() { return *dp_; }
   const NoiseScale& noise_scale() const { return gns_; }
   const LossScaler& loss_scaler() const { return scaler_; }
@@ -98,6 +101,7 @@ class Trainer {
 
  private:
   void check_replicas();  // silent-data-corruption check across dp replicas
+  void reset_group_counters();
   // Per entry: whether this rank counts it in norms (every split entry; a tp replica on tp rank 0).
   std::vector<char> tp_counted_entries() const;
   // Collective: throws DivergenceError (train/divergence.h) if the state a save would write is not finite.
@@ -138,6 +142,7 @@ class Trainer {
   Arena arena_;  // before mesh_: the communicators return their buffers to it when destroyed
   std::unique_ptr<parallel::Mesh> mesh_;
   std::unique_ptr<parallel::Comm> dp_device_comm_;  // NCCL over the dp group (cuda, dp > 1 or ZeRO)
+  std::unique_ptr<parallel::Comm> tp_device_comm_;  // NCCL over the tp group (cuda, tp > 1)
   ParamStore store_;
   std::unique_ptr<model::GPT> gpt_;
   std::unique_ptr<parallel::DataParallel> dp_;

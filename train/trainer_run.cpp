@@ -22,10 +22,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-nlohmann::json comm_json(const parallel::Comm& c) {
+nlohmann::json comm_json(const parallel::CommCounters& c) {
   nlohmann::json j = nlohmann::json::object();
   for (int op = 0; op < parallel::kNumCommOps; op++) {
-    const parallel::CommOpCount& k = c.counters()[parallel::CommOp(op)];
+    const parallel::CommOpCount& k = c[parallel::CommOp(op)];
     if (k.calls) j[parallel::comm_op_name(parallel::CommOp(op))] = {{"calls", k.calls}, {"sent_bytes", k.sent_bytes}};
   }
   return j;
@@ -107,8 +107,8 @@ void Trainer::run() {
                         {"memory", memory_json(arena_.stats())}};
     j["grad_norm"] = std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json();
     if (scaler_.enabled()) j["loss_scale"] = scaler_.scale();
-    if (dp.size() > 1) j["comm_dp"] = comm_json(dp);
-    if (mesh_->tp() > 1) j["comm_tp"] = comm_json(mesh_->tp_comm());
+    if (dp.size() > 1) j["comm_dp"] = comm_json(group_counters(parallel::MeshDim::dp));
+    if (mesh_->tp() > 1) j["comm_tp"] = comm_json(group_counters(parallel::MeshDim::tp));
     if (gns_.valid()) j["gns"] = {{"b_simple", gns_.b_simple()}, {"g2", gns_.g2()}, {"trace_sigma", gns_.trace_sigma()}};
     if (o_.eval_every > 0 && (step_ % o_.eval_every == 0 || step_ == o_.steps)) j["val_loss"] = evaluate();
     if (ckpt_) {

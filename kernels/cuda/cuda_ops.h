@@ -59,6 +59,18 @@ void add(S* out, const S* a, const S* b, int64_t N, const ops::Ctx& ctx);
 template <class S>
 void softmax_xent(float* losses, S* dlogits, const S* logits, const int32_t* targets, float dloss, int N, int V,
                   int Vp, const ops::Ctx& ctx);
+template <class S>
+void embedding_fwd(S* out, const int32_t* ids, const S* table, int row0, int rows, int N, int C,
+                   const ops::Ctx& ctx);
+template <class S>
+void embedding_bwd(float* dtable, const S* dout, const int32_t* ids, int row0, int rows, int N, int C,
+                   const ops::Ctx& ctx);
+template <class S>
+void xent_slice_stats(float* stats, const S* logits, const int32_t* targets, int col0, int N, int V, int Vl,
+                      const ops::Ctx& ctx);
+template <class S>
+void xent_slice_finish(float* losses, S* dlogits, const S* logits, const float* stats, int P, const int32_t* targets,
+                       float dloss, int col0, int N, int V, int Vl, const ops::Ctx& ctx);
 template <class D, class S>
 void convert(D* out, const S* in, int64_t N, const ops::Ctx& ctx);
 void adamw(float* params, float* m, float* v, const float* grads, int64_t N, float lr, float beta1, float beta2,

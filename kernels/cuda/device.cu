@@ -148,10 +148,18 @@ void mem_copy(void* dst, const void* src, size_t bytes, CopyKind kind) {
   }
 }
 
-void mem_round(float* x, int64_t n, DType t) { cuda::round_to(x, n, t, ops::Ctx{Device::cuda, nullptr}); }
+void mem_narrow(void* dst, const float* src, int64_t n, DType t) {
+  const ops::Ctx ctx{Device::cuda, nullptr};
+  switch (t) {
+    case DType::f32: copy_on_device(dst, src, size_t(n) * 4); break;
+    case DType::bf16: cuda::convert(static_cast<bf16*>(dst), src, n, ctx); break;
+    case DType::f16: cuda::convert(static_cast<f16*>(dst), src, n, ctx); break;
+    default: fail("narrow: no conversion from f32 to %s", dtype_name(t));
+  }
+}
 
 constexpr MemOps kDevice{Device::cuda, pool_alloc, pool_free,   device_memset_zero, mem_copy,
-                         mem_round,    synchronize, pool_alloc_uninit};
+                         mem_narrow,   synchronize, pool_alloc_uninit};
 
 }  // namespace
 

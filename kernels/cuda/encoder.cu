@@ -9,6 +9,9 @@
 // order and adds their sum once. Cost: a sort of B T pairs and one pass over dout, where scanning all
 // rows for each distinct key (the earlier kernel) cost O((B T)^2) key reads, milliseconds per step at
 // B T = 32k tokens.
+//
+// The vocabulary-parallel embedding (tensor parallelism: this rank holds rows [row0, row0 + rows) of
+// wte) is the same gather and scatter with ids outside the rows giving zero rows and no gradient.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <cstdint>
@@ -19,6 +22,7 @@
 #include "kernels/cuda/encoder_kernels.cuh"
 #include "kernels/cuda/storage.cuh"
 #include "kernels/cuda/stream_temp.cuh"
+#include "kernels/cuda/vocab_parallel_kernels.cuh"
 
 namespace mt::cuda {
 
@@ -37,15 +41,18 @@ void encoder_fwd(S* out, const int32_t* tokens, const int32_t* pos, const S* wte
 
 namespace {
 
-// dst[key(r)] += src[r] for every row r, summed per key in row order (see the top of the file). The
-// pairs and CUB's temporary storage are stream-ordered temporaries.
+// dst[key(r) - row0] += src[r] for every row r whose key lies in [row0, row0 + limit), summed per key
+// in row order (see the top of the file). The pairs and CUB's temporary storage are stream-ordered
+// temporaries.
 template <class D>
-void scatter_rows(float* dst, const D* src, const int32_t* keys, int rows, int T, int C, cudaStream_t stream) {
+void scatter_rows(float* dst, const D* src, const int32_t* keys, int rows, int T, int C, cudaStream_t stream,
+                  int row0 = 0, int limit = INT32_MAX) {
   const size_t n = size_t(rows);
   const StreamTemp<uint32_t> keys_in(n, stream), keys_out(n, stream);
   const StreamTemp<int32_t> rows_in(n, stream), rows_out(n, stream);
   const LaunchShape lp = pairs_shape(rows);
-  sort_pairs_kernel<<<lp.grid, lp.block, lp.smem, stream>>>(keys_in.get(), rows_in.get(), keys, rows, T);
+  sort_pairs_kernel<<<lp.grid, lp.block, lp.smem, stream>>>(keys_in.get(), rows_in.get(), keys, rows, T, row0,
+                                                                 limit);
   MT_CUDA_CHECK_LAUNCH();
   size_t temp_bytes = 0;
   MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in.get(), keys_out.get(), rows_in.get(),
@@ -69,11 +76,32 @@ void encoder_bwd(float* dwte, float* dwpe, const S* dout, const int32_t* tokens,
   if (dwpe) scatter_rows(dwpe, dev_ptr(dout), pos, rows, T, C, stream_of(ctx));
 }
 
+template <class S>
+void embedding_fwd(S* out, const int32_t* ids, const S* table, int row0, int rows, int N, int C,
+                   const ops::Ctx& ctx) {
+  const int64_t total = int64_t(N) * C;
+  if (total == 0) return;
+  const LaunchShape l = vocab_parallel_kernels::embedding_shape(total);
+  vocab_parallel_kernels::embedding_fwd_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(
+      dev_ptr(out), ids, dev_ptr(table), row0, rows, C, total);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
+template <class S>
+void embedding_bwd(float* dtable, const S* dout, const int32_t* ids, int row0, int rows, int N, int C,
+                   const ops::Ctx& ctx) {
+  if (N == 0 || C == 0 || rows == 0) return;
+  // T only matters for position keys (ids null), which an embedding never uses.
+  scatter_rows(dtable, dev_ptr(dout), ids, N, 1, C, stream_of(ctx), row0, rows);
+}
+
 #define MT_ENCODER_INSTANTIATE(S)                                                                             \
   template void encoder_fwd<S>(S*, const int32_t*, const int32_t*, const S*, const S*, int, int, int,          \
                                const ops::Ctx&);                                                              \
   template void encoder_bwd<S>(float*, float*, const S*, const int32_t*, const int32_t*, int, int, int,        \
-                               const ops::Ctx&);
+                               const ops::Ctx&);                                                              \
+  template void embedding_fwd<S>(S*, const int32_t*, const S*, int, int, int, int, const ops::Ctx&);          \
+  template void embedding_bwd<S>(float*, const S*, const int32_t*, int, int, int, int, const ops::Ctx&);
 MT_ENCODER_INSTANTIATE(float)
 MT_ENCODER_INSTANTIATE(bf16)
 MT_ENCODER_INSTANTIATE(f16)

@@ -32,25 +32,28 @@ __global__ void encoder_fwd_kernel(D* out, const int32_t* tokens, const int32_t*
 // in row order, with no atomics: the launcher sorts (key, row) pairs by key with a stable sort, so
 // each key's rows form one run in ascending row order, and the block at the start of a run adds it.
 
-// keys_out[r] = key(r) (keys[r], or r % T when keys is null: positions), rows_out[r] = r: the pairs the
-// launcher sorts.
+// keys_out[r] = key(r) - row0 (key(r) = keys[r], or r % T when keys is null: positions) when that lies
+// in [0, limit), kNoKey otherwise (a token outside this rank's rows of a vocabulary-parallel table);
+// rows_out[r] = r: the pairs the launcher sorts. The whole table: row0 = 0, limit = INT32_MAX.
+constexpr uint32_t kNoKey = 0xffffffffu;
 MT_KERNEL_INLINE __global__ void sort_pairs_kernel(uint32_t* keys_out, int32_t* rows_out, const int32_t* keys,
-                                                   int rows, int T) {
+                                                   int rows, int T, int row0, int limit) {
   for (int r = int(blockIdx.x * blockDim.x + threadIdx.x); r < rows; r += int(gridDim.x * blockDim.x)) {
-    keys_out[r] = uint32_t(position_of(keys, r, T));
+    const int64_t k = int64_t(position_of(keys, r, T)) - row0;
+    keys_out[r] = k >= 0 && k < limit ? uint32_t(k) : kNoKey;
     rows_out[r] = r;
   }
 }
 
 // For sorted position i = blockIdx.x at the start of a run of equal keys: dst[key, c] += the sum of
 // src[row, c] over the run's rows, in order, for column c = blockIdx.y * blockDim.x + threadIdx.x.
-// Blocks inside a run leave at once.
+// Blocks inside a run leave at once, and so does the run of kNoKey (sorted last).
 template <class D>
 __global__ void sum_runs_kernel(float* dst, const D* src, const uint32_t* sorted_keys, const int32_t* sorted_rows,
                                 int rows, int C) {
   const int i = int(blockIdx.x);
   const uint32_t key = sorted_keys[i];
-  if (i > 0 && sorted_keys[i - 1] == key) return;
+  if (key == kNoKey || (i > 0 && sorted_keys[i - 1] == key)) return;
   const int c = int(blockIdx.y) * int(blockDim.x) + int(threadIdx.x);
   if (c >= C) return;
   float acc = 0.f;

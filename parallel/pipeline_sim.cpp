@@ -93,7 +93,9 @@ class Checker {
     for (int st = 0; st < S_; st++)
       for (int i = 0; i < m_; i++) check_messages(st, i);
     for (int st = 0; st < S_; st++)
-      for (int i = 0; i < m_; i++) check_present_and_ordered(st, i);
+      for (int i = 0; i < m_; i++) check_present(st, i);
+    for (int st = 0; st < S_; st++)
+      for (int i = 0; i < m_; i++) check_ordered(st, i);
   }
 
  private:
@@ -143,19 +145,24 @@ class Checker {
     }
   }
 
-  // Each stage's compute actions exist once; on its rank each comes after what it needs there.
-  void check_present_and_ordered(int st, int i) {
-    const int r = s_.rank_of_stage(st), c = s_.chunk_of_stage(st);
+  // Each stage runs every compute action of every micro-batch (once: record() refuses a second).
+  void check_present(int st, int i) {
     const bool split = s_.split_backward();
     auto need = [&](Slot slot, ActionKind kind) {
       if (pos(st, i, slot) < 0) {
-        const Action a{kind, c, i, -1};
-        reject(r, -1, &a, "missing");
+        const Action a{kind, s_.chunk_of_stage(st), i, -1};
+        reject(s_.rank_of_stage(st), -1, &a, "missing");
       }
     };
     need(kF, ActionKind::forward);
     need(kB, split ? ActionKind::backward_input : ActionKind::backward);
     if (split) need(kW, ActionKind::backward_weight);
+  }
+
+  // On its rank each action comes after what it needs there, and messages exist between ranks.
+  void check_ordered(int st, int i) {
+    const int r = s_.rank_of_stage(st);
+    const bool split = s_.split_backward();
     // after(x, y): action x must come later in the list than y (both on rank r).
     auto after = [&](Slot x, int xst, Slot y, int yst, const char* why) {
       const int px = pos(xst, i, x), py = pos(yst, i, y);

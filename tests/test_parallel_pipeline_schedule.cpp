@@ -152,6 +152,12 @@ TEST(PipelineSchedule, ZeroBubbleH1BubbleIsAThirdOfOneFOneBsWithEqualCosts) {
                      (spec.p - 1) * (c.forward + c.backward_input - c.backward_weight), name(spec));
         expect_close(simulate(zb, c).bubble_time(), formula_bubble_time(spec, c), name(spec));
       }
+      // Outside the paper's regime (a W dearer than F or B) this schedule's bubble is
+      // (p-1) max(T_F + T_B - T_W, T_F, T_B): never worse than the slower of the two passes.
+      for (const PipelineCosts& c : {PipelineCosts{1, 1, 2, 0}, PipelineCosts{1, 2, 2, 0}, PipelineCosts{1, 3, 1.5, 0}}) {
+        const double want = (spec.p - 1) * std::max({c.forward + c.backward_input - c.backward_weight, c.forward, c.backward_input});
+        expect_close(simulate(zb, c).bubble_time(), want, name(spec));
+      }
     } else if (spec.p > 1) {
       EXPECT_LT(zb_bubble, ofob_bubble) << name(spec);  // fewer micro-batches than ranks: no formula
       EXPECT_TRUE(std::isnan(formula_bubble_time(spec, PipelineCosts())));

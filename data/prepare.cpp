@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "data/dataset.h"
+#include "data/pretokenize.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "runtime/check.h"
@@ -168,11 +169,13 @@ PrepareReport prepare_dataset(const PrepareOptions& opt, const Logger& log) {
   if (!opt.tokenizer.empty()) given = Tokenizer::load_any(opt.tokenizer);
   json train_src = {{"inputs", inputs},
                     {"splitter", splitter_name(opt.splitter)},
+                    {"pretokenizer", pretokenizer_id()},
                     {"vocab_size", opt.vocab_size},
                     {"sample_bytes", opt.tokenizer_sample_bytes}};
   json fp = {{"format_version", kMetaVersion},
              {"inputs", inputs},
              {"splitter", splitter_name(opt.splitter)},
+             {"pretokenizer", pretokenizer_id()},
              {"tokenizer", given ? json(hex64(given->fingerprint())) : train_src},
              {"shard_tokens", opt.shard_tokens},
              {"val_fraction", opt.val_fraction}};

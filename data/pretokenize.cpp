@@ -144,4 +144,6 @@ void pretokenize(std::string_view text, std::vector<std::string_view>& out) {
   }
 }
 
+std::string pretokenizer_id() { return std::string("gpt2, Unicode ") + U_UNICODE_VERSION; }
+
 }  // namespace mt::data

@@ -17,6 +17,7 @@
 // split without error, and the pieces always concatenate back to the input.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -31,5 +32,8 @@ CharClass char_class(uint32_t cp);
 
 // Appends the pieces of `text` to `out` (views into text, in order, covering it exactly).
 void pretokenize(std::string_view text, std::vector<std::string_view>& out);
+// Names the splitting rules and the Unicode version of their classes ("gpt2, Unicode 15.0"): data
+// prepared under other rules is stale, so data prepare keys its outputs on it.
+std::string pretokenizer_id();
 
 }  // namespace mt::data

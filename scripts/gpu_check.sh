@@ -7,7 +7,7 @@
 # left); then prints one summary table, last. Finishes within 8 minutes (each step is capped with `timeout`).
 #
 # What a bare machine lacks comes from .deps/, filled beforehand by scripts/gpu_deps.sh on a machine
-# with network access: nlohmann-json (required) and GoogleTest's sources (optional: without them the
+# with network access: nlohmann-json and ICU (required) and GoogleTest's sources (optional: without them the
 # unit tests are not built). MPI is off (one GPU); without OpenBLAS the CPU reference uses the built-in
 # GEMM.
 #
@@ -102,6 +102,13 @@ elif [[ -f $deps/share/cmake/nlohmann_json/nlohmann_jsonConfig.cmake ]]; then
   json_from=.deps
   cmake_args+=(-Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json")
 fi
+icu_from=missing
+if have_system "/usr/include/unicode/uchar.h" || have_system "/usr/local/include/unicode/uchar.h"; then
+  icu_from=system
+elif [[ -f $deps/include/unicode/uchar.h ]]; then
+  icu_from=.deps  # the libraries' directory goes into the build tree's rpath
+  cmake_args+=(-DICU_ROOT="$deps" -DICU_INCLUDE_DIR="$deps/include")
+fi
 gtest_from=none
 if ((tests)); then
   if have_system "/usr/lib/*/cmake/GTest/GTestConfig.cmake" || have_system "/usr/lib/cmake/GTest/GTestConfig.cmake" ||
@@ -136,7 +143,7 @@ fi
 # ---- configure and build ----
 build_row="not run"
 cuda_on=unknown
-say "configuring (nlohmann-json: $json_from, GoogleTest: $gtest_from)"
+say "configuring (nlohmann-json: $json_from, ICU: $icu_from, GoogleTest: $gtest_from)"
 t0=$SECONDS
 if [[ $json_from == missing ]]; then
   build_row="not run: nlohmann-json missing; run scripts/gpu_deps.sh where the network is reachable and copy .deps/"

@@ -2,6 +2,7 @@
 # Fetches the Debian packages that a bare CUDA machine lacks and unpacks them into .deps/ (ignored by
 # git), so that .deps/ can travel with the source tree to a machine without network access:
 #   nlohmann-json3-dev         the JSON headers every build needs
+#   libicu-dev, libicu72       ICU's character properties, the pre-tokenizer's Unicode classes
 #   googletest, libgtest-dev   GoogleTest sources and headers, for the GPU unit tests (skip: --no-tests)
 # Nothing is installed system-wide and no source enters the repository. scripts/gpu_check.sh uses
 # .deps/ for whatever the system itself does not provide.
@@ -10,7 +11,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 deps=$root/.deps
 
-pkgs=(nlohmann-json3-dev)
+pkgs=(nlohmann-json3-dev libicu-dev libicu72)
 case "${1:-}" in
   "") pkgs+=(googletest libgtest-dev) ;;
   --no-tests) ;;

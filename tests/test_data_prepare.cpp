@@ -1,5 +1,7 @@
 // `data prepare` / `data inspect`: documents, shards, reuse, bad input, and the CLI.
 #include <gtest/gtest.h>
+
+#include <functional>
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,6 +14,7 @@
 #include "data/documents.h"
 #include "data/loader.h"
 #include "data/prepare.h"
+#include "data/pretokenize.h"
 #include "data/tokenizer.h"
 #include "runtime/check.h"
 #include "tests/test_util.h"
@@ -182,6 +185,29 @@ TEST_F(PrepareTest, RerunReusesOutputsAndAChangedInputRebuilds) {
   PrepareReport rebuilt = prepare_dataset(o, kQuiet);
   EXPECT_FALSE(rebuilt.reused);
   EXPECT_EQ(rebuilt.train_docs + rebuilt.val_docs, docs.size() + 1);
+}
+
+// Outputs prepared under other splitting rules (an older pre-tokenizer's Unicode classes) are stale:
+// they are rebuilt, tokenizer included, never reused.
+TEST_F(PrepareTest, OutputsOfAnotherPretokenizerAreRebuilt) {
+  prepare_dataset(options(), kQuiet);
+  // Every place the two files record the pre-tokenizer now names another one.
+  for (const char* f : {"/meta.json", "/tokenizer.json"}) {
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(out + f));
+    int replaced = 0;
+    std::function<void(nlohmann::json&)> swap = [&](nlohmann::json& x) {
+      if (x.is_string() && x.get<std::string>() == pretokenizer_id()) x = "gpt2, hand-written tables", replaced++;
+      if (x.is_structured())
+        for (auto& y : x) swap(y);
+    };
+    swap(j);
+    ASSERT_GT(replaced, 0) << f << " does not record the pre-tokenizer";
+    std::ofstream(out + f) << j.dump();
+  }
+  auto tok_stamp = fs::last_write_time(out + "/tokenizer.json");
+  const PrepareReport again = prepare_dataset(options(), kQuiet);
+  EXPECT_FALSE(again.reused);
+  EXPECT_NE(fs::last_write_time(out + "/tokenizer.json"), tok_stamp) << "the tokenizer was not retrained";
 }
 
 TEST_F(PrepareTest, NonUtf8AndBinaryBytesAreTokenizedNotRejected) {

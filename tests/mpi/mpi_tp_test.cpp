@@ -16,6 +16,9 @@
 #include "checkpoint/format.h"
 #include "checkpoint/reader.h"
 #include "data/shard.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
 #include "model/gpt.h"
 #include "parallel/tensor_parallel.h"
 #include "tests/mpi/mpi_test_util.h"
@@ -163,6 +166,36 @@ TEST(TensorParallel, EveryLayoutMatchesTheSingleRankRun) {
     for (const auto& w : got.weights) flat.insert(flat.end(), w.begin(), w.end());
     EXPECT_TRUE(same_on_all_ranks(world, flat.data(), flat.size() * 4)) << "ranks disagree on the weights";
   }
+}
+
+// The CUDA path (vocabulary-parallel kernels, activations over NCCL) against the same layout on the
+// CPU: one GPU per rank, so it runs only on a machine with at least as many GPUs as ranks (a single
+// node: rank r drives GPU r). fp32, so the two backends differ by rounding only.
+TEST(TensorParallel, OnGpusMatchesTheCpuRun) {
+#ifndef MT_HAVE_CUDA
+  GTEST_SKIP() << "a build without CUDA";
+#else
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP() << "tp=2 or tp=4 only";
+  if (cuda::device_count() < W) GTEST_SKIP() << "needs one GPU per rank (" << W << "), found " << cuda::device_count();
+  const std::string data = shared_corpus(world);
+  const int steps = 5;
+  for (const char* attention : {"materialized", "flash"}) {
+    Layout l{.tp = W, .dp = 1, .attention = attention};
+    Trainer cpu(options(data, l, 2, steps), &world);
+    const Curve want = train_curve(cpu, steps);
+    TrainOptions o = options(data, l, 2, steps);
+    o.device = Device::cuda;
+    Trainer gpu(o, &world, world.rank());
+    const Curve got = train_curve(gpu, steps);
+    const double loss_err = max_rel(got.loss, want.loss), werr = weight_err(got.weights, want.weights);
+    if (world.rank() == 0)
+      std::printf("%s on GPUs vs CPU: loss max rel err %.2e, weights %.2e\n", l.str().c_str(), loss_err, werr);
+    EXPECT_LE(loss_err, 1e-4) << l.str();
+    EXPECT_LE(werr, 1e-3) << l.str();
+  }
+#endif
 }
 
 // The gradient noise scale (each data-parallel replica's own gradient against the reduced one) is

@@ -4,6 +4,7 @@
 #include <exception>
 
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/cuda_ops.h"
 
 namespace mt::parallel {
 
@@ -75,8 +76,10 @@ int nccl_size(ncclComm_t c) {
 
 }  // namespace
 
-NcclComm::NcclComm(Comm& bootstrap, cudaStream_t compute_stream, std::string name)
-    : Comm(bootstrap.rank(), bootstrap.size(), Device::cuda, std::move(name)), compute_(compute_stream) {
+NcclComm::NcclComm(Comm& bootstrap, cudaStream_t compute_stream, std::string name, bool wide_sums)
+    : Comm(bootstrap.rank(), bootstrap.size(), Device::cuda, std::move(name)),
+      compute_(compute_stream),
+      wide_sums_(wide_sums) {
   MT_CHECK(bootstrap.device() == Device::cpu, "NcclComm '%s' needs a host communicator to exchange its id",
            this->name().c_str());
   ncclUniqueId id{};
@@ -128,13 +131,34 @@ CommHandle NcclComm::end() {
   return CommHandle(std::make_unique<NcclOp>(comm_, compute_, done));
 }
 
+CommHandle NcclComm::wide_reduce(const void* send, void* recv, size_t out, DType t, ReduceOp op, bool scatter) {
+  const size_t in = scatter ? out * size_t(size()) : out;
+  const ops::Ctx on_comm{Device::cuda, stream_};
+  begin();
+  float* wide = nullptr;  // stream-ordered: freed after the work queued before it
+  MT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&wide), in * sizeof(float), stream_));
+  if (t == DType::bf16) cuda::convert(wide, static_cast<const bf16*>(send), int64_t(in), on_comm);
+  else cuda::convert(wide, static_cast<const f16*>(send), int64_t(in), on_comm);
+  float* sum = scatter ? wide + size_t(rank()) * out : wide;  // NCCL's in-place reduce-scatter slot
+  if (scatter) MT_NCCL_CHECK(ncclReduceScatter(wide, sum, out, ncclFloat32, nccl_op(op), comm_, stream_));
+  else MT_NCCL_CHECK(ncclAllReduce(wide, wide, out, ncclFloat32, nccl_op(op), comm_, stream_));
+  if (t == DType::bf16) cuda::convert(static_cast<bf16*>(recv), sum, int64_t(out), on_comm);
+  else cuda::convert(static_cast<f16*>(recv), sum, int64_t(out), on_comm);
+  MT_CUDA_CHECK(cudaFreeAsync(wide, stream_));
+  return end();
+}
+
 CommHandle NcclComm::do_all_reduce(void* buf, size_t count, DType t, ReduceOp op) {
+  if (wide_sums_ && op != ReduceOp::max && (t == DType::bf16 || t == DType::f16))
+    return wide_reduce(buf, buf, count, t, op, false);
   begin();
   MT_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, stream_));
   return end();
 }
 
 CommHandle NcclComm::do_reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) {
+  if (wide_sums_ && op != ReduceOp::max && (t == DType::bf16 || t == DType::f16))
+    return wide_reduce(send, recv, recv_count, t, op, true);
   begin();
   MT_NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, stream_));
   return end();
@@ -211,7 +235,9 @@ std::unique_ptr<Comm> NcclComm::do_split(int color, int key, const std::string& 
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
   ncclComm_t sub = nullptr;
   MT_NCCL_CHECK(ncclCommSplit(comm_, color, key, &sub, nullptr));
-  return std::unique_ptr<Comm>(new NcclComm(sub, nccl_rank(sub), nccl_size(sub), compute_, name));
+  auto child = std::unique_ptr<NcclComm>(new NcclComm(sub, nccl_rank(sub), nccl_size(sub), compute_, name));
+  child->wide_sums_ = wide_sums_;
+  return child;
 #else
   (void)color;
   (void)key;

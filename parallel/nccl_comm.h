@@ -10,7 +10,10 @@
 // Numerics. NCCL reduces bf16/f16 in the element type: partial sums travel between ranks as
 // bf16/f16, so they are rounded at every step of the ring or tree (up to N-1 times), not once as
 // on the host backends. Training keeps gradients in fp32 (runtime/param_store.h), where that does
-// not arise. NCCL's results are identical on every rank (each reduced chunk is computed once and
+// not arise. A communicator built with `wide_sums` (tensor parallelism's, whose sums are 16-bit
+// activations) instead widens a 16-bit sum or average to fp32 on its stream, reduces in fp32 and
+// rounds once, as the host backends do: twice the bytes on the wire (the counters keep the
+// logical 16-bit figures, the same on every backend). NCCL's results are identical on every rank (each reduced chunk is computed once and
 // then copied) and deterministic for a fixed world size, GPU topology, NCCL version and
 // NCCL_ALGO/NCCL_PROTO choice; they need not match the host backends' rank-order sum bitwise.
 //
@@ -42,7 +45,7 @@ class NcclComm final : public Comm {
   // Collective over `bootstrap`, a host communicator of the same ranks (e.g. the world MpiComm or a
   // Mesh sub-communicator): its rank 0 creates the NCCL id and broadcasts it. Uses the calling
   // thread's current CUDA device (select it first, e.g. from World::local_rank()).
-  NcclComm(Comm& bootstrap, cudaStream_t compute_stream, std::string name);
+  NcclComm(Comm& bootstrap, cudaStream_t compute_stream, std::string name, bool wide_sums = false);
   ~NcclComm() override;
 
   ncclComm_t handle() const { return comm_; }
@@ -65,6 +68,9 @@ class NcclComm final : public Comm {
   // Takes ownership of an initialised NCCL communicator (from ncclCommSplit).
   NcclComm(ncclComm_t comm, int rank, int size, cudaStream_t compute_stream, std::string name);
   void init_streams();
+  // A 16-bit all-reduce (scatter false: send == recv, `out` elements) or reduce-scatter (`out`
+  // elements per rank) reduced in fp32 (wide_sums).
+  CommHandle wide_reduce(const void* send, void* recv, size_t out, DType t, ReduceOp op, bool scatter);
   void begin();       // the comm stream waits for the compute stream's work so far
   CommHandle end();   // a handle on the comm stream's work so far
 
@@ -73,6 +79,7 @@ class NcclComm final : public Comm {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // re-recorded by every begin()
   int* barrier_word_ = nullptr;  // one device int for barrier()
+  bool wide_sums_ = false;
 };
 
 }  // namespace mt::parallel

@@ -7,7 +7,9 @@
 #ifdef MT_HAVE_NCCL
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <random>
+#include <vector>
 
 #include "parallel/nccl_comm.h"
 #include "parallel/self_comm.h"
@@ -74,6 +76,40 @@ TEST(NcclComm, OneRankCollectivesAreIdentitiesOrCopiesOnTheDevice) {
     sub->all_reduce(a.p, a.n, DType::f32, ReduceOp::sum);
     EXPECT_EQ(a.host(compute), x);
     EXPECT_EQ(c.counters()[CommOp::all_reduce].calls, 4u);
+  }
+  cudaStreamDestroy(compute);
+}
+
+// A communicator with wide_sums reduces 16-bit values in fp32 on its stream (widen, reduce, round):
+// with one rank every 16-bit value comes back exactly, in place and scattered, bf16 and f16.
+TEST(NcclComm, WideSumsOfSixteenBitValuesRoundTripOnOneRank) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 rng(testing::test_seed() + 1);
+  cudaStream_t compute = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&compute), cudaSuccess);
+  {
+    SelfComm boot("boot");
+    NcclComm c(boot, compute, "tp.nccl", /*wide_sums=*/true);
+    for (DType t : {DType::bf16, DType::f16}) {
+      const size_t n = 999;
+      std::vector<uint16_t> x(n);
+      for (auto& v : x) v = t == DType::bf16 ? f32_to_bf16(float(rng() % 2000) / 7.f - 100.f)
+                                             : f32_to_f16(float(rng() % 2000) / 7.f - 100.f);
+      uint16_t *a = nullptr, *b = nullptr;
+      ASSERT_EQ(cudaMalloc(&a, n * 2), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&b, n * 2), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(a, x.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) c.all_reduce(a, n, t, op);
+      c.reduce_scatter(a, b, n, t, ReduceOp::sum);
+      std::vector<uint16_t> ga(n), gb(n);
+      ASSERT_EQ(cudaStreamSynchronize(compute), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(ga.data(), a, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(gb.data(), b, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(ga, x) << dtype_name(t);
+      EXPECT_EQ(gb, x) << dtype_name(t);
+      cudaFree(a);
+      cudaFree(b);
+    }
   }
   cudaStreamDestroy(compute);
 }

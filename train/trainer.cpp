@@ -118,12 +118,14 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   }
   if (mesh_->tp() > 1) {
     // On the GPU the activations and partial gradients travel over NCCL, bootstrapped by the tp
-    // group's host communicator (which keeps the scalar reductions), on its own stream.
+    // group's host communicator (which keeps the scalar reductions), on its own stream; 16-bit
+    // activations are summed in fp32 (parallel/nccl_comm.h).
     parallel::Comm* tp_data = nullptr;
     if (o_.device == Device::cuda) {
 #ifdef MT_HAVE_NCCL
       tp_device_comm_ =
-          std::make_unique<parallel::NcclComm>(mesh_->tp_comm(), static_cast<cudaStream_t>(ctx_.stream), "tp.nccl");
+          std::make_unique<parallel::NcclComm>(mesh_->tp_comm(), static_cast<cudaStream_t>(ctx_.stream), "tp.nccl",
+                                               /*wide_sums=*/true);
       tp_data = tp_device_comm_.get();
 #else
       fail("--tp %d with --device cuda needs a build with NCCL (this one has none)", mesh_->tp());

@@ -46,10 +46,19 @@ void GPT::check_tensor_parallel(const GPTConfig& cfg, int tp) {
          tp, cfg.padded_vocab(), cfg.vocab_size);
 }
 
-GPT::GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel& tp)
-    : cfg_(cfg), store_(store), tp_(tp) {
+StageContext::~StageContext() = default;
+
+GPT::GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel& tp, const StagePlan& plan)
+    : cfg_(cfg), store_(store), tp_(tp), plan_(plan.chunks.empty() ? StagePlan::whole(cfg.n_layer) : plan) {
   cfg_.validate();
   check_tensor_parallel(cfg_, tp.size());
+  const int L = cfg_.n_layer;
+  for (size_t c = 0; c < plan_.chunks.size(); c++) {
+    const StagePlan::Chunk& k = plan_.chunks[c];
+    MT_CHECK(0 <= k.begin && k.begin < k.end && k.end <= L, "stage plan: chunk %zu holds layers [%d, %d) of %d", c,
+             k.begin, k.end, L);
+    MT_CHECK(c == 0 || plan_.chunks[c - 1].end <= k.begin, "stage plan: chunks out of order");
+  }
   const int64_t C = cfg.n_embd, Vp = cfg.padded_vocab(), P = tp.size();
   // Matrices (2-D) get weight decay; biases and LayerNorm parameters do not (as in GPT-2/nanoGPT).
   // A replicated parameter is a replica over tp; under sequence parallelism the ones applied to the
@@ -61,36 +70,58 @@ GPT::GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel
   };
   // A matrix split along dimension `dim` of `space` (its global elements, possibly reshaped).
   auto split = [&](const std::string& name, std::vector<int64_t> shape, std::vector<int64_t> global,
-                   std::vector<int64_t> space, int dim) {
+                   std::vector<int64_t> space, int dim, uint8_t replicated = 0) {
     const bool matrix = global.size() > 1;
-    return store.add_part(name, std::move(shape), std::move(global), tp.split(std::move(space), dim), matrix);
+    return store.add_part(name, std::move(shape), std::move(global), tp.split(std::move(space), dim), matrix,
+                          replicated);
   };
-  store.begin_unit("embeddings");
-  wte_ = split("transformer.wte.weight", {Vp / P, C}, {Vp, C}, {Vp, C}, 0);  // vocabulary rows
-  wpe_ = whole("transformer.wpe.weight", {cfg.block_size, C}, true, seq);
-  for (int l = 0; l < cfg.n_layer; l++) {
-    std::string p = "transformer.h." + std::to_string(l) + ".";
-    store.begin_unit("h." + std::to_string(l));
-    LayerParams lp;
-    lp.ln1_w = whole(p + "ln_1.weight", {C}, false, seq);
-    lp.ln1_b = whole(p + "ln_1.bias", {C}, false, seq);
-    // c_attn's rows are [q | k | v], each C = heads x head size: seen as (3, C, C), a rank's heads
-    // are one box.
-    lp.qkv_w = split(p + "attn.c_attn.weight", {3 * C / P, C}, {3 * C, C}, {3, C, C}, 1);
-    lp.qkv_b = split(p + "attn.c_attn.bias", {3 * C / P}, {3 * C}, {3, C}, 1);
-    lp.proj_w = split(p + "attn.c_proj.weight", {C, C / P}, {C, C}, {C, C}, 1);  // input features
-    lp.proj_b = whole(p + "attn.c_proj.bias", {C}, false, 0);  // its gradient is whole on every rank
-    lp.ln2_w = whole(p + "ln_2.weight", {C}, false, seq);
-    lp.ln2_b = whole(p + "ln_2.bias", {C}, false, seq);
-    lp.fc_w = split(p + "mlp.c_fc.weight", {4 * C / P, C}, {4 * C, C}, {4 * C, C}, 0);  // output features
-    lp.fc_b = split(p + "mlp.c_fc.bias", {4 * C / P}, {4 * C}, {4 * C}, 0);
-    lp.fcproj_w = split(p + "mlp.c_proj.weight", {C, 4 * C / P}, {C, 4 * C}, {C, 4 * C}, 1);
-    lp.fcproj_b = whole(p + "mlp.c_proj.bias", {C}, false, 0);
-    layers_.push_back(lp);
+  // The tied embedding: one unit with the positions on a single stage; under pipeline parallelism a
+  // unit of its own on the first and on the last stage (a replica over pp), the positions apart.
+  const bool tied_pair = plan_.first != plan_.last;
+  if (plan_.first || plan_.last) {
+    emb_unit_ = store.num_units();
+    store.begin_unit("embeddings");
+    wte_ = split("transformer.wte.weight", {Vp / P, C}, {Vp, C}, {Vp, C}, 0, tied_pair ? kAxisPp : 0);  // vocabulary rows
   }
-  store.begin_unit("ln_f");
-  lnf_w_ = whole("transformer.ln_f.weight", {C}, false, seq);
-  lnf_b_ = whole("transformer.ln_f.bias", {C}, false, seq);
+  if (plan_.first) {
+    if (tied_pair) {
+      pos_unit_ = store.num_units();
+      store.begin_unit("positions");
+    } else {
+      pos_unit_ = emb_unit_;
+    }
+    wpe_ = whole("transformer.wpe.weight", {cfg.block_size, C}, true, seq);
+  }
+  layers_.assign(size_t(L), LayerParams());
+  layer_units_.assign(size_t(L), -1);
+  for (const StagePlan::Chunk& k : plan_.chunks) {
+    for (int l = k.begin; l < k.end; l++) {
+      std::string p = "transformer.h." + std::to_string(l) + ".";
+      layer_units_[size_t(l)] = store.num_units();
+      store.begin_unit("h." + std::to_string(l));
+      LayerParams& lp = layers_[size_t(l)];
+      lp.ln1_w = whole(p + "ln_1.weight", {C}, false, seq);
+      lp.ln1_b = whole(p + "ln_1.bias", {C}, false, seq);
+      // c_attn's rows are [q | k | v], each C = heads x head size: seen as (3, C, C), a rank's heads
+      // are one box.
+      lp.qkv_w = split(p + "attn.c_attn.weight", {3 * C / P, C}, {3 * C, C}, {3, C, C}, 1);
+      lp.qkv_b = split(p + "attn.c_attn.bias", {3 * C / P}, {3 * C}, {3, C}, 1);
+      lp.proj_w = split(p + "attn.c_proj.weight", {C, C / P}, {C, C}, {C, C}, 1);  // input features
+      lp.proj_b = whole(p + "attn.c_proj.bias", {C}, false, 0);  // its gradient is whole on every rank
+      lp.ln2_w = whole(p + "ln_2.weight", {C}, false, seq);
+      lp.ln2_b = whole(p + "ln_2.bias", {C}, false, seq);
+      lp.fc_w = split(p + "mlp.c_fc.weight", {4 * C / P, C}, {4 * C, C}, {4 * C, C}, 0);  // output features
+      lp.fc_b = split(p + "mlp.c_fc.bias", {4 * C / P}, {4 * C}, {4 * C}, 0);
+      lp.fcproj_w = split(p + "mlp.c_proj.weight", {C, 4 * C / P}, {C, 4 * C}, {C, 4 * C}, 1);
+      lp.fcproj_b = whole(p + "mlp.c_proj.bias", {C}, false, 0);
+    }
+  }
+  if (plan_.last) {
+    final_unit_ = store.num_units();
+    store.begin_unit("ln_f");
+    lnf_w_ = whole("transformer.ln_f.weight", {C}, false, seq);
+    lnf_b_ = whole("transformer.ln_f.bias", {C}, false, seq);
+  }
 }
 
 void GPT::init_weights(uint64_t seed) {
@@ -103,8 +134,10 @@ void GPT::init_weights(uint64_t seed) {
   float* master = on_host ? store_.master() : staging.data();
   const float std0 = 0.02f;
   const float std_res = std0 / std::sqrt(2.0f * float(cfg_.n_layer));
+  const int64_t C = cfg_.n_embd;
   // Each tensor is drawn whole (its global shape), in the order and with the draws a single rank
-  // makes, and this rank keeps its box.
+  // makes, and this rank keeps its box: every layout, pipeline stages included (a stage draws the
+  // tensors it does not hold too), starts from the same model.
   std::vector<float> whole;
   auto keep_box = [&](const ParamEntry& e) {
     float* w = master + e.offset;
@@ -112,35 +145,34 @@ void GPT::init_weights(uint64_t seed) {
       std::copy(whole.begin() + gb, whole.begin() + ge, w + local);
     });
   };
-  auto normal = [&](int idx, float std, int64_t rows_used = -1) {
-    const ParamEntry& e = store_.entry(idx);
+  // idx < 0: a tensor of `rows` x `cols` that another stage holds: drawn all the same.
+  auto normal = [&](int idx, int64_t rows, int64_t cols, float std, int64_t rows_used = -1) {
     std::normal_distribution<float> d(0.f, std);
-    int64_t numel = 1;
-    for (int64_t s : e.global_shape) numel *= s;
-    whole.assign(size_t(numel), 0.f);  // padded vocabulary rows stay zero
-    const int64_t n = rows_used < 0 ? numel : rows_used * e.global_shape[1];
+    whole.assign(size_t(rows * cols), 0.f);  // padded vocabulary rows stay zero
+    const int64_t n = (rows_used < 0 ? rows : rows_used) * cols;
     for (int64_t i = 0; i < n; i++) whole[size_t(i)] = d(rng);
-    keep_box(e);
+    if (idx >= 0) keep_box(store_.entry(idx));
   };
   auto fill = [&](int idx, float v) {
+    if (idx < 0) return;
     const ParamEntry& e = store_.entry(idx);
     float* w = master + e.offset;
     for (int64_t i = 0; i < e.numel; i++) w[i] = v;
   };
-  normal(wte_, std0, cfg_.vocab_size);
-  normal(wpe_, std0);
+  normal(wte_, cfg_.padded_vocab(), C, std0, cfg_.vocab_size);
+  normal(wpe_, cfg_.block_size, C, std0);
   for (const LayerParams& lp : layers_) {
     fill(lp.ln1_w, 1.f);
     fill(lp.ln1_b, 0.f);
-    normal(lp.qkv_w, std0);
+    normal(lp.qkv_w, 3 * C, C, std0);
     fill(lp.qkv_b, 0.f);
-    normal(lp.proj_w, std_res);
+    normal(lp.proj_w, C, C, std_res);
     fill(lp.proj_b, 0.f);
     fill(lp.ln2_w, 1.f);
     fill(lp.ln2_b, 0.f);
-    normal(lp.fc_w, std0);
+    normal(lp.fc_w, 4 * C, C, std0);
     fill(lp.fc_b, 0.f);
-    normal(lp.fcproj_w, std_res);
+    normal(lp.fcproj_w, C, 4 * C, std_res);
     fill(lp.fcproj_b, 0.f);
   }
   fill(lnf_w_, 1.f);

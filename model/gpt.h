@@ -20,9 +20,17 @@
 // The classifier is fused with its backward and processed in row chunks: logits for a chunk are
 // computed, turned into loss and dlogits in place, and pushed back through the unembedding at once,
 // so the (N, Vp) logits are never materialised whole (as in llm.c's fused classifier).
+//
+// Stages (pipeline parallelism, parallel/pipeline_schedule.h): a GPT object holds the layers of a
+// StagePlan, one or more chunks of consecutive layers, and runs one chunk at a time: stage_forward
+// (micro-batch, chunk, input activation) -> a saved context, stage_backward(context, dy) -> dx. The
+// first stage embeds the tokens, the last ends in the final LayerNorm and the fused classifier, so
+// its forward already yields the loss and the gradient of its output; its backward starts there. The
+// whole-model calls (forward_backward, forward_loss) are these stage calls composed.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -42,7 +50,8 @@ const char* attention_name(Attention a);
 
 // Indices of one layer's parameters in the ParamStore.
 struct LayerParams {
-  int ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fcproj_w, fcproj_b;
+  int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1, ln2_w = -1, ln2_b = -1, fc_w = -1,
+      fc_b = -1, fcproj_w = -1, fcproj_b = -1;
 };
 
 // One micro-batch as the model sees it: all (B,T) int32 on the host.
@@ -52,6 +61,26 @@ struct MicroBatch {
   const int32_t* targets = nullptr;    // < 0: ignored position
   const int32_t* positions = nullptr;  // nullptr: 0..T-1 in every row
   const int32_t* doc_ids = nullptr;    // nullptr: plain causal attention
+};
+
+// The layers this rank holds (the whole model by default): chunks of consecutive layers, in the order
+// of their stages. With tied embeddings the first and the last stage each hold wte; under pipeline
+// parallelism (first != last) the two copies are replicas over pp (kAxisPp) whose gradients the
+// trainer sums, and wte is a unit of its own on both, so that their ZeRO shards line up.
+struct StagePlan {
+  struct Chunk {
+    int begin = 0, end = 0;  // layers [begin, end)
+  };
+  std::vector<Chunk> chunks;
+  bool first = true;  // chunk 0 is stage 0: it embeds the tokens
+  bool last = true;   // the last chunk is the last stage: final LayerNorm, classifier and loss
+  static StagePlan whole(int n_layer) { return StagePlan{{Chunk{0, n_layer}}, true, true}; }
+};
+
+// What a stage's forward keeps for its backward (model/gpt_stage.h); opaque to callers.
+class StageContext {
+ public:
+  virtual ~StageContext();
 };
 
 template <class S>
@@ -64,7 +93,9 @@ class GPT {
   // With tensor parallelism (parallel/tensor_parallel.h) the store holds this rank's part of each
   // split matrix, each entry's box saying which; the caller checks the layout rules first
   // (check_tensor_parallel).
-  GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel& tp = parallel::TensorParallel());
+  // `plan`: the layers this rank holds (pipeline parallelism); only their parameters are registered.
+  GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel& tp = parallel::TensorParallel(),
+      const StagePlan& plan = StagePlan());
   // Fails, naming --tp and the numbers, unless `cfg` splits evenly over tp ranks: heads, 4 C and the
   // padded vocabulary divisible by tp.
   static void check_tensor_parallel(const GPTConfig& cfg, int tp);
@@ -77,26 +108,51 @@ class GPT {
 
   // Forward + backward of one micro-batch. Parameter gradients are accumulated (+=) into the store's
   // grads with every token's loss weighted by `dloss` (1 / valid tokens of the global batch, times
-  // the fp16 loss scale). Returns the SUM of the per-token losses of this micro-batch.
+  // the fp16 loss scale). Returns the SUM of the per-token losses of this micro-batch. Whole model.
   double forward_backward(const MicroBatch& mb, float dloss);
-  // Forward only: the sum of per-token losses (eval). Keeps no activations.
+  // Forward only: the sum of per-token losses (eval). Keeps no activations. Whole model.
   double forward_loss(const MicroBatch& mb);
   // Forward only for sampling: logits (V) of the last position of row 0 written to `logits`.
   void forward_last_logits(const MicroBatch& mb, float* logits);
+
+  // One stage. Forward of chunk `chunk` of the plan on `mb` (whose host arrays must stay valid until
+  // the context is gone). `input`: the previous stage's output, stage_activation_elems() of the
+  // compute dtype (empty on stage 0, which embeds the tokens; the context takes it over). train: keep
+  // what backward needs (per the recompute mode) and, on the last stage, compute the loss gradient
+  // with weight dloss. The last stage's loss is stage_loss() once backward (eval: forward) is done.
+  std::unique_ptr<StageContext> stage_forward(int chunk, const MicroBatch& mb, Buffer input, float dloss, bool train);
+  // The chunk's output activation, for the next stage (empty on the last stage); the caller takes it.
+  Buffer take_stage_output(StageContext& c);
+  // Backward of a training forward: accumulates the chunk's parameter gradients (reporting each
+  // unit's grads_ready) and returns the gradient of its input (empty on stage 0). `dy` is the next
+  // stage's gradient of this chunk's output (empty on the last stage).
+  Buffer stage_backward(StageContext& c, Buffer dy);
+  double stage_loss(const StageContext& c) const;
+  // Elements of the activation a stage hands on (its residual stream: B T C, or B T C / tp under
+  // sequence parallelism), in the compute dtype.
+  int64_t stage_activation_elems(const MicroBatch& mb) const;
+  const StagePlan& plan() const { return plan_; }
 
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
   void set_attention(Attention a) { attention_ = a; }
   Attention attention() const { return attention_; }
-  // Parameter units: 0 = embeddings (wte, wpe), 1 + l = layer l, L + 1 = final LayerNorm. The model
-  // brackets every use of a unit with hooks->acquire/release and reports hooks->grads_ready(u) once
-  // backward is done with it (order: L+1, L, ..., 1, 0). nullptr: no hooks (everything resident).
+  // Parameter units, in the order of the flat buffers: the embeddings (wte, wpe; under pipeline
+  // parallelism wte alone, on the first and the last stage, and wpe as "positions" on the first),
+  // each held layer, the final LayerNorm; the whole model: 0 = embeddings, 1 + l = layer l, L + 1 =
+  // final LayerNorm. The model brackets every use of a unit with hooks->acquire/release within one
+  // stage call and reports hooks->grads_ready(u) once backward is done with it (from the top unit
+  // down; the last stage's own wte at the end of its forward, where its gradient is complete).
+  // nullptr: no hooks (everything resident).
   void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
   // Called with "forward" when a training forward starts and "backward" when its backward starts
   // (fault injection for recovery tests).
   void set_phase_hook(std::function<void(const char*)> hook) { phase_hook_ = std::move(hook); }
-  static int layer_unit(int l) { return 1 + l; }
-  int final_unit() const { return cfg_.n_layer + 1; }
+  // -1 where this rank does not hold the unit.
+  int layer_unit(int l) const { return layer_units_[size_t(l)]; }
+  int final_unit() const { return final_unit_; }
+  int embedding_unit() const { return emb_unit_; }
+  int position_unit() const { return pos_unit_; }
 
   // Wall time spent in forward (including the fused classifier) and backward since the last reset.
   // On a device the host waits only once, for the losses after backward: there `forward` is the time
@@ -117,16 +173,23 @@ class GPT {
 
  private:
   template <class S>
-  friend class Pass;  // one forward/backward in storage type S (model/gpt_forward.cpp)
+  friend class Pass;  // one stage's forward/backward in storage type S (model/gpt_pass.h)
   enum class Mode { train, eval, last_logits };
+  // The whole model's pass over every chunk of a whole-model plan.
   double run(const MicroBatch& mb, float dloss, Mode mode, float* last_logits);
+  std::unique_ptr<StageContext> forward_chunk(int chunk, const MicroBatch& mb, Buffer input, float dloss, Mode mode,
+                                              float* last_logits);
   void check_batch(const MicroBatch& mb) const;
+  void check_ready() const;
 
   GPTConfig cfg_;
   ParamStore& store_;
   parallel::TensorParallel tp_;
-  std::vector<LayerParams> layers_;
+  StagePlan plan_;
+  std::vector<LayerParams> layers_;  // by global layer index (entries of layers not held are -1)
+  std::vector<int> layer_units_;     // by global layer index; -1 when not held
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
+  int emb_unit_ = -1, pos_unit_ = -1, final_unit_ = -1;
   Recompute recompute_ = Recompute::none;
   Attention attention_ = Attention::materialized;
   // Per unit: whether it is acquired (a weight read outside acquire/release fails in every precision).

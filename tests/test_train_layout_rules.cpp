@@ -11,6 +11,7 @@
 #include "runtime/check.h"
 #include "tests/test_util.h"
 #include "train/options.h"
+#include "train/pipeline.h"
 #include "train/trainer.h"
 
 namespace mt::train {
@@ -47,11 +48,75 @@ TEST(LayoutRules, EachBadLayoutNamesItsFlagAndNumbers) {
   expect_error([] { parse_train_options(tiny({"--tp", "2", "batch_size=1", "seq_len=15"})); }, "tp.sp",
                "divisible by --tp 2");
   expect_error([] { parse_train_options(tiny({"--tp", "0"})); }, "parallel.tp");
-  expect_error([] { parse_train_options(tiny({"--pp", "2"})); }, "--pp 2");
+  expect_error([] { parse_train_options(tiny({"--pp", "3"})); }, "--pp 3", "2 layers");
   expect_error([] { parse_train_options(tiny({"tp.sp=maybe"})); }, "tp.sp");
   // Rows that do not split are fine without sequence parallelism.
   EXPECT_NO_THROW(parse_train_options(tiny({"--tp", "2", "batch_size=1", "seq_len=15", "tp.sp=false"})));
   EXPECT_NO_THROW(parse_train_options(tiny({"--tp", "4"})));
+}
+
+// Pipeline options: each bad one fails with one line naming it, before a trainer exists.
+TEST(LayoutRules, EachBadPipelineOptionNamesItself) {
+  auto four = [](std::vector<std::string> extra) {
+    extra.push_back("model.n_layer=4");
+    return tiny(extra);
+  };
+  expect_error([&] { parse_train_options(four({"--pp", "5"})); }, "--pp 5 is larger than the model's 4 layers");
+  expect_error([&] { parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "pp.virtual=3",
+                                               "grad_accum=2"})); },
+               "6 stages", "4 layers");
+  expect_error([&] { parse_train_options(four({"--pp", "2", "pp.layers=1,2"})); }, "pp.layers=1,2",
+               "sums to 3 layers but the model has 4");
+  expect_error([&] { parse_train_options(four({"--pp", "2", "pp.layers=1,1,2"})); }, "pp.layers=1,1,2",
+               "lists 3 stages");
+  expect_error([&] { parse_train_options(four({"--pp", "2", "pp.layers=2,x"})); }, "pp.layers=2,x", "'x'");
+  expect_error([&] { parse_train_options(four({"--pp", "2", "pp.layers=0,4"})); }, "pp.layers=0,4");
+  // Interleaved: 4 layers over 2 x 3 stages is caught above; 6 layers over 2 x 4 = 8 stages too; 6
+  // over 2 x 2 does not divide.
+  expect_error([&] { parse_train_options(tiny({"model.n_layer=6", "--pp", "2", "pp.schedule=interleaved",
+                                               "pp.virtual=2", "grad_accum=2"})); },
+               "pp.schedule=interleaved", "not divisible by --pp 2 x pp.virtual 2");
+  // Fewer micro-batches than interleaving needs (a multiple of pp), and interleaving without chunks.
+  expect_error([&] { parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "pp.virtual=2",
+                                               "grad_accum=3"})); },
+               "grad_accum");
+  expect_error([&] { parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "grad_accum=2"})); },
+               "pp.virtual");
+  expect_error([&] { parse_train_options(four({"--pp", "2", "pp.schedule=bogus"})); }, "pp.schedule");
+  expect_error([&] { parse_train_options(four({"--pp", "2", "pp.schedule=zb1"})); }, "pp.schedule=zb1");
+  expect_error([&] { parse_train_options(four({"pp.virtual=2"})); }, "pp.virtual=2", "--pp 2");
+  expect_error([&] { parse_train_options(four({"pp.layers=4"})); }, "pp.layers=4", "--pp 2");
+  expect_error([&] { parse_train_options(four({"--pp", "2", "pp.virtual=0"})); }, "pp.virtual");
+  expect_error([&] { parse_train_options(four({"--pp", "2", "device=cuda"})); }, "--pp 2 with --device cuda");
+  // What fits: uneven stages, interleaving with whole rounds, m < p for 1f1b.
+  EXPECT_NO_THROW(parse_train_options(four({"--pp", "2", "pp.layers=1,3"})));
+  EXPECT_NO_THROW(parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "pp.virtual=2", "grad_accum=4"})));
+  EXPECT_NO_THROW(parse_train_options(four({"--pp", "4", "pp.schedule=gpipe", "grad_accum=1"})));
+  const TrainOptions o = parse_train_options(four({"--pp", "4", "pp.schedule=gpipe"}));
+  EXPECT_EQ(o.to_json()["pp"]["schedule"], "gpipe");
+}
+
+// Layers per stage: even, the remainder to stages 1, 2, ...; given; interleaved chunks on a rank.
+TEST(LayoutRules, StagesSplitTheLayers) {
+  const TrainOptions a = parse_train_options(tiny({"model.n_layer=7", "--pp", "3"}));
+  EXPECT_EQ(stage_layers(a), (std::vector<int>{2, 3, 2}));
+  const TrainOptions b = parse_train_options(tiny({"model.n_layer=7", "--pp", "2", "pp.layers=5,2"}));
+  EXPECT_EQ(stage_layers(b), (std::vector<int>{5, 2}));
+  const model::StagePlan last = stage_plan(b, 1);
+  ASSERT_EQ(last.chunks.size(), 1u);
+  EXPECT_EQ(last.chunks[0].begin, 5);
+  EXPECT_EQ(last.chunks[0].end, 7);
+  EXPECT_FALSE(last.first);
+  EXPECT_TRUE(last.last);
+  const TrainOptions c = parse_train_options(
+      tiny({"model.n_layer=8", "--pp", "2", "pp.schedule=interleaved", "pp.virtual=2", "grad_accum=2"}));
+  const model::StagePlan r0 = stage_plan(c, 0);  // stages 0 and 2
+  ASSERT_EQ(r0.chunks.size(), 2u);
+  EXPECT_EQ(r0.chunks[0].begin, 0);
+  EXPECT_EQ(r0.chunks[1].begin, 4);
+  EXPECT_EQ(r0.chunks[1].end, 6);
+  EXPECT_TRUE(r0.first);
+  EXPECT_FALSE(r0.last);
 }
 
 TEST(LayoutRules, AWorldThatIsNotTheProductFailsBeforeWriting) {

@@ -9,7 +9,9 @@
 #include <map>
 
 #include "checkpoint/checkpointer.h"
+#include "parallel/pipeline_schedule.h"
 #include "runtime/check.h"
+#include "train/pipeline.h"
 
 namespace mt::train {
 
@@ -81,6 +83,11 @@ const std::map<std::string, Setter>& setters() {
       {"parallel.sdc_every", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_every = parse_int(k, v); }},
       {"parallel.sdc_flip_step", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_flip_step = parse_int(k, v); }},
       {"parallel.sdc_flip_rank", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_flip_rank = parse_int(k, v); }},
+      {"pp.schedule", [](TrainOptions& o, auto&, auto& v) {
+         parallel::parse_schedule_kind(v);  // fails naming pp.schedule
+         o.parallel.pp_schedule = v; }},
+      {"pp.virtual", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp_virtual = parse_int(k, v); }},
+      {"pp.layers", [](TrainOptions& o, auto&, auto& v) { o.parallel.pp_layers = v; }},
       {"batch_size", [](TrainOptions& o, auto& k, auto& v) { o.batch_size = parse_int(k, v); }},
       {"global_batch", [](TrainOptions& o, auto& k, auto& v) { o.global_batch = parse_int(k, v); }},
       {"seq_len", [](TrainOptions& o, auto& k, auto& v) { o.seq_len = parse_int(k, v); }},
@@ -130,7 +137,7 @@ const std::map<std::string, Range>& numeric_ranges() {
       {"optim.eps", kPositive}, {"optim.grad_clip", kAny},  // grad_clip <= 0 disables clipping
       {"parallel.dp", kNonNegative}, {"parallel.tp", kPositive}, {"parallel.pp", kPositive}, {"parallel.cp", kPositive},
       {"parallel.zero", {0, 3, false, false}}, {"parallel.bucket_mb", kPositive}, {"parallel.sdc_every", kNonNegative},
-      {"parallel.sdc_flip_step", kFrom(-1)}, {"parallel.sdc_flip_rank", kNonNegative},
+      {"parallel.sdc_flip_step", kFrom(-1)}, {"parallel.sdc_flip_rank", kNonNegative}, {"pp.virtual", kPositive},
       {"ckpt.keep", kNonNegative}, {"ckpt.fault_step", kFrom(-1)}, {"ckpt.fault_rank", kNonNegative},
       {"loss_scale.init", kPositive}, {"loss_scale.growth_interval", kPositive}, {"loss_scale.max_skips", kPositive},
       {"batch_size", kPositive}, {"global_batch", kNonNegative}, {"seq_len", kPositive}, {"grad_accum", kPositive},
@@ -278,9 +285,8 @@ void TrainOptions::validate() const {
   if (!data.mix.empty() && !data.path.empty())
     fail("data.path=%s and data.mix=%s are both set: data.mix names every training dataset (drop data.path, or "
          "add it to the mix)", data.path.c_str(), data.mix.c_str());
-  if (parallel.pp != 1 || parallel.cp != 1)
-    fail("--pp %d --cp %d: pipeline and context parallelism are not implemented yet (pp = cp = 1)", parallel.pp,
-         parallel.cp);
+  if (parallel.cp != 1) fail("--cp %d: context parallelism is not implemented yet (cp = 1)", parallel.cp);
+  check_pipeline_options(*this);
   if (parallel.tp == 1 && parallel.sp == 1)
     fail("tp.sp=true needs tensor parallelism: sequence parallelism splits the sequence over --tp ranks (got --tp 1)");
   if (parallel.tp > 1) {
@@ -307,6 +313,7 @@ nlohmann::json TrainOptions::to_json() const {
                     {"zero", parallel.zero}, {"bucket_mb", parallel.bucket_mb}, {"embedding_rows", parallel.embedding_rows},
                     {"sdc_every", parallel.sdc_every},
                     {"sdc_flip_step", parallel.sdc_flip_step}, {"sdc_flip_rank", parallel.sdc_flip_rank}}},
+      {"pp", {{"schedule", parallel.pp_schedule}, {"virtual", parallel.pp_virtual}, {"layers", parallel.pp_layers}}},
       {"ckpt", {{"dir", ckpt.dir}, {"keep", ckpt.keep}, {"async", ckpt.async}, {"fault_phase", ckpt.fault_phase},
                 {"fault_step", ckpt.fault_step}, {"fault_rank", ckpt.fault_rank}}},
       {"loss_scale", {{"init", loss_scale.init_scale}, {"growth_interval", loss_scale.growth_interval},

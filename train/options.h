@@ -55,6 +55,10 @@ struct ParallelOptions {
   int sdc_every = 0;          // steps between cross-replica parameter hash checks (0: never)
   int sdc_flip_step = -1;     // fault injection: before this step's check, flip one bit ...
   int sdc_flip_rank = 0;      // ... in the parameters of this world rank
+  // Pipeline parallelism (train/pipeline.h): the schedule, model chunks per rank, layers per stage.
+  std::string pp_schedule = "1f1b";  // pp.schedule: gpipe | 1f1b | interleaved | zb1
+  int pp_virtual = 1;                // pp.virtual: chunks per pipeline rank (interleaved: 2 or more)
+  std::string pp_layers;             // pp.layers=3,3,2,4: each stage's layers ("": even)
 };
 
 // Checkpoints (checkpoint/): where, how many, async or not, and fault injection for recovery tests.

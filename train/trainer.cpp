@@ -133,7 +133,9 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
     }
     tp_ = parallel::TensorParallel(mesh_->tp_comm(), o_.sequence_parallel(), tp_data);
   }
-  gpt_ = std::make_unique<model::GPT>(o_.model, store_, tp_);
+  // Pipeline parallelism: this rank registers and runs only its stages' layers (train/pipeline.h).
+  const model::StagePlan plan = mesh_->pp() > 1 ? stage_plan(o_, mesh_->coord(parallel::MeshDim::pp)) : model::StagePlan();
+  gpt_ = std::make_unique<model::GPT>(o_.model, store_, tp_, plan);
   store_.finalize(arena_, o_.precision, dp.size(), parallel::storage_for_zero(o_.parallel.zero));
   gpt_->set_arena(&arena_);
   gpt_->set_ctx(ctx_);
@@ -147,7 +149,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   parallel::DataParallelOptions dpo;
   dpo.zero = o_.parallel.zero;
   dpo.bucket_bytes = size_t(o_.parallel.bucket_mb * 1024 * 1024);
-  dpo.embedding_rows = o_.parallel.embedding_rows && mesh_->tp() == 1;
+  dpo.embedding_rows = o_.parallel.embedding_rows && mesh_->tp() == 1 && mesh_->pp() == 1;
 #ifdef MT_HAVE_NCCL
   // Gradient and parameter collectives on the GPU: NCCL over the dp group, bootstrapped by its host
   // communicator, on a communication stream ordered after the compute stream.
@@ -159,11 +161,12 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
     // Partial gradients (sequence-parallel LayerNorms, positions) are summed over tp, then reduced
     // over dp.
     tp_grads_ = std::make_unique<parallel::TensorParallelGrads>(store_, tp_, *dp_);
-    dp_->set_counted_entries(tp_counted_entries());
+    dp_->set_counted_entries(counted_entries());
     gpt_->set_unit_hooks(tp_grads_.get());
   } else {
     gpt_->set_unit_hooks(dp_.get());
   }
+  if (mesh_->pp() > 1) pipeline_ = std::make_unique<Pipeline>(o_, mesh_->pp_comm(), *gpt_, store_, *dp_, arena_);
   adam_ = std::make_unique<AdamW>(o_.optim, store_, dp_->segments(), arena_);
   step_scalars_ = arena_.alloc(MemCategory::optimizer, sizeof(StepScalars));
   micro_.resize(size_t(o_.grad_accum));
@@ -202,7 +205,8 @@ parallel::CommCounters Trainer::group_counters(parallel::MeshDim d) const {
 }
 
 void Trainer::reset_group_counters() {
-  for (parallel::Comm* c : {&mesh_->dp_comm(), &mesh_->tp_comm(), dp_device_comm_.get(), tp_device_comm_.get()})
+  for (parallel::Comm* c :
+       {&mesh_->dp_comm(), &mesh_->tp_comm(), &mesh_->pp_comm(), dp_device_comm_.get(), tp_device_comm_.get()})
     if (c) c->reset_counters();
 }
 
@@ -217,7 +221,7 @@ void Trainer::update_noise_scale(StepResult& r, double first_sum_sq, double inv_
     const double to_mean = double(valid) / double(valid0) * inv_scale;
     r.local_grad_sq = first_sum_sq * to_mean * to_mean;
     gns_.update(r.local_grad_sq, r.grad_norm * r.grad_norm, double(valid0), double(valid));
-  } else if (dp.size() > 1 && dp_->stats().local_grad_sq_valid && valid_local > 0) {
+  } else if (dp.size() > 1 && mesh_->pp() == 1 && dp_->stats().local_grad_sq_valid && valid_local > 0) {
     // This rank's own gradient, rescaled to the mean over its tokens, averaged over ranks. Under
     // tensor parallelism a data-parallel replica's gradient is spread over its tp ranks: summed there.
     const double to_mean = double(valid) / double(valid_local) * inv_scale;
@@ -232,9 +236,11 @@ void Trainer::update_noise_scale(StepResult& r, double first_sum_sq, double inv_
   }
 }
 
-std::vector<char> Trainer::tp_counted_entries() const {
+std::vector<char> Trainer::counted_entries() const {
   std::vector<char> counted;
-  for (const ParamEntry& e : store_.entries()) counted.push_back(!(e.replicated & kAxisTp) || tp_.rank() == 0);
+  const int pp_rank = mesh_->coord(parallel::MeshDim::pp);
+  for (const ParamEntry& e : store_.entries())
+    counted.push_back((!(e.replicated & kAxisTp) || tp_.rank() == 0) && (!(e.replicated & kAxisPp) || pp_rank == 0));
   return counted;
 }
 
@@ -266,14 +272,22 @@ StepResult Trainer::step() {
   // Scalars of this step that stay in the arena's memory until the step is done: on a GPU the host
   // waits inside a step only for the logged loss (and for fp16's finiteness check).
   StepScalars* dev = scalars();
-  for (size_t k = 0; k < micro_.size(); k++) {
-    dp_->set_last_micro(k + 1 == micro_.size());
-    loss_sum += gpt_->forward_backward(view(micro_[k]), dloss);
-    if (k == 0 && gns_from_micro)
-      ops::sum_squares_into(&dev->first_sum_sq, store_.grads(), store_.total_numel(), false, ctx_);
+  if (pipeline_) {
+    loss_sum = pipeline_->step(micro_, dloss);  // the schedule decides each micro-batch's last-ness
+  } else {
+    for (size_t k = 0; k < micro_.size(); k++) {
+      dp_->set_last_micro(k + 1 == micro_.size());
+      loss_sum += gpt_->forward_backward(view(micro_[k]), dloss);
+      if (k == 0 && gns_from_micro)
+        ops::sum_squares_into(&dev->first_sum_sq, store_.grads(), store_.total_numel(), false, ctx_);
+    }
   }
   dp_->finish_grads();
-  r.loss = parallel::all_reduce_sum_double(dp, loss_sum) / valid;
+  if (pipeline_) pipeline_->sum_tied_grads();
+  // Only the last pipeline stage has losses: the sum over pp is its sum, exactly.
+  double total = parallel::all_reduce_sum_double(dp, loss_sum);
+  if (pipeline_) total = parallel::all_reduce_sum_double(mesh_->pp_comm(), total);
+  r.loss = total / valid;
   r.t_forward = gpt_->times().forward;
   r.t_backward = gpt_->times().backward;
   r.t_grad_wait = dp_->stats().grad_wait_s;
@@ -282,9 +296,10 @@ StepResult Trainer::step() {
   if (ckpt_) ckpt_->snapshot_fence();
   fault("optimizer");
   bool finite = !scaler_.enabled() || dp_->grads_finite();
-  if (scaler_.enabled() && tp_.active()) {  // the tp ranks hold different parts: agree on one answer
+  if (scaler_.enabled() && (tp_.active() || pipeline_)) {  // ranks hold different parts: agree on one answer
     int32_t bad = finite ? 0 : 1;
-    tp_.comm().all_reduce(&bad, 1, DType::i32, parallel::ReduceOp::max);
+    if (tp_.active()) tp_.comm().all_reduce(&bad, 1, DType::i32, parallel::ReduceOp::max);
+    if (pipeline_) mesh_->pp_comm().all_reduce(&bad, 1, DType::i32, parallel::ReduceOp::max);
     finite = bad == 0;
   }
   r.lr = lr_at(o_.optim, step_, o_.steps);
@@ -292,9 +307,12 @@ StepResult Trainer::step() {
   if (finite) {
     // The norm, and from it the unscale-and-clip factor AdamW applies, are computed on the device; a
     // gradient sharded over ranks is summed through the host first (a collective anyway).
-    if (tp_.active()) {
-      // Every parameter once: the split ones on every tp rank, the replicated ones on tp rank 0.
-      const double sum_sq = parallel::all_reduce_sum_double(tp_.comm(), dp_->grad_sum_squares(tp_counted_entries()));
+    if (tp_.active() || pipeline_) {
+      // Every parameter once: the split ones on every tp rank, the replicated ones on tp rank 0, each
+      // stage's own, the tied wte on the first stage.
+      double sum_sq = dp_->grad_sum_squares(counted_entries());
+      if (tp_.active()) sum_sq = parallel::all_reduce_sum_double(tp_.comm(), sum_sq);
+      if (pipeline_) sum_sq = parallel::all_reduce_sum_double(mesh_->pp_comm(), sum_sq);
       arena_.mem().upload(&dev->sum_sq, &sum_sq, sizeof(sum_sq));
     } else if (dp_->grad_norm_is_local()) {
       dp_->grad_sum_squares_into(&dev->sum_sq);
@@ -333,12 +351,13 @@ double Trainer::evaluate() {
   int32_t valid = 0;
   for (int i = 0; i < o_.eval_batches; i++) {
     src.next(b);
-    sum += gpt_->forward_loss(view(b));
+    sum += pipeline_ ? pipeline_->forward_loss(b) : gpt_->forward_loss(view(b));
     valid += valid_targets(b);
   }
   parallel::Comm& dp = mesh_->dp_comm();
   dp.all_reduce(&valid, 1, DType::i32, parallel::ReduceOp::sum);
   sum = parallel::all_reduce_sum_double(dp, sum);
+  if (pipeline_) sum = parallel::all_reduce_sum_double(mesh_->pp_comm(), sum);  // the last stage's
   return valid ? sum / double(valid) : NAN;
 }
 
@@ -363,7 +382,7 @@ void Trainer::check_replicas() {
   unsigned char* params = host.empty() ? static_cast<unsigned char*>(store_.compute()) : host.data();
   if (o_.parallel.sdc_flip_step == step_ && world_.rank() == o_.parallel.sdc_flip_rank) {
     // Fault injection: one flipped bit in one weight, as a cosmic ray or a bad HBM cell would.
-    params[store_.compute_bytes(store_.entry(gpt_->wte()).offset) + 1] ^= 1u << 4;
+    params[store_.compute_bytes(store_.entry(std::max(gpt_->wte(), 0)).offset) + 1] ^= 1u << 4;
   }
   // FNV-1a over the bytes: cheap, and any flipped bit changes it.
   uint64_t h = 1469598103934665603ULL;

@@ -19,6 +19,7 @@
 #include "train/metrics.h"
 #include "train/optimizer.h"
 #include "train/options.h"
+#include "train/pipeline.h"
 
 namespace mt::train {
 
@@ -102,8 +103,9 @@ class Trainer {
  private:
   void check_replicas();  // silent-data-corruption check across dp replicas
   void reset_group_counters();
-  // Per entry: whether this rank counts it in norms (every split entry; a tp replica on tp rank 0).
-  std::vector<char> tp_counted_entries() const;
+  // Per entry: whether this rank counts it in norms (every split entry; a tp replica on tp rank 0; the
+  // last stage's copy of the tied wte, a replica over pp, not at all).
+  std::vector<char> counted_entries() const;
   // Collective: throws DivergenceError (train/divergence.h) if the state a save would write is not finite.
   void check_state_finite();
   checkpoint::SaveRequest checkpoint_request();
@@ -130,7 +132,8 @@ class Trainer {
   // (Not under tensor parallelism: there the first micro-batch's sequence-parallel gradients are still
   // partial sums over tp.)
   bool noise_scale_from_micro() const {
-    return mesh_->dp_comm().size() == 1 && micro_.size() > 1 && store_.full_grads() && !tp_.active();
+    return mesh_->dp_comm().size() == 1 && micro_.size() > 1 && store_.full_grads() && !tp_.active() &&
+           mesh_->pp() == 1;
   }
   void update_noise_scale(StepResult& r, double first_sum_sq, double inv_scale, int32_t valid, int32_t valid_local);
   void fault(const char* phase) { checkpoint::fault_point(ckpt_opts_, world_.rank(), step_ + 1, phase); }
@@ -148,6 +151,7 @@ class Trainer {
   std::unique_ptr<parallel::DataParallel> dp_;
   parallel::TensorParallel tp_;                           // this rank's tp group (size 1: none)
   std::unique_ptr<parallel::TensorParallelGrads> tp_grads_;  // the model's hooks when tp > 1
+  std::unique_ptr<Pipeline> pipeline_;                       // pp > 1: the step runs the schedule
   std::unique_ptr<AdamW> adam_;
   checkpoint::Options ckpt_opts_;
   std::string resume_path_;  // the checkpoint the run started from ("" : step 0)

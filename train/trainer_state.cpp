@@ -39,6 +39,14 @@ void for_each_piece(const ParamStore& store, const std::vector<parallel::Segment
   });
 }
 
+// Every parameter of the whole model (names and global shapes, in its entry order), whichever
+// pipeline stages this rank holds: a registration without storage.
+std::vector<ParamEntry> whole_model_entries(const model::GPTConfig& cfg) {
+  ParamStore s;
+  model::GPT g(cfg, s);
+  return s.entries();
+}
+
 // A box of the global tensor's own shape that is more than one run (a column split) is stored as one
 // box piece; anything else (whole tensors, row splits, c_attn's reshaped heads: a few runs) as runs.
 bool stored_as_box(const ParamEntry& e) { return e.box.space == e.global_shape && e.box.run_length() < e.numel; }
@@ -47,15 +55,18 @@ bool stored_as_box(const ParamEntry& e) { return e.box.space == e.global_shape &
 checkpoint::SaveRequest Trainer::checkpoint_request() {
   checkpoint::SaveRequest req;
   req.step = step_;
-  for (const ParamEntry& e : store_.entries())
+  // The table names every tensor of the model, also those other pipeline stages hold.
+  for (const ParamEntry& e : whole_model_entries(o_.model))
     for (const char* part : kParts) req.tensors.push_back({part + e.name, e.global_shape, DType::f32});
   // ZeRO-0 replicates the whole state on every dp rank, and a replicated entry is the same on every
-  // tp rank: the first replica writes it.
+  // tp rank (and the tied wte on the first and last pp rank): the first replica writes it.
+  const int pp_rank = mesh_->coord(parallel::MeshDim::pp);
   const bool dp_writes = o_.parallel.zero > 0 || mesh_->dp_comm().rank() == 0;
   if (dp_writes) {
     const float* bufs[] = {dp_->master_shard(), adam_->m(), adam_->v()};
     for_each_shard_part(store_, dp_->segments(), [&](const ParamEntry& e, int64_t lb, int64_t le, int64_t at) {
       if ((e.replicated & kAxisTp) && tp_.rank() != 0) return;
+      if ((e.replicated & kAxisPp) && pp_rank != 0) return;
       if (stored_as_box(e)) {
         for (int k = 0; k < 3; k++)
           req.pieces.push_back({kParts[k] + e.name, lb, le, bufs[k] + at, e.box.offset, e.box.extent});
@@ -71,7 +82,7 @@ checkpoint::SaveRequest Trainer::checkpoint_request() {
                      {"precision", dtype_name(o_.precision)},
                      {"global_batch", mesh_->dp() * o_.batch_size * o_.grad_accum},
                      {"model", o_.model.to_json()}, {"data", train_data_->state()}, {"seed", o_.seed},
-                     {"layout", {{"dp", mesh_->dp()}, {"tp", mesh_->tp()}, {"sp", o_.sequence_parallel()},
+                     {"layout", {{"dp", mesh_->dp()}, {"tp", mesh_->tp()}, {"pp", mesh_->pp()}, {"sp", o_.sequence_parallel()},
                                  {"zero", o_.parallel.zero}}}};
   return req;
 }
@@ -128,7 +139,24 @@ std::vector<std::vector<float>> Trainer::global_master() {
       });
     }
   }
-  return out;
+  if (mesh_->pp() == 1) return out;
+  // Pipeline stages hold different entries: each tensor of the whole model, in its entry order, from
+  // the lowest pp rank that holds it.
+  parallel::Comm& pp = mesh_->pp_comm();
+  std::vector<std::vector<float>> all;
+  for (const ParamEntry& e : whole_model_entries(o_.model)) {
+    const ParamEntry* mine = store_.find(e.name);
+    int32_t have = mine != nullptr;
+    std::vector<int32_t> haves(size_t(pp.size()));
+    pp.all_gather(&have, haves.data(), 1, DType::i32);
+    const int owner = int(std::find(haves.begin(), haves.end(), 1) - haves.begin());
+    MT_CHECK(owner < pp.size(), "global_master: no pipeline stage holds '%s'", e.name.c_str());
+    std::vector<float> t = mine ? std::move(out[size_t(mine - store_.entries().data())])
+                                : std::vector<float>(size_t(e.numel));
+    pp.broadcast(t.data(), t.size(), DType::f32, owner);
+    all.push_back(std::move(t));
+  }
+  return all;
 }
 
 void Trainer::load_state(const std::string& path) {

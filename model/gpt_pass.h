@@ -1,0 +1,155 @@
+// One stage's forward and backward in the run's storage type S (the class behind GPT::stage_forward
+// and GPT::stage_backward; model/gpt_forward.cpp has the layers and the classifier, model/gpt_stage.cpp
+// the stage passes). Private to the model: included by those two files only.
+#pragma once
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "model/gpt.h"
+#include "runtime/check.h"
+
+namespace mt::model {
+
+// The activations of one layer that backward reads. att (materialized) or lse (flash) is only
+// allocated when it is kept.
+struct LayerActs {
+  Buffer ln1, ln1_mean, ln1_rstd;  // (Ns,C) S, (Ns), (Ns) fp32
+  Buffer qkv;                      // (N,3Cl), Cl = C/P
+  Buffer att;                      // (B,NH/P,T,T) softmax probabilities (materialized)
+  Buffer lse;                      // (B,NH/P,T) fp32 log-sum-exp per query (flash)
+  Buffer atty;                     // (N,Cl) attention output before the projection
+  Buffer res2;                     // (Ns,C) residual after attention
+  Buffer ln2, ln2_mean, ln2_rstd;  // (Ns,C), (Ns), (Ns)
+  Buffer fch, fch_gelu;            // (N,4C/P) each: before and after GELU
+  bool allocated() const { return bool(ln1); }
+};
+
+// What a stage's forward leaves for its backward: the micro-batch (the caller's host arrays and their
+// device copies), the residual stream at every layer boundary and what each layer keeps, and on the
+// last stage the final LayerNorm's state, the gradient of its output and the per-token losses.
+struct StageState final : StageContext {
+  MicroBatch mb;
+  int chunk = 0;
+  int l0 = 0, l1 = 0;  // layers [l0, l1)
+  bool first = false, last = false;  // stage 0 (embeds) / the last stage (loss)
+  bool train = false, keep_layer = false, keep_att = false;
+  bool emb_rows = false;  // the embeddings' gradient handed to the hooks as rows (data parallelism)
+  float dloss = 0;
+  std::vector<Buffer> uploads;  // the micro-batch's arrays in device memory (a GPU run)
+  const int32_t *tokens = nullptr, *targets = nullptr, *positions = nullptr, *doc = nullptr;
+  std::vector<int32_t> own_pos_host;  // tensor parallelism: the positions of this rank's rows
+  const int32_t* own_pos = nullptr;
+  std::vector<Buffer> xs;       // xs[i]: the input of layer l0 + i; xs[l1 - l0]: the stage's output
+  std::vector<LayerActs> acts;  // per layer, when kept (recompute != full)
+  Buffer lnf, lnf_mean, lnf_rstd, dlnf, losses;  // last stage
+  double loss_sum = 0;
+  bool loss_done = false;
+  Buffer dx;  // after backward: the gradient of the stage's input
+};
+
+inline constexpr MemCategory kAct = MemCategory::activations;
+
+// Rows of the classifier processed at once (model/gpt_forward.cpp).
+int classifier_rows(Device device, int N, int Vp, size_t elem_bytes);
+
+template <class S>
+class Pass {
+ public:
+  Pass(GPT& m, const MicroBatch& mb)
+      : m_(m), s_(m.store_), ar_(*m.arena_), c_(m.ctx_), mb_(mb), tp_(m.tp_), B_(mb.B), T_(mb.T), C_(m.cfg_.n_embd),
+        NH_(m.cfg_.n_head), N_(mb.B * mb.T), P_(tp_.size()), Ns_(int(tp_.own_rows(N_))), Cl_(C_ / P_),
+        NHl_(NH_ / P_), NC_(int64_t(Ns_) * C_), flash_(m.attention_ == Attention::flash) {}
+
+  // Forward of the stage `st` describes (set up by GPT::forward_chunk): from `input` (stage 0: the
+  // tokens) to its output, or on the last stage to the losses (train: and the gradient of lnf).
+  // last_logits mode stops after the final LayerNorm and writes the last position's logits.
+  void forward(StageState& st, Buffer input, GPT::Mode mode, float* last_logits);
+  // Backward of a training forward: `dy` the gradient of the stage's output (empty on the last stage);
+  // leaves the gradient of its input in st.dx (stage 0: none) and, on the last stage, the loss sum.
+  void backward(StageState& st, Buffer dy);
+
+ private:
+  // Buffers that live for one pass (forward or backward) of one stage.
+  struct Workspace {
+    Buffer att;          // (B,NH,T,T) probabilities when a layer did not keep its own
+    Buffer att_scratch;  // (B,NH,T,T) fp32 attention backward workspace (flash: (B,NH,T))
+    Buffer dln, xnext;   // (Ns,C)
+    Buffer datty;        // (N,Cl)
+    Buffer dqkv;         // (N,3Cl)
+    Buffer dfc;          // (N,4C/P)
+    // Sequence parallelism, (N,C) each: partial products before their reduce-scatter, a LayerNorm
+    // output gathered for a column-parallel GEMM, and the gathered gradient of the residual stream.
+    Buffer partial, ln_all, dx_all;
+  };
+
+  // Every activation buffer is written before it is read, so none is zero-filled (on the CPU they
+  // start as NaN, which any read-before-write would spread into the loss).
+  Buffer act(int64_t elems) { return ar_.alloc_uninitialized(kAct, size_t(elems) * sizeof(S)); }
+  Buffer f32(int64_t elems) { return ar_.alloc_uninitialized(kAct, size_t(elems) * sizeof(float)); }
+  static S* p(const Buffer& b) { return static_cast<S*>(b.data()); }
+  int64_t att_elems() const { return int64_t(B_) * NHl_ * T_ * T_; }
+  int64_t lse_elems() const { return int64_t(B_) * NHl_ * T_; }
+  int64_t all_rows_elems() const { return int64_t(N_) * C_; }  // (N,C)
+  // Sequence parallelism: this rank's rows `own` gathered into `all` (allocated on first use); without
+  // it `own` already holds every row.
+  const S* gathered(Buffer& all, const S* own) {
+    if (!tp_.splits_sequence()) return own;
+    if (!all) all = act(all_rows_elems());
+    tp_.gather(p(all), own, Ns_, C_);
+    return p(all);
+  }
+  // Where a row-parallel product goes before it is summed over tp into `own` (Ns,C): the (N,C)
+  // partial buffer under sequence parallelism, else `own` itself (summed in place).
+  S* partial_out(Workspace& ws, S* own) { return tp_.splits_sequence() ? p(ws.partial) : own; }
+  void sum_partial(S* own, Workspace& ws) {
+    if (tp_.active()) tp_.sum_scatter(own, partial_out(ws, own), Ns_, C_);
+  }
+  // The backward of a column-parallel GEMM (c_attn, c_fc) whose input is this rank's rows `inp_own`
+  // of a LayerNorm output: dinp_own = this rank's rows of the input gradient, summed over tp.
+  void column_parallel_bwd(S* dinp_own, float* dw, float* db, const S* dout, const S* inp_own, const S* w, int OC,
+                           Workspace& ws);
+  // A row-parallel bias is added by one rank, so that the sum over tp holds it once.
+  const S* bias_once(int i) const { return tp_.rank() == 0 ? w(i) : nullptr; }
+  void alloc_layer(LayerActs& a, bool with_att);
+
+  // The weight entry i as the ops read it, in S.
+  const S* w(int i) const {
+    const ParamEntry& e = s_.entry(i);
+    MT_CHECK(m_.acquired_[size_t(e.unit)], "weight '%s' read outside an acquire of its unit", e.name.c_str());
+    return s_.compute_as<S>(i);
+  }
+  // Unit u's parameters (and gradient buffer) about to be used: the hooks materialise them.
+  void acquire(int u, bool grads) { m_.acquire(u, grads); }
+  float* g(int i) const { return s_.grad(i); }
+
+  void layer_forward(int l, const S* x, S* x_next, LayerActs& a, Workspace& ws, const int32_t* doc);
+  void layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& ws, const int32_t* doc);
+  // Allocates the pass's shared buffers: the sequence-parallel ones, the shared attention state of the
+  // layers that do not keep theirs, the layer scratch of full recompute.
+  void alloc_workspace(const StageState& st, Workspace& ws, LayerActs& scratch);
+  void device_inputs(StageState& st);
+  void embed(StageState& st, S* x0, Workspace& ws);
+  void embed_backward(StageState& st, Buffer& dx, Workspace& ws);
+  void head_forward(StageState& st, Workspace& ws, GPT::Mode mode, float* last_logits_out);
+  // Fills `losses` (N, fp32) with the per-token losses and, if grads, dlnf and wte's gradient.
+  // lnf: all N rows; dlnf: (N,C), under tensor parallelism this rank's partial sum.
+  void classifier(float* losses, const S* lnf, S* dlnf, const int32_t* targets, float dloss, bool grads);
+  double sum_losses(const Buffer& losses);
+  void last_logits(const S* lnf, float* out);
+
+  GPT& m_;
+  ParamStore& s_;
+  Arena& ar_;
+  const ops::Ctx& c_;
+  const MicroBatch& mb_;
+  const parallel::TensorParallel& tp_;
+  // N rows of the micro-batch; P tp ranks; Ns rows of the residual stream held here (N/P under
+  // sequence parallelism); Cl = C/P attention width and NHl = NH/P heads held here.
+  const int B_, T_, C_, NH_, N_, P_, Ns_, Cl_, NHl_;
+  const int64_t NC_;  // Ns x C: the residual stream held here
+  const bool flash_;
+};
+
+
+}  // namespace mt::model

@@ -1,0 +1,124 @@
+#include "parallel/pipeline_executor.h"
+
+#include <chrono>
+
+#include "runtime/check.h"
+
+namespace mt::parallel {
+
+namespace {
+using clock_type = std::chrono::steady_clock;
+double since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
+
+bool is_receive(ActionKind k) { return k == ActionKind::recv_activation || k == ActionKind::recv_gradient; }
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(Schedule schedule, Comm& pp) : schedule_(std::move(schedule)), pp_(pp) {
+  MT_CHECK(pp.size() == schedule_.p(), "pipeline executor: a schedule for %d ranks on a communicator of %d",
+           schedule_.p(), pp.size());
+  if (schedule_.split_backward())
+    fail("pp.schedule=%s: the split backward (B_input, W) is not executed yet; use gpipe, 1f1b or interleaved",
+         schedule_kind_name(schedule_.spec.kind));
+  last_forward_.assign(size_t(schedule_.v()), 0);
+  last_backward_.assign(size_t(schedule_.v()), 0);
+  const std::vector<Action>& list = actions();
+  for (size_t i = 0; i < list.size(); i++) {
+    if (list[i].kind == ActionKind::forward) last_forward_[size_t(list[i].chunk)] = i;
+    if (list[i].kind == ActionKind::backward) last_backward_[size_t(list[i].chunk)] = i;
+  }
+}
+
+// Posts, in list order, every receive listed before `end` that is not posted yet.
+void PipelineExecutor::post_receives_through(size_t end, PipelineStages& stages) {
+  const std::vector<Action>& list = actions();
+  for (; posted_ < end && posted_ < list.size(); posted_++) {
+    const Action& a = list[posted_];
+    if (!is_receive(a.kind)) continue;
+    Message m;
+    m.buf = stages.alloc_message();
+    m.handle = pp_.recv_async(m.buf.data(), stages.message_elems(), stages.message_dtype(), a.peer);
+    const bool fresh = received_.emplace(Key{a.kind, a.chunk, a.micro}, std::move(m)).second;
+    MT_CHECK(fresh, "pipeline executor: %s received twice", describe(a).c_str());
+    stats_.messages_received++;
+  }
+}
+
+// The message `kind` (a receive) that compute action `a` consumes, once it has arrived; empty when
+// the schedule lists none (stage 0's input, the last stage's output gradient).
+Buffer PipelineExecutor::take_received(ActionKind kind, const Action& a) {
+  auto it = received_.find(Key{kind, a.chunk, a.micro});
+  if (it == received_.end()) return Buffer();
+  const auto t0 = clock_type::now();
+  it->second.handle.wait();
+  stats_.recv_wait_s += since(t0);
+  Buffer b = std::move(it->second.buf);
+  received_.erase(it);
+  return b;
+}
+
+void PipelineExecutor::reap_sends(bool wait) {
+  const auto t0 = clock_type::now();
+  for (size_t i = 0; i < sending_.size();) {
+    if (wait) sending_[i].handle.wait();
+    if (sending_[i].handle.done() || sending_[i].handle.test()) {
+      sending_[i] = std::move(sending_.back());
+      sending_.pop_back();
+    } else {
+      i++;
+    }
+  }
+  if (wait) stats_.send_wait_s += since(t0);
+}
+
+void PipelineExecutor::run(PipelineStages& stages) {
+  stats_ = PipelineStats();
+  posted_ = 0;
+  MT_CHECK(received_.empty() && produced_.empty() && sending_.empty(), "pipeline executor: a step left messages");
+  const std::vector<Action>& list = actions();
+  for (size_t i = 0; i < list.size(); i++) {
+    const Action& a = list[i];
+    switch (a.kind) {
+      case ActionKind::recv_activation:
+      case ActionKind::recv_gradient: post_receives_through(i + 1, stages); break;
+      case ActionKind::send_activation:
+      case ActionKind::send_gradient: {
+        const ActionKind made = a.kind == ActionKind::send_activation ? ActionKind::forward : ActionKind::backward;
+        auto it = produced_.find(Key{made, a.chunk, a.micro});
+        MT_CHECK(it != produced_.end(), "pipeline executor: %s before its producer", describe(a).c_str());
+        Message m;
+        m.buf = std::move(it->second);
+        produced_.erase(it);
+        m.handle = pp_.send_async(m.buf.data(), stages.message_elems(), stages.message_dtype(), a.peer);
+        sending_.push_back(std::move(m));
+        stats_.messages_sent++;
+        break;
+      }
+      case ActionKind::forward:
+      case ActionKind::backward: {
+        // Post the next compute action's receives now, so that they land while this one runs.
+        size_t next = i + 1;
+        while (next < list.size() && !is_compute(list[next].kind)) next++;
+        post_receives_through(next, stages);
+        const bool fwd = a.kind == ActionKind::forward;
+        Buffer in = take_received(fwd ? ActionKind::recv_activation : ActionKind::recv_gradient, a);
+        stages.before(a, i == (fwd ? last_forward_ : last_backward_)[size_t(a.chunk)]);
+        const auto t0 = clock_type::now();
+        Buffer out = fwd ? stages.forward(a.chunk, a.micro, std::move(in))
+                         : stages.backward(a.chunk, a.micro, std::move(in));
+        stats_.compute_s += since(t0);
+        if (out) produced_[Key{a.kind, a.chunk, a.micro}] = std::move(out);
+        reap_sends(false);
+        break;
+      }
+      case ActionKind::backward_input:
+      case ActionKind::backward_weight:
+        fail("pipeline executor: %s: the split backward is not executed yet", describe(a).c_str());
+    }
+  }
+  reap_sends(true);
+  MT_CHECK(received_.empty(), "pipeline executor: %zu received messages were never consumed", received_.size());
+  // An output nobody sends is a local hand-over the schedule does not list (one rank, several chunks).
+  MT_CHECK(produced_.empty(), "pipeline executor: %zu outputs were never sent", produced_.size());
+}
+
+}  // namespace mt::parallel

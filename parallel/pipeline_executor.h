@@ -1,0 +1,99 @@
+// The pipeline executor: runs this rank's action list of a Schedule (parallel/pipeline_schedule.h) for
+// one optimizer step over the pipeline communicator's point-to-point operations.
+//
+// Who holds what. The executor knows nothing of the model: a PipelineStages object (the trainer's,
+// over the GPT's stage calls) runs F and B of a chunk on a micro-batch and owns the saved contexts.
+// The executor owns the messages: the activations received for F and the gradients received for B,
+// and the outputs of F and B until their sends complete. Messages are one residual stream each
+// (B T C elements, B T C / tp under sequence parallelism) in the run's storage type.
+//
+// Communication and its pairs: send_activation -> recv_activation (forward), send_gradient ->
+// recv_gradient (the backward twin). Following the schedule's contract: every receive is posted
+// (recv_async) one compute action ahead of where it is listed, so the message lands while the rank
+// computes; per peer they are posted in list order, so the k-th send from a rank matches the k-th
+// receive from it, with one tag. A send starts when listed (send_async) and is completed only at the
+// end of the step, or when it is seen complete, which frees its buffer; no send is waited for before
+// a later action, so the validator's proof of deadlock freedom (eager sends, blocking receives)
+// applies. Per step a rank sends m v messages each way, a = B T C elements each (first and last
+// stage excepted for gradients and activations respectively).
+//
+// Data parallelism. Before each compute action the stages are told whether it is the last on this
+// rank to touch its chunk's weight gradients (the chunk's last B), or the last F of the chunk (where
+// the last stage's wte gradient is complete): the trainer turns that into DataParallel's
+// set_last_micro, so a unit's reduction starts when its last micro-batch's backward is done and
+// overlaps the rest of the pipeline's drain.
+//
+// The split backward of zb1 (B_input, W) is not executed yet: a schedule with it is refused.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "parallel/comm.h"
+#include "parallel/pipeline_schedule.h"
+#include "runtime/arena.h"
+
+namespace mt::parallel {
+
+// What the executor drives: the stages a rank holds (its chunks), for the micro-batches of a step.
+class PipelineStages {
+ public:
+  virtual ~PipelineStages() = default;
+  // The elements of one message (activation or gradient), their type, and a buffer for one (in the
+  // memory the communicator reads and writes; uninitialised).
+  virtual size_t message_elems() const = 0;
+  virtual DType message_dtype() const = 0;
+  virtual Buffer alloc_message() = 0;
+  // Called before every compute action: `last` is true for the chunk's last backward on this rank
+  // (its weight gradients are then complete) and for the chunk's last forward.
+  virtual void before(const Action& a, bool last) = 0;
+  // F of `chunk` on `micro`: `input` the previous stage's activation (empty on stage 0); returns the
+  // output for the next stage (empty on the last stage).
+  virtual Buffer forward(int chunk, int micro, Buffer input) = 0;
+  // B: `dy` the next stage's gradient (empty on the last stage); returns the gradient of F's input
+  // (empty on stage 0).
+  virtual Buffer backward(int chunk, int micro, Buffer dy) = 0;
+};
+
+struct PipelineStats {
+  double recv_wait_s = 0;  // blocked waiting for a message before a compute action (the bubble, mostly)
+  double send_wait_s = 0;  // completing sends at the end of the step
+  double compute_s = 0;    // inside forward and backward
+  int messages_sent = 0, messages_received = 0;
+};
+
+class PipelineExecutor {
+ public:
+  // `schedule` must pass validate_schedule; `pp` is the pipeline communicator (rank = pipeline rank).
+  // Throws, naming pp.schedule, for a schedule with a split backward (zb1).
+  PipelineExecutor(Schedule schedule, Comm& pp);
+
+  // Runs this rank's actions of one step; every send and receive is complete when it returns.
+  void run(PipelineStages& stages);
+  const PipelineStats& stats() const { return stats_; }
+  const Schedule& schedule() const { return schedule_; }
+
+ private:
+  using Key = std::tuple<ActionKind, int, int>;  // (message kind, chunk, micro)
+  struct Message {
+    Buffer buf;
+    CommHandle handle;
+  };
+  void post_receives_through(size_t end, PipelineStages& stages);
+  Buffer take_received(ActionKind kind, const Action& a);
+  void reap_sends(bool wait);
+
+  Schedule schedule_;
+  Comm& pp_;
+  const std::vector<Action>& actions() const { return schedule_.ranks[size_t(pp_.rank())]; }
+  // Index of the last F and of the last B per chunk in this rank's list.
+  std::vector<size_t> last_forward_, last_backward_;
+  size_t posted_ = 0;  // receives before this index of the list have been posted
+  std::map<Key, Message> received_;      // posted receives, by what they carry
+  std::map<Key, Buffer> produced_;       // outputs of F (send_activation) and B (send_gradient), not yet sent
+  std::vector<Message> sending_;         // sends in flight, with their buffers
+  PipelineStats stats_;
+};
+
+}  // namespace mt::parallel

@@ -1,0 +1,207 @@
+#include "train/pipeline.h"
+
+#include <sstream>
+
+#include "parallel/pipeline_sim.h"
+#include "runtime/check.h"
+
+namespace mt::train {
+
+parallel::ScheduleSpec pipeline_spec(const TrainOptions& o) {
+  parallel::ScheduleSpec s;
+  s.kind = parallel::parse_schedule_kind(o.parallel.pp_schedule);
+  s.p = o.parallel.pp;
+  s.m = o.grad_accum;
+  s.v = o.parallel.pp_virtual;
+  return s;
+}
+
+namespace {
+
+// "3,3,2,4" -> {3, 3, 2, 4}; fails naming pp.layers.
+std::vector<int> parse_layers(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    char* end = nullptr;
+    const long n = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || n < 1 || n > 1 << 20)
+      fail("pp.layers=%s: '%s' is not a positive layer count (expected e.g. pp.layers=3,3,2,4, one per stage)",
+           text.c_str(), item.c_str());
+    out.push_back(int(n));
+  }
+  if (!text.empty() && text.back() == ',') fail("pp.layers=%s ends in a comma", text.c_str());
+  return out;
+}
+
+}  // namespace
+
+std::vector<int> stage_layers(const TrainOptions& o) {
+  const int S = o.parallel.pp * o.parallel.pp_virtual, L = o.model.n_layer;
+  if (!o.parallel.pp_layers.empty()) {
+    const std::vector<int> given = parse_layers(o.parallel.pp_layers);
+    int sum = 0;
+    for (int n : given) sum += n;
+    if (int(given.size()) != S)
+      fail("pp.layers=%s lists %zu stages but --pp %d x pp.virtual %d makes %d", o.parallel.pp_layers.c_str(),
+           given.size(), o.parallel.pp, o.parallel.pp_virtual, S);
+    if (sum != L)
+      fail("pp.layers=%s sums to %d layers but the model has %d (model.n_layer)", o.parallel.pp_layers.c_str(), sum,
+           L);
+    return given;
+  }
+  // Even, with the remainder one layer each to stages 1, 2, ...: stage 0 also embeds and the last
+  // stage also runs the classifier.
+  std::vector<int> out(size_t(S), L / S);
+  for (int s = 1; s <= L % S; s++) out[size_t(s % S)]++;
+  return out;
+}
+
+model::StagePlan stage_plan(const TrainOptions& o, int pp_rank) {
+  const int p = o.parallel.pp, v = o.parallel.pp_virtual;
+  const std::vector<int> layers = stage_layers(o);
+  std::vector<int> start(layers.size() + 1, 0);
+  for (size_t s = 0; s < layers.size(); s++) start[s + 1] = start[s] + layers[s];
+  model::StagePlan plan;
+  for (int c = 0; c < v; c++) {
+    const size_t s = size_t(c * p + pp_rank);
+    plan.chunks.push_back({start[s], start[s + 1]});
+  }
+  plan.first = pp_rank == 0;
+  plan.last = pp_rank == p - 1;
+  return plan;
+}
+
+void check_pipeline_options(const TrainOptions& o) {
+  const int p = o.parallel.pp, v = o.parallel.pp_virtual, L = o.model.n_layer;
+  const parallel::ScheduleKind kind = parallel::parse_schedule_kind(o.parallel.pp_schedule);
+  if (p == 1) {
+    if (v != 1) fail("pp.virtual=%d needs --pp 2 or more (the chunks of a rank interleave with other ranks')", v);
+    if (!o.parallel.pp_layers.empty()) fail("pp.layers=%s needs --pp 2 or more", o.parallel.pp_layers.c_str());
+    return;
+  }
+  parallel::check_schedule_spec(pipeline_spec(o));
+  if (kind == parallel::ScheduleKind::zb1)
+    fail("pp.schedule=zb1: the split backward (B_input, W) is not executed yet; use gpipe, 1f1b or interleaved");
+  if (int64_t(p) * v > L) {
+    if (v == 1)
+      fail("--pp %d is larger than the model's %d layers (model.n_layer): every stage needs at least one layer", p, L);
+    fail("--pp %d x pp.virtual %d = %d stages, more than the model's %d layers (model.n_layer): every stage needs "
+         "at least one layer", p, v, p * v, L);
+  }
+  if (!o.parallel.pp_layers.empty())
+    stage_layers(o);  // fails naming pp.layers
+  else if (kind == parallel::ScheduleKind::interleaved && L % (p * v) != 0)
+    fail("pp.schedule=interleaved: model.n_layer %d is not divisible by --pp %d x pp.virtual %d (or give each "
+         "stage's layers with pp.layers)", L, p, v);
+  if (o.device != Device::cpu)
+    fail("--pp %d with --device %s: pipeline parallelism runs on the CPU backend so far (its messages travel over "
+         "the host communicator)", p, device_name(o.device));
+}
+
+namespace {
+parallel::Schedule checked_schedule(const TrainOptions& o) {
+  parallel::Schedule s = parallel::build_schedule(pipeline_spec(o));
+  parallel::validate_schedule(s);
+  return s;
+}
+}  // namespace
+
+Pipeline::Pipeline(const TrainOptions& o, parallel::Comm& pp, model::GPT& gpt, ParamStore& store,
+                   parallel::DataParallel& dp, Arena& arena)
+    : pp_(pp), gpt_(gpt), store_(store), dp_(dp), arena_(arena), exec_(checked_schedule(o), pp) {
+  MT_CHECK(arena.device() == Device::cpu, "pipeline parallelism on the CPU backend only");
+}
+
+Buffer Pipeline::alloc_message() {
+  return arena_.alloc_uninitialized(MemCategory::activations, elems_ * dtype_size(store_.compute_dtype()));
+}
+
+void Pipeline::before(const parallel::Action& a, bool last) {
+  (void)a;
+  dp_.set_last_micro(last);
+}
+
+Buffer Pipeline::forward(int chunk, int micro, Buffer input) {
+  const HostBatch& b = (*micro_)[size_t(micro)];
+  std::unique_ptr<model::StageContext> ctx = gpt_.stage_forward(chunk, view(b), std::move(input), dloss_, true);
+  Buffer out = gpt_.take_stage_output(*ctx);
+  contexts_[{chunk, micro}] = std::move(ctx);
+  return out;
+}
+
+Buffer Pipeline::backward(int chunk, int micro, Buffer dy) {
+  auto it = contexts_.find({chunk, micro});
+  MT_CHECK(it != contexts_.end(), "pipeline: backward of chunk %d, micro-batch %d before its forward", chunk, micro);
+  Buffer dx = gpt_.stage_backward(*it->second, std::move(dy));
+  const bool last_stage = gpt_.plan().last && chunk + 1 == int(gpt_.plan().chunks.size());
+  if (last_stage) losses_[size_t(micro)] = gpt_.stage_loss(*it->second);
+  contexts_.erase(it);
+  return dx;
+}
+
+double Pipeline::step(const std::vector<HostBatch>& micro, float dloss) {
+  micro_ = &micro;
+  dloss_ = dloss;
+  losses_.assign(micro.size(), 0.0);
+  elems_ = size_t(gpt_.stage_activation_elems(view(micro[0])));
+  exec_.run(*this);
+  MT_CHECK(contexts_.empty(), "pipeline: %zu stage contexts left after the step", contexts_.size());
+  micro_ = nullptr;
+  double sum = 0;  // in micro-batch order, as a single rank adds them
+  for (double l : losses_) sum += l;
+  return sum;
+}
+
+double Pipeline::forward_loss(const HostBatch& b) {
+  const int p = pp_.size(), r = pp_.rank(), v = int(gpt_.plan().chunks.size()), S = p * v;
+  elems_ = size_t(gpt_.stage_activation_elems(view(b)));
+  double loss = 0;
+  std::vector<parallel::CommHandle> sends;
+  std::vector<Buffer> sent;
+  for (int c = 0; c < v; c++) {
+    const int s = c * p + r;
+    Buffer in;
+    if (s > 0) {
+      in = alloc_message();
+      pp_.recv(in.data(), elems_, message_dtype(), (s - 1) % p);
+    }
+    std::unique_ptr<model::StageContext> ctx = gpt_.stage_forward(c, view(b), std::move(in), 0.f, false);
+    if (s == S - 1) {
+      loss = gpt_.stage_loss(*ctx);
+    } else {
+      sent.push_back(gpt_.take_stage_output(*ctx));
+      sends.push_back(pp_.send_async(sent.back().data(), elems_, message_dtype(), (s + 1) % p));
+    }
+  }
+  for (parallel::CommHandle& h : sends) h.wait();
+  return loss;
+}
+
+void Pipeline::sum_tied_grads() {
+  const int p = pp_.size(), r = pp_.rank();
+  if (p == 1 || (r != 0 && r != p - 1)) return;
+  const int u = gpt_.embedding_unit();
+  MT_CHECK(u >= 0, "pipeline: the first or last stage without the embedding unit");
+  const ParamUnit& unit = store_.units()[size_t(u)];
+  // Where this rank keeps its part of the unit's reduced gradient (all of it under ZeRO-0).
+  float* g = nullptr;
+  int64_t n = 0, pos = 0;
+  for (const parallel::Segment& seg : dp_.segments()) {
+    const int64_t lo = std::max(seg.begin, unit.begin), hi = std::min(seg.end, unit.end);
+    if (hi > lo) {
+      g = dp_.grad_shard() + pos + (lo - seg.begin);
+      n = hi - lo;
+      break;
+    }
+    pos += seg.size();
+  }
+  MT_CHECK(g != nullptr, "pipeline: no part of wte's gradient on this rank");
+  const int peer = r == 0 ? p - 1 : 0;
+  std::vector<float> other(static_cast<size_t>(n));
+  pp_.send_recv(g, size_t(n), peer, other.data(), size_t(n), peer, DType::f32);
+  for (int64_t i = 0; i < n; i++) g[i] += other[size_t(i)];
+}
+
+}  // namespace mt::train

@@ -1,0 +1,85 @@
+// Pipeline parallelism in the trainer (--pp): which layers each pipeline rank holds, the step's
+// micro-batches through the schedule's executor (parallel/pipeline_executor.h) over the model's stage
+// calls, evaluation through the stages, and the tied embedding's gradient summed over its two copies.
+//
+// Who holds what. The n_layer layers are cut into S = pp x pp.virtual stages, as pp.layers lists them
+// or evenly (the remainder one layer each to stages 1, 2, ...: stage 0 also embeds and the last
+// stage also runs the classifier); rank r holds stages chunk x pp + r. Stage 0 holds wte and wpe,
+// the last stage ln_f and its own copy of wte (tied embeddings).
+//
+// Loss. Every pp rank of a data-parallel replica reads the same micro-batches; each micro-batch's
+// loss is weighted by the whole step's 1 / valid tokens (the trainer's dloss), computed by the last
+// stage only, and the step's loss is summed there in micro-batch order, as a single rank sums it.
+//
+// Tied embeddings. The first and the last stage each accumulate a gradient for wte (the embedding's
+// and the classifier's); after the data-parallel reduction the two ranks exchange their parts (the
+// same ZeRO shard layout: wte is a unit of its own on both) and each adds the other's, so both copies
+// get the same sum and stay bitwise equal (x + y = y + x in IEEE arithmetic). Norms count the copy
+// of pp rank 0 only (ParamEntry::replicated has kAxisPp), and a checkpoint stores it once.
+// Bytes: the wte gradient (Vp C / (tp dp) fp32 elements under ZeRO 1-3, Vp C / tp under ZeRO-0)
+// each way per step between pp ranks 0 and pp - 1.
+#pragma once
+#include <map>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "model/gpt.h"
+#include "parallel/data_parallel.h"
+#include "parallel/pipeline_executor.h"
+#include "train/batches.h"
+#include "train/options.h"
+
+namespace mt::train {
+
+// Fails with one line naming the option unless the pipeline options fit the model: pp.schedule and
+// pp.virtual (parallel/pipeline_schedule.h's rules, with grad_accum micro-batches), every stage at
+// least one layer (pp x pp.virtual <= n_layer), pp.layers with one positive count per stage summing
+// to n_layer, interleaved with n_layer divisible by pp x pp.virtual unless pp.layers is given, and
+// (for now) the CPU backend. Nothing to check with pp = 1 beyond pp.virtual = 1 and no pp.layers.
+void check_pipeline_options(const TrainOptions& o);
+parallel::ScheduleSpec pipeline_spec(const TrainOptions& o);
+// Layers of each of the pp x pp.virtual stages.
+std::vector<int> stage_layers(const TrainOptions& o);
+// The chunks pipeline rank `pp_rank` holds.
+model::StagePlan stage_plan(const TrainOptions& o, int pp_rank);
+
+class Pipeline final : public parallel::PipelineStages {
+ public:
+  Pipeline(const TrainOptions& o, parallel::Comm& pp, model::GPT& gpt, ParamStore& store,
+           parallel::DataParallel& dp, Arena& arena);
+
+  // One step's forward and backward of `micro` through the schedule; returns the sum of the per-token
+  // losses on the last stage (0 elsewhere). Gradients are reduced over dp as units complete; call
+  // DataParallel::finish_grads and then sum_tied_grads.
+  double step(const std::vector<HostBatch>& micro, float dloss);
+  // Forward only of one batch through every stage: the loss sum on the last stage, 0 elsewhere.
+  double forward_loss(const HostBatch& b);
+  // After finish_grads: the two copies of wte's gradient summed (first and last stage; no-op elsewhere).
+  void sum_tied_grads();
+  const parallel::PipelineStats& stats() const { return exec_.stats(); }
+
+  // parallel::PipelineStages
+  size_t message_elems() const override { return elems_; }
+  DType message_dtype() const override { return store_.compute_dtype(); }
+  Buffer alloc_message() override;
+  void before(const parallel::Action& a, bool last) override;
+  Buffer forward(int chunk, int micro, Buffer input) override;
+  Buffer backward(int chunk, int micro, Buffer dy) override;
+
+ private:
+  parallel::Comm& pp_;
+  model::GPT& gpt_;
+  ParamStore& store_;
+  parallel::DataParallel& dp_;
+  Arena& arena_;
+  parallel::PipelineExecutor exec_;
+  // The step in progress.
+  const std::vector<HostBatch>* micro_ = nullptr;
+  float dloss_ = 0;
+  size_t elems_ = 0;
+  std::map<std::pair<int, int>, std::unique_ptr<model::StageContext>> contexts_;  // (chunk, micro)
+  std::vector<double> losses_;  // per micro-batch (last stage)
+};
+
+}  // namespace mt::train

@@ -165,7 +165,8 @@ if command -v mpirun >/dev/null; then
     fi
   }
   bad_mpi "product is not the world size" "world has 3 ranks" -np 3 "$mt" train "${common[@]}" --dp 2 out_dir="$work/never"
-  bad_mpi "unsupported dimension" "--pp 2" -np 2 "$mt" train "${common[@]}" --pp 2 out_dir="$work/never"
+  bad_mpi "unsupported dimension" "--cp 2" -np 2 "$mt" train "${common[@]}" --cp 2 out_dir="$work/never"
+  bad_mpi "more pipeline stages than layers" "--pp 4" -np 4 "$mt" train "${common[@]}" --pp 4 out_dir="$work/never"
   bad_mpi "heads not divisible by tp" "4 attention heads" -np 3 "$mt" train "${common[@]}" --tp 3 out_dir="$work/never"
   bad_mpi "sequence parallelism without tp" "tp.sp=true" -np 2 "$mt" train "${common[@]}" tp.sp=true out_dir="$work/never"
   bad_mpi "dp larger than the batch allows" "global_batch" -np 3 "$mt" train "${common[@]}" global_batch=2 out_dir="$work/never"

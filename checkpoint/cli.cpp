@@ -233,6 +233,10 @@ int ckpt_cli(int argc, char** argv) {
   }
   const std::string cmd = argv[0];
   const std::vector<std::string> args(argv + 1, argv + argc);
+  if (cmd == "-h" || cmd == "--help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
   try {
     if (cmd == "ls") {
       if (args.size() != 1) {

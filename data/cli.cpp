@@ -212,7 +212,7 @@ int data_cli(int argc, char** argv) {
   try {
     if (cmd == "prepare") return cli_prepare(argc, argv);
     if (cmd == "inspect") return cli_inspect(argc, argv);
-    if (cmd == "--help" || cmd == "help") {
+    if (cmd == "--help" || cmd == "-h" || cmd == "help") {
       std::fputs(kUsage, stdout);
       return 0;
     }

@@ -5,6 +5,7 @@
 //                    [--tokens N --temperature T --top_k K --seed S]
 //   minitrain data   prepare|inspect ...
 //   minitrain plan   pp=P grad_accum=M pp.schedule=S [pp.virtual=V]
+//   minitrain <command> --help (or -h): the command's options; minitrain --version: version and build
 // Errors print one line `minitrain: error: ...` and exit with status 1 (2 for a missing command).
 #include <cstdio>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "parallel/launch.h"
 #include "runtime/check.h"
 #include "train/bench.h"
+#include "train/options_help.h"
 #include "train/plan.h"
 #include "train/sample.h"
 #include "train/selftest.h"
@@ -26,7 +28,7 @@
 namespace {
 
 const char* kUsage =
-    "usage: minitrain <command> [options]\n"
+    "usage: minitrain <command> [options]    (minitrain <command> --help: its options; --version)\n"
     "  train   train a GPT (key=value options, --config file.json; see README)\n"
     "  bench   time training steps on synthetic tokens and print a table\n"
     "  sample  generate tokens from a trained model.safetensors\n"
@@ -52,11 +54,52 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
+// The flags of `minitrain sample`: the parser accepts exactly these, and --help lists them.
+struct SampleFlag {
+  const char* name;
+  const char* type;
+  const char* default_value;  // nullptr: SampleOptions{}'s (sample_help)
+  const char* meaning;
+};
+constexpr SampleFlag kSampleFlags[] = {
+    {"--model", "path", "(required)", "model.safetensors written by a run (or ckpt export)"},
+    {"--tokenizer", "path", "''", "tokenizer.json of the data the model was trained on (needed by --text)"},
+    {"--text", "string", "''", "prompt text (with --tokenizer); the output is decoded text"},
+    {"--prompt", "ids", "''", "prompt as comma-separated token ids; the output is token ids"},
+    {"--tokens", "int", nullptr, "new tokens to generate"},
+    {"--temperature", "number", nullptr, "softmax temperature (0: greedy)"},
+    {"--top_k", "int", nullptr, "sample among the k likeliest tokens (0: all); also --top-k"},
+    {"--seed", "int", nullptr, "sampling seed"},
+};
+
+std::string sample_help() {
+  std::string s = "usage: minitrain sample --model M.safetensors (--tokenizer T.json --text \"...\" | --prompt 1,2,3) [flags]\n";
+  const mt::train::SampleOptions d;
+  for (const SampleFlag& f : kSampleFlags) {
+    const std::string name = f.name;
+    const std::string def = f.default_value                ? f.default_value
+                            : name == "--tokens"           ? std::to_string(d.max_new_tokens)
+                            : name == "--temperature"      ? mt::strfmt("%g", d.temperature)
+                            : name == "--top_k"            ? std::to_string(d.top_k)
+                                                           : std::to_string(d.seed);
+    s += mt::strfmt("  %-14s %-7s %-11s %s\n", f.name, f.type, def.c_str(), f.meaning);
+  }
+  return s;
+}
+
 int sample_main(const std::vector<std::string>& args) {
+  if (mt::train::wants_help(args)) {
+    std::fputs(sample_help().c_str(), stdout);
+    return 0;
+  }
   mt::train::SampleOptions o;
   std::string text, tokenizer_path;
   for (size_t i = 0; i < args.size(); i++) {
-    const std::string& a = args[i];
+    std::string a = args[i];
+    if (a == "--top-k") a = "--top_k";
+    bool known = false;
+    for (const SampleFlag& f : kSampleFlags) known |= a == f.name;
+    if (!known) mt::fail("unknown sample flag '%s' (see minitrain sample --help)", a.c_str());
     if (i + 1 >= args.size()) mt::fail("flag %s needs a value", a.c_str());
     const std::string& v = args[++i];
     if (a == "--model") o.model_path = v;
@@ -65,9 +108,9 @@ int sample_main(const std::vector<std::string>& args) {
     else if (a == "--tokenizer") tokenizer_path = v;
     else if (a == "--tokens") o.max_new_tokens = mt::train::parse_int(a, v);
     else if (a == "--temperature") o.temperature = float(mt::train::parse_number(a, v));
-    else if (a == "--top_k" || a == "--top-k") o.top_k = mt::train::parse_int(a, v);
+    else if (a == "--top_k") o.top_k = mt::train::parse_int(a, v);
     else if (a == "--seed") o.seed = mt::train::parse_u64(a, v);
-    else mt::fail("unknown sample flag '%s'", a.c_str());
+    else MT_CHECK(false, "sample flag %s is in the table but not parsed", a.c_str());
   }
   if (o.model_path.empty()) mt::fail("sample needs --model <model.safetensors>");
   if (!text.empty() && tokenizer_path.empty()) mt::fail("sample: --text needs --tokenizer <tokenizer.json>");
@@ -114,6 +157,14 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
+  if (cmd == "--version" || cmd == "-V") {
+    std::fputs(mt::train::version_text().c_str(), stdout);
+    return 0;
+  }
+  if ((cmd == "train" || cmd == "bench") && mt::train::wants_help(args)) {
+    std::fputs(mt::train::train_help(cmd).c_str(), stdout);
+    return 0;
+  }
   try {
     if (cmd == "train") {
       // Under mpirun every rank runs this; an error on any rank ends the whole job (run_main).

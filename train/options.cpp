@@ -36,84 +36,103 @@ const char* schedule_name(LrSchedule s) {
 
 using Setter = std::function<void(TrainOptions&, const std::string& key, const std::string& v)>;
 
-const std::map<std::string, Setter>& setters() {
-  static const std::map<std::string, Setter> table = {
-      {"model", [](TrainOptions& o, auto&, auto& v) { o.model_preset = v; o.model = model::GPTConfig::preset(v); }},
-      {"model.preset", [](TrainOptions& o, auto&, auto& v) { o.model_preset = v; o.model = model::GPTConfig::preset(v); }},
-      {"model.vocab_size", [](TrainOptions& o, auto& k, auto& v) { o.model.vocab_size = parse_int(k, v); }},
-      {"model.block_size", [](TrainOptions& o, auto& k, auto& v) { o.model.block_size = parse_int(k, v); }},
-      {"model.n_layer", [](TrainOptions& o, auto& k, auto& v) { o.model.n_layer = parse_int(k, v); }},
-      {"model.n_head", [](TrainOptions& o, auto& k, auto& v) { o.model.n_head = parse_int(k, v); }},
-      {"model.n_embd", [](TrainOptions& o, auto& k, auto& v) { o.model.n_embd = parse_int(k, v); }},
-      {"data.path", [](TrainOptions& o, auto&, auto& v) { o.data.path = v; }},
-      {"data.val_path", [](TrainOptions& o, auto&, auto& v) { o.data.val_path = v; }},
+// One option: its key, how it is applied, and what `minitrain train --help` says of it (its group and
+// a one-line meaning; its type and default come from TrainOptions{}.to_json()).
+struct OptionEntry {
+  const char* key;
+  Setter set;
+  const char* group = "";
+  const char* meaning = "";
+};
+
+// The parser's table, in the order the help lists it (within each group).
+const std::vector<OptionEntry>& option_table() {
+  static const std::vector<OptionEntry> table = {
+      {"model", [](TrainOptions& o, auto&, auto& v) { o.model_preset = v; o.model = model::GPTConfig::preset(v); }, "model", "preset: tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl (dimensions below override it)"},
+      {"model.preset", [](TrainOptions& o, auto&, auto& v) { o.model_preset = v; o.model = model::GPTConfig::preset(v); }, "model", "same as model"},
+      {"model.vocab_size", [](TrainOptions& o, auto& k, auto& v) { o.model.vocab_size = parse_int(k, v); }, "model", "vocabulary size (token ids the embedding holds)"},
+      {"model.block_size", [](TrainOptions& o, auto& k, auto& v) { o.model.block_size = parse_int(k, v); }, "model", "longest context the model has positions for"},
+      {"model.n_layer", [](TrainOptions& o, auto& k, auto& v) { o.model.n_layer = parse_int(k, v); }, "model", "transformer blocks"},
+      {"model.n_head", [](TrainOptions& o, auto& k, auto& v) { o.model.n_head = parse_int(k, v); }, "model", "attention heads per block"},
+      {"model.n_embd", [](TrainOptions& o, auto& k, auto& v) { o.model.n_embd = parse_int(k, v); }, "model", "width of the residual stream"},
+      {"data.path", [](TrainOptions& o, auto&, auto& v) { o.data.path = v; }, "data", "a token shard file or a dataset directory; 'synthetic' for random tokens (--data)"},
+      {"data.val_path", [](TrainOptions& o, auto&, auto& v) { o.data.val_path = v; }, "data", "held-out shards for validation (eval_every)"},
       {"data.mode", [](TrainOptions& o, auto& k, auto& v) {
          if (v != "sequential" && v != "shuffled") fail("%s must be sequential or shuffled (got '%s')", k.c_str(), v.c_str());
-         o.data.mode = v; }},
-      {"data.doc_mask", [](TrainOptions& o, auto& k, auto& v) { o.data.doc_mask = to_bool(k, v); }},
-      {"data.prefetch", [](TrainOptions& o, auto& k, auto& v) { o.data.prefetch = parse_int(k, v); }},
-      {"data.mix", [](TrainOptions& o, auto&, auto& v) { o.data.mix = v; }},
-      {"optim.lr", [](TrainOptions& o, auto& k, auto& v) { o.optim.lr = float(parse_number(k, v)); }},
-      {"optim.min_lr_ratio", [](TrainOptions& o, auto& k, auto& v) { o.optim.min_lr_ratio = float(parse_number(k, v)); }},
-      {"optim.warmup_steps", [](TrainOptions& o, auto& k, auto& v) { o.optim.warmup_steps = parse_int(k, v); }},
-      {"optim.schedule", [](TrainOptions& o, auto&, auto& v) { o.optim.schedule = schedule_from_name(v); }},
-      {"optim.weight_decay", [](TrainOptions& o, auto& k, auto& v) { o.optim.weight_decay = float(parse_number(k, v)); }},
-      {"optim.beta1", [](TrainOptions& o, auto& k, auto& v) { o.optim.beta1 = float(parse_number(k, v)); }},
-      {"optim.beta2", [](TrainOptions& o, auto& k, auto& v) { o.optim.beta2 = float(parse_number(k, v)); }},
-      {"optim.eps", [](TrainOptions& o, auto& k, auto& v) { o.optim.eps = float(parse_number(k, v)); }},
-      {"optim.grad_clip", [](TrainOptions& o, auto& k, auto& v) { o.optim.grad_clip = float(parse_number(k, v)); }},
-      {"ckpt.dir", [](TrainOptions& o, auto&, auto& v) { o.ckpt.dir = v; }},
-      {"ckpt.keep", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.keep = parse_int(k, v); }},
-      {"ckpt.async", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.async = to_bool(k, v); }},
-      {"ckpt.fault_phase", [](TrainOptions& o, auto&, auto& v) { o.ckpt.fault_phase = v; }},
-      {"ckpt.fault_step", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_step = parse_int(k, v); }},
-      {"ckpt.fault_rank", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_rank = parse_int(k, v); }},
-      {"loss_scale.init", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.init_scale = float(parse_number(k, v)); }},
-      {"loss_scale.growth_interval", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.growth_interval = parse_int(k, v); }},
-      {"loss_scale.max_skips", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.max_skips = parse_int(k, v); }},
-      {"parallel.dp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.dp = parse_int(k, v); }},
-      {"parallel.tp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.tp = parse_int(k, v); }},
-      {"parallel.pp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp = parse_int(k, v); }},
-      {"parallel.cp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.cp = parse_int(k, v); }},
-      {"parallel.sp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sp = v == "auto" ? -1 : int(to_bool(k, v)); }},
-      {"tp.sp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sp = v == "auto" ? -1 : int(to_bool(k, v)); }},
-      {"parallel.zero", [](TrainOptions& o, auto& k, auto& v) { o.parallel.zero = parse_int(k, v); }},
-      {"parallel.embedding_rows", [](TrainOptions& o, auto& k, auto& v) { o.parallel.embedding_rows = to_bool(k, v); }},
-      {"parallel.bucket_mb", [](TrainOptions& o, auto& k, auto& v) { o.parallel.bucket_mb = parse_number(k, v); }},
-      {"parallel.sdc_every", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_every = parse_int(k, v); }},
-      {"parallel.sdc_flip_step", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_flip_step = parse_int(k, v); }},
-      {"parallel.sdc_flip_rank", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_flip_rank = parse_int(k, v); }},
+         o.data.mode = v; }, "data", "shuffled | sequential order of training windows"},
+      {"data.doc_mask", [](TrainOptions& o, auto& k, auto& v) { o.data.doc_mask = to_bool(k, v); }, "data", "document-masked attention and per-document positions"},
+      {"data.prefetch", [](TrainOptions& o, auto& k, auto& v) { o.data.prefetch = parse_int(k, v); }, "data", "batches prepared ahead on a background thread (0: none)"},
+      {"data.mix", [](TrainOptions& o, auto&, auto& v) { o.data.mix = v; }, "data", "weighted mixture of datasets, a:0.7,b:0.3 (in place of data.path)"},
+      {"optim.lr", [](TrainOptions& o, auto& k, auto& v) { o.optim.lr = float(parse_number(k, v)); }, "optimizer", "peak learning rate of AdamW"},
+      {"optim.min_lr_ratio", [](TrainOptions& o, auto& k, auto& v) { o.optim.min_lr_ratio = float(parse_number(k, v)); }, "optimizer", "the schedule decays to lr x min_lr_ratio"},
+      {"optim.warmup_steps", [](TrainOptions& o, auto& k, auto& v) { o.optim.warmup_steps = parse_int(k, v); }, "optimizer", "steps of linear warmup"},
+      {"optim.schedule", [](TrainOptions& o, auto&, auto& v) { o.optim.schedule = schedule_from_name(v); }, "optimizer", "cosine | linear | constant decay after warmup"},
+      {"optim.weight_decay", [](TrainOptions& o, auto& k, auto& v) { o.optim.weight_decay = float(parse_number(k, v)); }, "optimizer", "AdamW decoupled weight decay (matrices only)"},
+      {"optim.beta1", [](TrainOptions& o, auto& k, auto& v) { o.optim.beta1 = float(parse_number(k, v)); }, "optimizer", "AdamW first-moment decay"},
+      {"optim.beta2", [](TrainOptions& o, auto& k, auto& v) { o.optim.beta2 = float(parse_number(k, v)); }, "optimizer", "AdamW second-moment decay"},
+      {"optim.eps", [](TrainOptions& o, auto& k, auto& v) { o.optim.eps = float(parse_number(k, v)); }, "optimizer", "AdamW epsilon"},
+      {"optim.grad_clip", [](TrainOptions& o, auto& k, auto& v) { o.optim.grad_clip = float(parse_number(k, v)); }, "optimizer", "global gradient-norm clip (<= 0: no clipping)"},
+      {"ckpt.dir", [](TrainOptions& o, auto&, auto& v) { o.ckpt.dir = v; }, "checkpoint", "checkpoint root ('': <out_dir>/checkpoints)"},
+      {"ckpt.keep", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.keep = parse_int(k, v); }, "checkpoint", "newest checkpoints kept"},
+      {"ckpt.async", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.async = to_bool(k, v); }, "checkpoint", "write checkpoints on a background thread"},
+      {"ckpt.fault_phase", [](TrainOptions& o, auto&, auto& v) { o.ckpt.fault_phase = v; }, "testing", "fault injection: phase at which to kill ckpt.fault_rank (or enospc)"},
+      {"ckpt.fault_step", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_step = parse_int(k, v); }, "testing", "fault injection: the step of the fault (-1: none)"},
+      {"ckpt.fault_rank", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_rank = parse_int(k, v); }, "testing", "fault injection: the world rank that fails"},
+      {"loss_scale.init", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.init_scale = float(parse_number(k, v)); }, "precision", "fp16: initial dynamic loss scale"},
+      {"loss_scale.growth_interval", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.growth_interval = parse_int(k, v); }, "precision", "fp16: clean steps before the scale doubles"},
+      {"loss_scale.max_skips", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.max_skips = parse_int(k, v); }, "precision", "skipped steps in a row that stop the run as diverged"},
+      {"parallel.dp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.dp = parse_int(k, v); }, "parallel", "data-parallel ranks (0: world size / (tp x pp x cp)); also dp=, --dp"},
+      {"parallel.tp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.tp = parse_int(k, v); }, "parallel", "tensor-parallel ranks; also tp=, --tp"},
+      {"parallel.pp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp = parse_int(k, v); }, "parallel", "pipeline stages; also pp=, --pp"},
+      {"parallel.cp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.cp = parse_int(k, v); }, "parallel", "context-parallel ranks (not implemented: 1); also cp=, --cp"},
+      {"parallel.sp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sp = v == "auto" ? -1 : int(to_bool(k, v)); }, "parallel", "sequence parallelism with tp: auto | true | false"},
+      {"tp.sp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sp = v == "auto" ? -1 : int(to_bool(k, v)); }, "parallel", "same as parallel.sp"},
+      {"parallel.zero", [](TrainOptions& o, auto& k, auto& v) { o.parallel.zero = parse_int(k, v); }, "parallel", "ZeRO stage 0-3 (shard optimizer, gradients, parameters); also zero="},
+      {"parallel.embedding_rows", [](TrainOptions& o, auto& k, auto& v) { o.parallel.embedding_rows = to_bool(k, v); }, "parallel", "CPU, ZeRO 0-2: reduce the embedding gradient as sparse rows"},
+      {"parallel.bucket_mb", [](TrainOptions& o, auto& k, auto& v) { o.parallel.bucket_mb = parse_number(k, v); }, "parallel", "gradient MiB per all-reduce bucket"},
+      {"parallel.sdc_every", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_every = parse_int(k, v); }, "parallel", "steps between cross-replica parameter hash checks (0: never)"},
+      {"parallel.sdc_flip_step", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_flip_step = parse_int(k, v); }, "testing", "fault injection: flip a parameter bit before this step's check (-1: never)"},
+      {"parallel.sdc_flip_rank", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sdc_flip_rank = parse_int(k, v); }, "testing", "fault injection: the world rank whose bit flips"},
       {"pp.schedule", [](TrainOptions& o, auto&, auto& v) {
          parallel::parse_schedule_kind(v);  // fails naming pp.schedule
-         o.parallel.pp_schedule = v; }},
-      {"pp.virtual", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp_virtual = parse_int(k, v); }},
-      {"pp.layers", [](TrainOptions& o, auto&, auto& v) { o.parallel.pp_layers = v; }},
-      {"batch_size", [](TrainOptions& o, auto& k, auto& v) { o.batch_size = parse_int(k, v); }},
-      {"global_batch", [](TrainOptions& o, auto& k, auto& v) { o.global_batch = parse_int(k, v); }},
-      {"seq_len", [](TrainOptions& o, auto& k, auto& v) { o.seq_len = parse_int(k, v); }},
-      {"grad_accum", [](TrainOptions& o, auto& k, auto& v) { o.grad_accum = parse_int(k, v); }},
-      {"steps", [](TrainOptions& o, auto& k, auto& v) { o.steps = parse_int(k, v); }},
-      {"seed", [](TrainOptions& o, auto& k, auto& v) { o.seed = parse_u64(k, v); }},
+         o.parallel.pp_schedule = v; }, "parallel", "pipeline schedule: gpipe | 1f1b | interleaved | zb1"},
+      {"pp.virtual", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp_virtual = parse_int(k, v); }, "parallel", "model chunks per pipeline rank (interleaved: 2 or more)"},
+      {"pp.layers", [](TrainOptions& o, auto&, auto& v) { o.parallel.pp_layers = v; }, "parallel", "layers per stage, e.g. 3,3,2,4 ('': even split)"},
+      {"batch_size", [](TrainOptions& o, auto& k, auto& v) { o.batch_size = parse_int(k, v); }, "batch", "rows per micro-batch per data-parallel rank (B)"},
+      {"global_batch", [](TrainOptions& o, auto& k, auto& v) { o.global_batch = parse_int(k, v); }, "batch", "rows per optimizer step over all ranks (0: B x dp x grad_accum)"},
+      {"seq_len", [](TrainOptions& o, auto& k, auto& v) { o.seq_len = parse_int(k, v); }, "batch", "tokens per row (T), at most model.block_size"},
+      {"grad_accum", [](TrainOptions& o, auto& k, auto& v) { o.grad_accum = parse_int(k, v); }, "batch", "micro-batches per optimizer step"},
+      {"steps", [](TrainOptions& o, auto& k, auto& v) { o.steps = parse_int(k, v); }, "run", "optimizer steps to train to"},
+      {"seed", [](TrainOptions& o, auto& k, auto& v) { o.seed = parse_u64(k, v); }, "run", "seed of initialisation and data order"},
       {"precision", [](TrainOptions& o, auto& k, auto& v) {
          if (v != "fp32" && v != "bf16" && v != "fp16") fail("%s must be fp32, bf16 or fp16 (got '%s')", k.c_str(), v.c_str());
-         o.precision = dtype_from_name(v); }},
-      {"recompute", [](TrainOptions& o, auto&, auto& v) { o.recompute = model::recompute_from_name(v); }},
+         o.precision = dtype_from_name(v); }, "precision", "fp32 | bf16 | fp16 compute (fp32 master weights)"},
+      {"recompute", [](TrainOptions& o, auto&, auto& v) { o.recompute = model::recompute_from_name(v); }, "precision", "activation checkpointing: none | selective | full"},
       {"attention", [](TrainOptions& o, auto&, auto& v) {
          if (v != "auto") model::attention_from_name(v);  // fails naming --attention
-         o.attention = v; }},
-      {"device", [](TrainOptions& o, auto&, auto& v) { o.device = device_from_name(v); }},
-      {"out_dir", [](TrainOptions& o, auto&, auto& v) { o.out_dir = v; }},
-      {"init_from", [](TrainOptions& o, auto&, auto& v) { o.init_from = v; }},
-      {"resume", [](TrainOptions& o, auto&, auto& v) { o.resume = v; }},
-      {"save_every", [](TrainOptions& o, auto& k, auto& v) { o.save_every = parse_int(k, v); }},
-      {"eval_every", [](TrainOptions& o, auto& k, auto& v) { o.eval_every = parse_int(k, v); }},
-      {"eval_batches", [](TrainOptions& o, auto& k, auto& v) { o.eval_batches = parse_int(k, v); }},
-      {"log_every", [](TrainOptions& o, auto& k, auto& v) { o.log_every = parse_int(k, v); }},
-      {"threads", [](TrainOptions& o, auto& k, auto& v) { o.threads = parse_int(k, v); }},
-      {"peak_flops", [](TrainOptions& o, auto& k, auto& v) { o.peak_flops = parse_number(k, v); }},
-      {"profile_ops", [](TrainOptions& o, auto& k, auto& v) { o.profile_ops = to_bool(k, v); }},
+         o.attention = v; }, "precision", "auto | materialized | flash (auto: flash on cuda)"},
+      {"device", [](TrainOptions& o, auto&, auto& v) { o.device = device_from_name(v); }, "run", "cpu | cuda"},
+      {"out_dir", [](TrainOptions& o, auto&, auto& v) { o.out_dir = v; }, "logging", "run directory: metrics.jsonl, config.json, checkpoints, model.safetensors (--out)"},
+      {"init_from", [](TrainOptions& o, auto&, auto& v) { o.init_from = v; }, "checkpoint", "Hugging Face GPT-2 safetensors to initialise the weights from"},
+      {"resume", [](TrainOptions& o, auto&, auto& v) { o.resume = v; }, "checkpoint", "auto | fresh | a checkpoint or root ('': new run)"},
+      {"save_every", [](TrainOptions& o, auto& k, auto& v) { o.save_every = parse_int(k, v); }, "checkpoint", "steps between checkpoints (0: only at the end)"},
+      {"eval_every", [](TrainOptions& o, auto& k, auto& v) { o.eval_every = parse_int(k, v); }, "logging", "steps between validation evaluations (0: never)"},
+      {"eval_batches", [](TrainOptions& o, auto& k, auto& v) { o.eval_batches = parse_int(k, v); }, "logging", "validation batches per evaluation"},
+      {"log_every", [](TrainOptions& o, auto& k, auto& v) { o.log_every = parse_int(k, v); }, "logging", "steps between progress lines"},
+      {"threads", [](TrainOptions& o, auto& k, auto& v) { o.threads = parse_int(k, v); }, "run", "OpenMP threads (0: all cores)"},
+      {"peak_flops", [](TrainOptions& o, auto& k, auto& v) { o.peak_flops = parse_number(k, v); }, "logging", "peak FLOP/s per rank for MFU (0: calibrate or datasheet)"},
+      {"profile_ops", [](TrainOptions& o, auto& k, auto& v) { o.profile_ops = to_bool(k, v); }, "logging", "time every op (bench prints the table)"},
   };
   return table;
+}
+
+const std::map<std::string, const OptionEntry*>& setters() {
+  static const std::map<std::string, const OptionEntry*> by_key = [] {
+    std::map<std::string, const OptionEntry*> m;
+    for (const OptionEntry& e : option_table()) MT_CHECK(m.emplace(e.key, &e).second, "option '%s' twice", e.key);
+    return m;
+  }();
+  return by_key;
 }
 
 // The range of every numeric option, by its key in to_json() (the key a user gives). validate() holds
@@ -192,6 +211,12 @@ void flatten(const nlohmann::json& j, const std::string& prefix, std::vector<std
 
 }  // namespace
 
+std::vector<OptionDoc> option_docs() {
+  std::vector<OptionDoc> docs;
+  for (const OptionEntry& e : option_table()) docs.push_back({e.key, e.group, e.meaning});
+  return docs;
+}
+
 int parse_int(const std::string& key, const std::string& v) {
   char* end = nullptr;
   errno = 0;
@@ -223,7 +248,7 @@ void apply_option(TrainOptions& o, const std::string& key, const std::string& va
   auto it = setters().find(key);
   if (it == setters().end()) it = setters().find("parallel." + key);  // dp=2, zero=3 ... as short forms
   if (it == setters().end()) fail("unknown option '%s'", key.c_str());
-  it->second(o, key, value);
+  it->second->set(o, key, value);
 }
 
 TrainOptions parse_train_options(const std::vector<std::string>& args) {

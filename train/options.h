@@ -123,6 +123,12 @@ int parse_int(const std::string& key, const std::string& value);
 uint64_t parse_u64(const std::string& key, const std::string& value);
 double parse_number(const std::string& key, const std::string& value);
 
+// What the help says of one option of the parser's table (train/options_help.h renders it).
+struct OptionDoc {
+  std::string key, group, meaning;
+};
+std::vector<OptionDoc> option_docs();  // every key apply_option() takes, in table order
+
 // Applies one `key=value` (dotted key) to `o`; throws naming the key on an unknown key or bad value.
 void apply_option(TrainOptions& o, const std::string& key, const std::string& value);
 

@@ -110,6 +110,17 @@ std::string plan_report(const std::vector<std::string>& args) {
 }
 
 int plan_main(const std::vector<std::string>& args) {
+  for (const std::string& a : args)
+    if (a == "-h" || a == "--help") {
+      std::fputs("usage: minitrain plan pp=P grad_accum=M pp.schedule=gpipe|1f1b|interleaved|zb1 [pp.virtual=V]\n"
+                 "  pp           int     pipeline stages (1)\n"
+                 "  grad_accum   int     micro-batches per step (1)\n"
+                 "  pp.schedule  string  gpipe | 1f1b | interleaved | zb1 (1f1b)\n"
+                 "  pp.virtual   int     model chunks per rank, interleaved only (1)\n"
+                 "Prints the schedule as a time x rank grid and its simulated bubble next to the formula.\n",
+                 stdout);
+      return 0;
+    }
   const std::string report = plan_report(args);
   std::fwrite(report.data(), 1, report.size(), stdout);
   return 0;

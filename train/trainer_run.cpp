@@ -11,6 +11,7 @@
 #include "model/hf_io.h"
 #include "runtime/check.h"
 #include "train/divergence.h"
+#include "train/run_summary.h"
 #include "train/trainer.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
@@ -78,13 +79,7 @@ void Trainer::run() {
   const double world_peak = peak.flops * world_.size();
   parallel::Comm& dp = mesh_->dp_comm();
   if (writer) {
-    std::fprintf(stderr,
-                 "minitrain: %s (%.2fM params), B=%d T=%d accum=%d, %s, recompute=%s, attention=%s, %s zero=%d, %d steps -> %s\n"
-                 "minitrain: peak for MFU: %.1f GFLOP/s per rank (%s)\n",
-                 o_.model_preset.c_str(), double(o_.model.num_params()) / 1e6, o_.batch_size, o_.seq_len,
-                 o_.grad_accum, dtype_name(o_.precision), model::recompute_name(o_.recompute),
-                 model::attention_name(o_.attention_kind()), mesh_->layout_str().c_str(), o_.parallel.zero, o_.steps, o_.out_dir.c_str(), peak.flops / 1e9,
-                 peak.label.c_str());
+    std::fputs(format_run_plan(make_run_plan(o_, *mesh_, peak, flops_tok, step_, ckpt_opts_.dir)).c_str(), stderr);
     log.write({{"event", "start"}, {"config", o_.to_json()}, {"params", o_.model.num_params()},
                {"world_size", world_.size()}, {"flops_per_token", flops_tok}, {"peak_flops_per_rank", peak.flops},
                {"peak_label", peak.label}, {"resumed_at", step_}});
@@ -95,6 +90,7 @@ void Trainer::run() {
   const int first = step_;
   int64_t logged_save = -1;
   DivergenceGuard guard(o_.loss_scale.max_skips);
+  RunTotals totals;
   while (step_ < o_.steps) {
     arena_.reset_peaks();
     const StepResult r = step();
@@ -105,12 +101,17 @@ void Trainer::run() {
                         {"time", {{"data", r.t_data}, {"forward", r.t_forward}, {"backward", r.t_backward},
                                   {"grad_wait", r.t_grad_wait}, {"optimizer", r.t_optimizer}, {"total", r.t_total}}},
                         {"memory", memory_json(arena_.stats())}};
+    totals.add_step(step_, r, mfu, hfu, arena_.stats());
     j["grad_norm"] = std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json();
     if (scaler_.enabled()) j["loss_scale"] = scaler_.scale();
     if (dp.size() > 1) j["comm_dp"] = comm_json(group_counters(parallel::MeshDim::dp));
     if (mesh_->tp() > 1) j["comm_tp"] = comm_json(group_counters(parallel::MeshDim::tp));
     if (gns_.valid()) j["gns"] = {{"b_simple", gns_.b_simple()}, {"g2", gns_.g2()}, {"trace_sigma", gns_.trace_sigma()}};
-    if (o_.eval_every > 0 && (step_ % o_.eval_every == 0 || step_ == o_.steps)) j["val_loss"] = evaluate();
+    if (o_.eval_every > 0 && (step_ % o_.eval_every == 0 || step_ == o_.steps)) {
+      const double v = evaluate();
+      j["val_loss"] = v;
+      totals.add_val_loss(v);
+    }
     if (ckpt_) {
       const auto saved = ckpt_->last_completed();
       if (saved && saved->step != logged_save) {
@@ -133,10 +134,14 @@ void Trainer::run() {
       wait_checkpoint();  // the save in flight holds an earlier, finite step: let it commit
       throw DivergenceError(diverged);
     }
-    if (o_.save_every > 0 && step_ % o_.save_every == 0 && step_ != o_.steps) save_checkpoint();
+    if (o_.save_every > 0 && step_ % o_.save_every == 0 && step_ != o_.steps) {
+      save_checkpoint();
+      totals.add_checkpoint(step_);  // a save that fails ends the run (here or at the next wait)
+    }
   }
   save_checkpoint();
   wait_checkpoint();
+  totals.add_checkpoint(step_);
   // The weights for Hugging Face from the checkpoint just committed: one layout-free path for every
   // layout (the checkpoint holds each tensor whole, whoever wrote which part).
   world_.barrier();
@@ -150,8 +155,7 @@ void Trainer::run() {
   check_fault_fired();
   if (writer) {
     log.write({{"event", "end"}, {"step", step_}, {"seconds", since_run()}});
-    std::fprintf(stderr, "minitrain: done. logs %s, checkpoints %s, weights %s\n", metrics_path.c_str(),
-                 ckpt_opts_.dir.c_str(), (out / "model.safetensors").c_str());
+    std::fputs(totals.format(since_run(), run_outputs(o_.out_dir, ckpt_opts_.dir)).c_str(), stderr);
   }
   out_lock_ = DirLock();
   ckpt_lock_ = DirLock();

@@ -1,0 +1,71 @@
+// The start-of-run plan and the end-of-run summary, from fixed figures (no timing decides anything).
+#include <gtest/gtest.h>
+
+#include "train/run_summary.h"
+#include "train/trainer.h"
+
+namespace mt::train {
+namespace {
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(RunPlan, NamesLayoutBatchAndOutputs) {
+  RunPlan p;
+  p.model = "tiny";
+  p.params = 1234567;
+  p.flops_per_token = 7.5e6;
+  p.tp = 2, p.cp = 1, p.pp = 3, p.dp = 4;
+  p.batch_size = 5, p.grad_accum = 2, p.seq_len = 64;
+  p.first_step = 10, p.steps = 30;
+  p.precision = "bf16", p.recompute = "full", p.attention = "flash", p.device = "cpu";
+  p.out_dir = "runs/x", p.ckpt_dir = "runs/x/checkpoints";
+  const std::string s = format_run_plan(p);
+  EXPECT_TRUE(has(s, "TP(2)-CP(1)-PP(3)-DP(4) on 24 ranks")) << s;
+  EXPECT_TRUE(has(s, "40 rows x 64 tokens = 2.56k tokens per step")) << s;  // 5 x 2 x 4 rows
+  EXPECT_TRUE(has(s, "steps      11 to 30: 51.20k tokens")) << s;         // 20 steps x 2560
+  EXPECT_TRUE(has(s, "1.23M parameters")) << s;
+  EXPECT_TRUE(has(s, "bf16, recompute full, attention flash")) << s;
+  EXPECT_TRUE(has(s, "runs/x (checkpoints in runs/x/checkpoints)")) << s;
+}
+
+StepResult step_with(double loss, long tokens, double t) {
+  StepResult r;
+  r.loss = loss;
+  r.tokens = tokens;
+  r.t_total = t;
+  r.t_forward = t / 4;
+  r.t_backward = t / 2;
+  return r;
+}
+
+TEST(RunTotals, SumsStepsKeepsTheRunsPeakAndEachCheckpointOnce) {
+  RunTotals tot;
+  MemStats big, small;
+  big.peak[int(MemCategory::activations)] = 3 << 20;
+  small.peak[int(MemCategory::activations)] = 1 << 20;
+  small.peak[int(MemCategory::params)] = 2 << 20;
+  tot.add_step(1, step_with(5.0, 1000, 1.0), 0.10, 0.20, big);
+  tot.add_step(2, step_with(4.0, 1000, 3.0), 0.30, 0.40, small);  // the last step's peak is not the run's
+  tot.add_checkpoint(2);
+  tot.add_checkpoint(2);
+  tot.add_val_loss(4.5);
+  EXPECT_EQ(tot.steps(), 2);
+  EXPECT_EQ(tot.tokens(), 2000);
+  EXPECT_EQ(tot.peak()[int(MemCategory::activations)], size_t(3) << 20);
+  EXPECT_EQ(tot.peak()[int(MemCategory::params)], size_t(2) << 20);
+  EXPECT_EQ(tot.checkpoints(), std::vector<int64_t>{2});
+  const std::string s = tot.format(5.0, run_outputs("runs/x", "runs/x/checkpoints"));
+  EXPECT_TRUE(has(s, "2 (1 to 2), 0 skipped")) << s;
+  EXPECT_TRUE(has(s, "train loss         4.0000")) << s;
+  EXPECT_TRUE(has(s, "val loss           4.5000")) << s;
+  EXPECT_TRUE(has(s, "tokens/s           500")) << s;                   // 2000 tokens / 4 s of steps
+  EXPECT_TRUE(has(s, "MFU / HFU          25.0% / 35.0%")) << s;         // weighted by step time
+  EXPECT_TRUE(has(s, "forward 25%, backward 50%")) << s;
+  EXPECT_TRUE(has(s, "activations 3.0 MiB")) << s;
+  EXPECT_TRUE(has(s, "1, at step 2")) << s;
+  EXPECT_TRUE(has(s, "runs/x/metrics.jsonl")) << s;
+  EXPECT_TRUE(has(s, "runs/x/model.safetensors")) << s;
+}
+
+}  // namespace
+}  // namespace mt::train

@@ -1,0 +1,124 @@
+#include "train/run_summary.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "runtime/check.h"
+#include "train/metrics.h"
+#include "train/trainer.h"
+
+namespace mt::train {
+
+std::string layout_name(int tp, int cp, int pp, int dp) { return strfmt("TP(%d)-CP(%d)-PP(%d)-DP(%d)", tp, cp, pp, dp); }
+
+namespace {
+
+std::string count(double x) {  // 12.3M, 4.56k, 789
+  if (x >= 1e9) return strfmt("%.2fG", x / 1e9);
+  if (x >= 1e6) return strfmt("%.2fM", x / 1e6);
+  if (x >= 1e3) return strfmt("%.2fk", x / 1e3);
+  return strfmt("%.0f", x);
+}
+
+}  // namespace
+
+std::string format_run_plan(const RunPlan& p) {
+  const int world = p.tp * p.cp * p.pp * p.dp;
+  std::string s = "minitrain: plan\n";
+  s += strfmt("  model      %s: %s parameters, %s FLOPs per token (forward + backward)\n", p.model.c_str(),
+              count(double(p.params)).c_str(), count(p.flops_per_token).c_str());
+  s += strfmt("  layout     %s on %d rank%s, ZeRO-%d, device %s\n", layout_name(p.tp, p.cp, p.pp, p.dp).c_str(), world,
+              world == 1 ? "" : "s", p.zero, p.device.c_str());
+  s += strfmt("  batch      %lld rows x %d tokens = %s tokens per step (batch_size %d x grad_accum %d x dp %d)\n",
+              (long long)p.global_rows(), p.seq_len, count(double(p.global_tokens())).c_str(), p.batch_size,
+              p.grad_accum, p.dp);
+  s += strfmt("  steps      %d to %d: %s tokens, %s FLOPs\n", p.first_step + 1, p.steps,
+              count(double(p.global_tokens()) * (p.steps - p.first_step)).c_str(),
+              count(p.flops_per_token * double(p.global_tokens()) * (p.steps - p.first_step)).c_str());
+  s += strfmt("  data       %s\n", p.data.empty() ? "(none)" : p.data.c_str());
+  s += strfmt("  precision  %s, recompute %s, attention %s\n", p.precision.c_str(), p.recompute.c_str(),
+              p.attention.c_str());
+  s += strfmt("  MFU peak   %s FLOP/s per rank (%s)\n", count(p.peak_flops).c_str(), p.peak_label.c_str());
+  s += strfmt("  outputs    %s (checkpoints in %s)\n", p.out_dir.c_str(), p.ckpt_dir.c_str());
+  return s;
+}
+
+RunPlan make_run_plan(const TrainOptions& o, const parallel::Mesh& mesh, const Peak& peak, double flops_per_token,
+                      int first_step, const std::string& ckpt_dir) {
+  RunPlan p;
+  p.model = o.model_preset;
+  p.params = o.model.num_params();
+  p.flops_per_token = flops_per_token;
+  p.tp = mesh.tp(), p.cp = mesh.cp(), p.pp = mesh.pp(), p.dp = mesh.dp();
+  p.zero = o.parallel.zero;
+  p.batch_size = o.batch_size, p.grad_accum = o.grad_accum, p.seq_len = o.seq_len;
+  p.first_step = first_step, p.steps = o.steps;
+  p.precision = o.to_json()["precision"].get<std::string>();
+  p.recompute = model::recompute_name(o.recompute);
+  p.attention = model::attention_name(o.attention_kind());
+  p.device = device_name(o.device);
+  p.data = o.data.mix.empty() ? o.data.path : "mix " + o.data.mix;
+  p.peak_flops = peak.flops, p.peak_label = peak.label;
+  p.out_dir = o.out_dir, p.ckpt_dir = ckpt_dir;
+  return p;
+}
+
+std::vector<std::pair<std::string, std::string>> run_outputs(const std::string& out_dir, const std::string& ckpt_dir) {
+  const std::filesystem::path out(out_dir);
+  return {{"metrics", (out / "metrics.jsonl").string()},
+          {"config", (out / "config.json").string()},
+          {"checkpoints", ckpt_dir},
+          {"latest", (std::filesystem::path(ckpt_dir) / "latest").string()},
+          {"weights (HF)", (out / "model.safetensors").string()}};
+}
+
+void RunTotals::add_step(int step, const StepResult& r, double mfu, double hfu, const MemStats& m) {
+  if (first_ < 0) first_ = step;
+  last_ = step;
+  steps_++;
+  skipped_ += r.skipped;
+  tokens_ += r.tokens;
+  loss_ = r.loss;
+  t_total_ += r.t_total;
+  t_data_ += r.t_data;
+  t_forward_ += r.t_forward;
+  t_backward_ += r.t_backward;
+  t_grad_wait_ += r.t_grad_wait;
+  t_optimizer_ += r.t_optimizer;
+  mfu_time_ += mfu * r.t_total;
+  hfu_time_ += hfu * r.t_total;
+  for (int c = 0; c < kNumMemCategories; c++) peak_[c] = std::max(peak_[c], m.peak[c]);
+}
+
+void RunTotals::add_checkpoint(int64_t step) {
+  if (std::find(ckpts_.begin(), ckpts_.end(), step) == ckpts_.end()) ckpts_.push_back(step);
+}
+
+std::string RunTotals::format(double wall_s, const std::vector<std::pair<std::string, std::string>>& outputs) const {
+  auto row = [](const char* name, const std::string& value) { return strfmt("  %-18s %s\n", name, value.c_str()); };
+  auto pct = [&](double t) { return t_total_ > 0 ? 100 * t / t_total_ : 0.0; };
+  std::string s = "minitrain: summary\n";
+  s += row("steps", steps_ ? strfmt("%d (%d to %d), %d skipped", steps_, first_, last_, skipped_) : "0");
+  s += row("tokens", count(double(tokens_)));
+  s += row("wall time", strfmt("%s (%.1f s; steps %.1f s)", format_duration(wall_s).c_str(), wall_s, t_total_));
+  s += row("train loss", steps_ ? strfmt("%.4f (last step)", loss_) : "-");
+  s += row("val loss", has_val_ ? strfmt("%.4f (last evaluation)", val_loss_) : "- (eval_every=0 or no val data)");
+  s += row("tokens/s", t_total_ > 0 ? strfmt("%.0f", tokens_ / t_total_) : "-");
+  s += row("MFU / HFU", t_total_ > 0 ? strfmt("%.1f%% / %.1f%%", 100 * mfu_time_ / t_total_, 100 * hfu_time_ / t_total_) : "-");
+  const double other = std::max(0.0, t_total_ - t_data_ - t_forward_ - t_backward_ - t_grad_wait_ - t_optimizer_);
+  s += row("time split", strfmt("data %.0f%%, forward %.0f%%, backward %.0f%%, grad wait %.0f%%, optimizer %.0f%%, other %.0f%%",
+                                pct(t_data_), pct(t_forward_), pct(t_backward_), pct(t_grad_wait_), pct(t_optimizer_),
+                                pct(other)));
+  std::string mem;
+  for (int c = 0; c < kNumMemCategories; c++)
+    mem += strfmt("%s%s %s", c ? ", " : "", mem_category_name(MemCategory(c)), format_bytes(peak_[c]).c_str());
+  s += row("peak memory", mem + " (rank 0)");
+  std::string ck;
+  for (size_t i = 0; i < ckpts_.size(); i++) ck += strfmt("%s%lld", i ? ", " : "", (long long)ckpts_[i]);
+  s += row("checkpoints", ckpts_.empty() ? "none" : strfmt("%zu, at step %s", ckpts_.size(), ck.c_str()));
+  s += "minitrain: outputs\n";
+  for (const auto& [name, path] : outputs) s += row(name.c_str(), path);
+  return s;
+}
+
+}  // namespace mt::train

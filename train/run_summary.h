@@ -1,0 +1,79 @@
+// What rank 0 prints around a run: at the start a short plan (model, layout, batch, precision,
+// outputs), at the end a summary table (steps, tokens, times, losses, throughput, time split, peak
+// memory, checkpoints) and the path of every output. Pure formatting of figures the trainer hands
+// over, so the tests give fixed figures and read the text.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/arena.h"
+
+namespace mt::train {
+
+struct StepResult;
+struct TrainOptions;
+struct Peak;
+}  // namespace mt::train
+namespace mt::parallel {
+class Mesh;
+}
+namespace mt::train {
+
+struct RunPlan {
+  std::string model;            // preset name
+  int64_t params = 0;
+  double flops_per_token = 0;   // model FLOPs (6N + attention)
+  int tp = 1, cp = 1, pp = 1, dp = 1;
+  int zero = 0;
+  int batch_size = 0, grad_accum = 1, seq_len = 0;  // per data-parallel rank
+  int first_step = 0, steps = 0;                    // starts after first_step, ends at steps
+  std::string precision, recompute, attention, device;
+  std::string data;             // data.path or data.mix
+  double peak_flops = 0;        // per rank, for MFU
+  std::string peak_label;
+  std::string out_dir, ckpt_dir;
+
+  int64_t global_rows() const { return int64_t(batch_size) * grad_accum * dp; }
+  int64_t global_tokens() const { return global_rows() * seq_len; }
+};
+
+// "TP(2)-CP(1)-PP(1)-DP(4)": the mesh, outermost dimension last.
+std::string layout_name(int tp, int cp, int pp, int dp);
+std::string format_run_plan(const RunPlan& p);
+
+// The plan of a run from its resolved options (batch_size after global_batch), mesh and MFU peak.
+RunPlan make_run_plan(const TrainOptions& o, const parallel::Mesh& mesh, const Peak& peak, double flops_per_token,
+                      int first_step, const std::string& ckpt_dir);
+// Every file and directory a run leaves: metrics, config, checkpoints, the latest pointer, weights.
+std::vector<std::pair<std::string, std::string>> run_outputs(const std::string& out_dir, const std::string& ckpt_dir);
+
+// Sums over the steps of a run (the steps this process ran; a resumed run counts from its resume).
+class RunTotals {
+ public:
+  void add_step(int step, const StepResult& r, double mfu, double hfu, const MemStats& m);
+  void add_val_loss(double v) { val_loss_ = v, has_val_ = true; }
+  void add_checkpoint(int64_t step);  // once per checkpoint saved (repeats ignored)
+
+  int steps() const { return steps_; }
+  int64_t tokens() const { return tokens_; }
+  const std::array<size_t, kNumMemCategories>& peak() const { return peak_; }
+  const std::vector<int64_t>& checkpoints() const { return ckpts_; }
+
+  // The table, with `wall_s` the run's wall time; then "outputs:" and one `name  path` per output.
+  std::string format(double wall_s, const std::vector<std::pair<std::string, std::string>>& outputs) const;
+
+ private:
+  int steps_ = 0, first_ = -1, last_ = -1, skipped_ = 0;
+  int64_t tokens_ = 0;
+  double loss_ = 0, val_loss_ = 0;
+  bool has_val_ = false;
+  double t_total_ = 0, t_data_ = 0, t_forward_ = 0, t_backward_ = 0, t_grad_wait_ = 0, t_optimizer_ = 0;
+  double mfu_time_ = 0, hfu_time_ = 0;  // sum of mfu x step time (a time-weighted mean)
+  std::array<size_t, kNumMemCategories> peak_{};
+  std::vector<int64_t> ckpts_;
+};
+
+}  // namespace mt::train

@@ -26,6 +26,9 @@ TEST(RunPlan, NamesLayoutBatchAndOutputs) {
   EXPECT_TRUE(has(s, "1.23M parameters")) << s;
   EXPECT_TRUE(has(s, "bf16, recompute full, attention flash")) << s;
   EXPECT_TRUE(has(s, "runs/x (checkpoints in runs/x/checkpoints)")) << s;
+  p.data = "data/x";
+  p.data_tokens = 102400;
+  EXPECT_TRUE(has(format_run_plan(p), "data/x: 102.40k tokens; these steps read 0.50 epochs of it")) << format_run_plan(p);
 }
 
 StepResult step_with(double loss, long tokens, double t) {

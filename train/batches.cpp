@@ -62,6 +62,7 @@ class ShardBatches final : public BatchSource {
   void rewind() override { loader_.rewind(); }
   std::string tokenizer_fingerprint() const override { return loader_.tokenizer_fingerprint(); }
   std::string tokenizer_source() const override { return loader_.tokenizer_source(); }
+  uint64_t num_tokens() const override { return loader_.num_tokens(); }
 
  private:
   data::Loader loader_;

@@ -29,6 +29,7 @@ class BatchSource {
   // The tokenizer fingerprint its datasets record and the first dataset recording it ("": none).
   virtual std::string tokenizer_fingerprint() const { return ""; }
   virtual std::string tokenizer_source() const { return ""; }
+  virtual uint64_t num_tokens() const { return 0; }  // tokens in the data (0: endless, synthetic)
 };
 
 // Opens the training (split = "train") or validation ("val") stream described by the options, for

@@ -35,7 +35,12 @@ std::string format_run_plan(const RunPlan& p) {
   s += strfmt("  steps      %d to %d: %s tokens, %s FLOPs\n", p.first_step + 1, p.steps,
               count(double(p.global_tokens()) * (p.steps - p.first_step)).c_str(),
               count(p.flops_per_token * double(p.global_tokens()) * (p.steps - p.first_step)).c_str());
-  s += strfmt("  data       %s\n", p.data.empty() ? "(none)" : p.data.c_str());
+  const double run_tokens = double(p.global_tokens()) * (p.steps - p.first_step);
+  if (p.data_tokens > 0)
+    s += strfmt("  data       %s: %s tokens; these steps read %.2f epochs of it\n", p.data.c_str(),
+                count(double(p.data_tokens)).c_str(), run_tokens / double(p.data_tokens));
+  else
+    s += strfmt("  data       %s\n", p.data.empty() ? "(none)" : p.data.c_str());
   s += strfmt("  precision  %s, recompute %s, attention %s\n", p.precision.c_str(), p.recompute.c_str(),
               p.attention.c_str());
   s += strfmt("  MFU peak   %s FLOP/s per rank (%s)\n", count(p.peak_flops).c_str(), p.peak_label.c_str());
@@ -44,7 +49,7 @@ std::string format_run_plan(const RunPlan& p) {
 }
 
 RunPlan make_run_plan(const TrainOptions& o, const parallel::Mesh& mesh, const Peak& peak, double flops_per_token,
-                      int first_step, const std::string& ckpt_dir) {
+                      int first_step, const std::string& ckpt_dir, uint64_t data_tokens) {
   RunPlan p;
   p.model = o.model_preset;
   p.params = o.model.num_params();
@@ -58,6 +63,7 @@ RunPlan make_run_plan(const TrainOptions& o, const parallel::Mesh& mesh, const P
   p.attention = model::attention_name(o.attention_kind());
   p.device = device_name(o.device);
   p.data = o.data.mix.empty() ? o.data.path : "mix " + o.data.mix;
+  p.data_tokens = data_tokens;
   p.peak_flops = peak.flops, p.peak_label = peak.label;
   p.out_dir = o.out_dir, p.ckpt_dir = ckpt_dir;
   return p;

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs every ```sh block of a markdown file, in order, in one scratch directory, with the minitrain
+# under test first on PATH as `minitrain`; a block that exits non-zero fails the test, naming the
+# block's first line in the file. Blocks fenced otherwise (```text ...) are not run.
+# Usage: doc_test.sh <minitrain binary> <file.md>
+set -u
+mt=$(realpath "$1")
+doc=$(realpath "$2")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir "$work/bin" "$work/run"
+ln -s "$mt" "$work/bin/minitrain"
+export PATH="$work/bin:$PATH" OMP_NUM_THREADS=1
+
+fails=0 blocks=0 in=0 start=0 body=""
+lineno=0
+while IFS= read -r line || [[ -n "$line" ]]; do
+  lineno=$((lineno + 1))
+  if (( in )); then
+    if [[ "$line" == '```' ]]; then
+      in=0 blocks=$((blocks + 1))
+      if (cd "$work/run" && bash -euo pipefail -c "$body") > "$work/out" 2>&1; then
+        echo "ok   block at $(basename "$doc"):$start"
+      else
+        echo "FAIL block at $(basename "$doc"):$start"; sed 's/^/     /' "$work/out" | tail -20
+        fails=$((fails + 1))
+      fi
+    else
+      body+="$line"$'\n'
+    fi
+  elif [[ "$line" == '```sh' ]]; then
+    in=1 start=$((lineno + 1)) body=""
+  fi
+done < "$doc"
+(( in )) && { echo "FAIL unclosed block at line $start"; fails=$((fails + 1)); }
+(( blocks > 0 )) || { echo "FAIL no sh blocks in $doc"; fails=$((fails + 1)); }
+exit $((fails > 0))

@@ -29,6 +29,10 @@ TEST(RunPlan, NamesLayoutBatchAndOutputs) {
   p.data = "data/x";
   p.data_tokens = 102400;
   EXPECT_TRUE(has(format_run_plan(p), "data/x: 102.40k tokens; these steps read 0.50 epochs of it")) << format_run_plan(p);
+  EXPECT_FALSE(has(format_run_plan(p), "memory")) << "nothing allocated: no memory line";
+  p.memory[int(MemCategory::params)] = 2 << 20;
+  p.memory[int(MemCategory::optimizer)] = 4 << 20;
+  EXPECT_TRUE(has(format_run_plan(p), "memory     params 2.0 MiB, optimizer 4.0 MiB on rank 0")) << format_run_plan(p);
 }
 
 StepResult step_with(double loss, long tokens, double t) {

@@ -43,13 +43,17 @@ std::string format_run_plan(const RunPlan& p) {
     s += strfmt("  data       %s\n", p.data.empty() ? "(none)" : p.data.c_str());
   s += strfmt("  precision  %s, recompute %s, attention %s\n", p.precision.c_str(), p.recompute.c_str(),
               p.attention.c_str());
+  std::string mem;
+  for (int c = 0; c < kNumMemCategories; c++)
+    if (p.memory[c]) mem += strfmt("%s%s %s", mem.empty() ? "" : ", ", mem_category_name(MemCategory(c)), format_bytes(p.memory[c]).c_str());
+  if (!mem.empty()) s += strfmt("  memory     %s on rank 0 before the first step (activations come with it)\n", mem.c_str());
   s += strfmt("  MFU peak   %s FLOP/s per rank (%s)\n", count(p.peak_flops).c_str(), p.peak_label.c_str());
   s += strfmt("  outputs    %s (checkpoints in %s)\n", p.out_dir.c_str(), p.ckpt_dir.c_str());
   return s;
 }
 
 RunPlan make_run_plan(const TrainOptions& o, const parallel::Mesh& mesh, const Peak& peak, double flops_per_token,
-                      int first_step, const std::string& ckpt_dir, uint64_t data_tokens) {
+                      int first_step, const std::string& ckpt_dir, uint64_t data_tokens, const MemStats& before) {
   RunPlan p;
   p.model = o.model_preset;
   p.params = o.model.num_params();
@@ -64,6 +68,7 @@ RunPlan make_run_plan(const TrainOptions& o, const parallel::Mesh& mesh, const P
   p.device = device_name(o.device);
   p.data = o.data.mix.empty() ? o.data.path : "mix " + o.data.mix;
   p.data_tokens = data_tokens;
+  p.memory = before.live;
   p.peak_flops = peak.flops, p.peak_label = peak.label;
   p.out_dir = o.out_dir, p.ckpt_dir = ckpt_dir;
   return p;

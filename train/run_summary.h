@@ -33,6 +33,7 @@ struct RunPlan {
   std::string precision, recompute, attention, device;
   std::string data;             // data.path or data.mix
   uint64_t data_tokens = 0;     // tokens in the training data (0: endless, synthetic)
+  std::array<size_t, kNumMemCategories> memory{};  // rank 0's memory allocated before the first step
   double peak_flops = 0;        // per rank, for MFU
   std::string peak_label;
   std::string out_dir, ckpt_dir;
@@ -47,7 +48,7 @@ std::string format_run_plan(const RunPlan& p);
 
 // The plan of a run from its resolved options (batch_size after global_batch), mesh and MFU peak.
 RunPlan make_run_plan(const TrainOptions& o, const parallel::Mesh& mesh, const Peak& peak, double flops_per_token,
-                      int first_step, const std::string& ckpt_dir, uint64_t data_tokens);
+                      int first_step, const std::string& ckpt_dir, uint64_t data_tokens, const MemStats& before);
 // Every file and directory a run leaves: metrics, config, checkpoints, the latest pointer, weights.
 std::vector<std::pair<std::string, std::string>> run_outputs(const std::string& out_dir, const std::string& ckpt_dir);
 

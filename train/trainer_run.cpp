@@ -80,7 +80,7 @@ void Trainer::run() {
   parallel::Comm& dp = mesh_->dp_comm();
   if (writer) {
     std::fputs(format_run_plan(make_run_plan(o_, *mesh_, peak, flops_tok, step_, ckpt_opts_.dir,
-                                               train_data_ ? train_data_->num_tokens() : 0)).c_str(), stderr);
+                                               train_data_ ? train_data_->num_tokens() : 0, arena_.stats())).c_str(), stderr);
     log.write({{"event", "start"}, {"config", o_.to_json()}, {"params", o_.model.num_params()},
                {"world_size", world_.size()}, {"flops_per_token", flops_tok}, {"peak_flops_per_rank", peak.flops},
                {"peak_label", peak.label}, {"resumed_at", step_}});

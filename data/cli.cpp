@@ -209,6 +209,11 @@ void inspect_shard(const std::string& path, const std::string& tokenizer, int sa
 
 int data_cli(int argc, char** argv) {
   std::string cmd = argc > 0 ? argv[0] : "";
+  for (int i = 0; i < argc; i++)  // -h or --help anywhere: the usage of both subcommands
+    if (std::string(argv[i]) == "-h" || std::string(argv[i]) == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
   try {
     if (cmd == "prepare") return cli_prepare(argc, argv);
     if (cmd == "inspect") return cli_inspect(argc, argv);

@@ -61,7 +61,7 @@ void print_op_table(ops::OpTimer& timer, double step_seconds, int steps, const P
 }  // namespace
 
 int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int local_rank) {
-  int warmup = 2;
+  int warmup = kBenchWarmup;
   std::vector<std::string> rest;
   bool has_data = false, has_steps = false;
   for (const std::string& a : args) {
@@ -75,7 +75,7 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
     rest.push_back(a);
   }
   if (!has_data) rest.push_back("data.path=synthetic");
-  if (!has_steps) rest.push_back("steps=5");
+  if (!has_steps) rest.push_back(strfmt("steps=%d", kBenchSteps));
   TrainOptions o = parse_train_options(rest);
   const int measured = o.steps;
   o.steps = measured + warmup;

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "runtime/check.h"
+#include "train/bench.h"
 #include "train/options.h"
 #include "train/version.h"
 
@@ -63,10 +64,10 @@ std::vector<HelpRow> help_rows() {
 std::string train_help(const std::string& command) {
   std::string s;
   if (command == "bench")
-    s = "usage: minitrain bench [--config run.json] [key=value ...] [--key value ...] [warmup=N]\n"
-        "Times training steps (synthetic tokens unless data.path is given; 5 measured steps unless steps is\n"
-        "given, after warmup=N unmeasured ones, default 2) and prints tokens/s, MFU/HFU, the time split and\n"
-        "memory. It takes every option of `minitrain train`:\n";
+    s = strfmt("usage: minitrain bench [--config run.json] [key=value ...] [--key value ...] [warmup=N]\n"
+               "Times training steps (synthetic tokens unless data.path is given; %d measured steps unless steps is\n"
+               "given, after warmup=N unmeasured ones, default %d) and prints tokens/s, MFU/HFU, the time split and\n"
+               "memory. It takes every option of `minitrain train`:\n", kBenchSteps, kBenchWarmup);
   else
     s = "usage: minitrain train [--config run.json] [key=value ...] [--key value ...]\n"
         "Trains a GPT and writes metrics.jsonl, config.json, checkpoints/ and model.safetensors to out_dir.\n";

@@ -183,8 +183,9 @@ TEST(PipelineParallel, IgnoredTargetsWeighTheWholeStep) {
     for (size_t i = 0; i < b.targets.size(); i++)
       if (i % 4 < k % 4) b.targets[i] = -1;
   };
-  for (const char* schedule : {"gpipe", "1f1b"}) {
-    const Layout l{.pp = W, .accum = 4, .schedule = schedule};
+  std::vector<Layout> ls = {{.pp = W, .accum = 4, .schedule = "gpipe"}, {.pp = W, .accum = 4, .schedule = "1f1b"}};
+  if (W == 2) ls.push_back({.pp = W, .accum = 4, .virt = 2, .schedule = "interleaved"});  // 4 layers, 4 stages
+  for (const Layout& l : ls) {
     Trainer ref(options(data, Layout{}, 2, steps));
     ref.set_batch_hook(ignore);
     const Curve want = train_curve(ref, steps);

@@ -72,6 +72,7 @@ void PipelineExecutor::reap_sends(bool wait) {
 
 void PipelineExecutor::run(PipelineStages& stages) {
   stats_ = PipelineStats();
+  const auto t_run = clock_type::now();
   posted_ = 0;
   MT_CHECK(received_.empty() && produced_.empty() && sending_.empty(), "pipeline executor: a step left messages");
   const std::vector<Action>& list = actions();
@@ -105,7 +106,10 @@ void PipelineExecutor::run(PipelineStages& stages) {
         const auto t0 = clock_type::now();
         Buffer out = fwd ? stages.forward(a.chunk, a.micro, std::move(in))
                          : stages.backward(a.chunk, a.micro, std::move(in));
-        stats_.compute_s += since(t0);
+        const double dt = since(t0);
+        stats_.compute_s += dt;
+        (fwd ? stats_.forward_s : stats_.backward_s) += dt;
+        (fwd ? stats_.forwards : stats_.backwards)++;
         if (out) produced_[Key{a.kind, a.chunk, a.micro}] = std::move(out);
         reap_sends(false);
         break;
@@ -116,6 +120,7 @@ void PipelineExecutor::run(PipelineStages& stages) {
     }
   }
   reap_sends(true);
+  stats_.run_s = since(t_run);
   MT_CHECK(received_.empty(), "pipeline executor: %zu received messages were never consumed", received_.size());
   // An output nobody sends is a local hand-over the schedule does not list (one rank, several chunks).
   MT_CHECK(produced_.empty(), "pipeline executor: %zu outputs were never sent", produced_.size());

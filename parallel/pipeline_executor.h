@@ -56,10 +56,16 @@ class PipelineStages {
   virtual Buffer backward(int chunk, int micro, Buffer dy) = 0;
 };
 
+// One step of one rank, measured by the executor. Within run_s a rank not computing is blocked on
+// receives, completing sends, or in the executor's own bookkeeping (run_s - compute_s); the trainer
+// measures the bubble against the longest rank's run_s (train/pipeline.h).
 struct PipelineStats {
+  double run_s = 0;        // the whole of run(): this rank's part of the step's forward and backward
   double recv_wait_s = 0;  // blocked waiting for a message before a compute action (the bubble, mostly)
   double send_wait_s = 0;  // completing sends at the end of the step
-  double compute_s = 0;    // inside forward and backward
+  double compute_s = 0;    // inside forward and backward (forward_s + backward_s)
+  double forward_s = 0, backward_s = 0;
+  int forwards = 0, backwards = 0;  // compute actions run (F; B)
   int messages_sent = 0, messages_received = 0;
 };
 

@@ -1,5 +1,6 @@
 #include "train/pipeline.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "parallel/pipeline_sim.h"
@@ -152,6 +153,31 @@ double Pipeline::step(const std::vector<HostBatch>& micro, float dloss) {
   double sum = 0;  // in micro-batch order, as a single rank adds them
   for (double l : losses_) sum += l;
   return sum;
+}
+
+nlohmann::json Pipeline::step_json() {
+  const parallel::PipelineStats& s = exec_.stats();
+  constexpr size_t kFields = 4;
+  const double mine[kFields] = {s.run_s, s.compute_s, s.forward_s / std::max(1, s.forwards),
+                                s.backward_s / std::max(1, s.backwards)};
+  const int p = pp_.size();
+  std::vector<double> all(kFields * size_t(p));
+  pp_.all_gather(mine, all.data(), kFields * 4, DType::u16);  // each double bit for bit
+  // The step's pipeline phase: the longest rank's run of the schedule (the ranks start together, after
+  // the previous step's collectives), as the simulator's makespan. A rank that finishes early is idle
+  // until then: it waits in the step's next collective instead.
+  double window = 0, f = 0, b = 0, mean = 0;
+  for (int r = 0; r < p; r++) window = std::max(window, all[kFields * size_t(r)]);
+  std::vector<double> bubble, idle;
+  for (int r = 0; r < p; r++) {
+    const double* x = all.data() + kFields * size_t(r);
+    idle.push_back(window - x[1]);
+    bubble.push_back(window > 0 ? idle.back() / window : 0);
+    mean += bubble.back() / p;
+    f += x[2] / p;
+    b += x[3] / p;
+  }
+  return {{"bubble", mean}, {"bubble_ranks", bubble}, {"idle_s", idle}, {"forward_s", f}, {"backward_s", b}};
 }
 
 double Pipeline::forward_loss(const HostBatch& b) {

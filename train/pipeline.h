@@ -24,6 +24,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "model/gpt.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pipeline_executor.h"
@@ -58,6 +60,13 @@ class Pipeline final : public parallel::PipelineStages {
   // After finish_grads: the two copies of wte's gradient summed (first and last stage; no-op elsewhere).
   void sum_tied_grads();
   const parallel::PipelineStats& stats() const { return exec_.stats(); }
+  // The last step's measured figures of every rank of this pipeline, as metrics.jsonl logs them
+  // under "pp": idle_s (per pp rank: the longest rank's run of the schedule, the step's pipeline
+  // phase, less the rank's time in F and B), bubble_ranks (idle_s over that phase, each in [0, 1)),
+  // bubble (their mean: the simulator's bubble_fraction, measured), forward_s and backward_s (the
+  // mean F and B of one chunk on one micro-batch, over the ranks). Collective over pp (one small
+  // all-gather).
+  nlohmann::json step_json();
 
   // parallel::PipelineStages
   size_t message_elems() const override { return elems_; }

@@ -250,8 +250,10 @@ StepResult Trainer::step() {
   const auto t0 = clock_type::now();
   const double wait0 = train_data_->wait_seconds();
   int32_t valid_local = 0;
-  for (HostBatch& b : micro_) {
+  for (size_t k = 0; k < micro_.size(); k++) {
+    HostBatch& b = micro_[k];
     train_data_->next(b);
+    if (batch_hook_) batch_hook_(k, b);
     valid_local += valid_targets(b);
     r.tokens_per_rank += long(b.B) * b.T;
   }

@@ -2,6 +2,7 @@
 // data-parallel ranks while backward runs) -> unscale/clip -> AdamW on this rank's shard -> publish
 // parameters -> metrics, with evaluation, training-state save/resume and HF export.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -99,6 +100,9 @@ class Trainer {
   const NoiseScale& noise_scale() const { return gns_; }
   const LossScaler& loss_scaler() const { return scaler_; }
   ops::OpTimer* op_timer() { return op_timer_.get(); }  // with profile_ops=1, else nullptr
+  // For tests: called on each micro-batch (its index in the step, the batch) right after it is read,
+  // before its targets are counted, e.g. to ignore some targets (-1).
+  void set_batch_hook(std::function<void(size_t, HostBatch&)> hook) { batch_hook_ = std::move(hook); }
 
  private:
   void check_replicas();  // silent-data-corruption check across dp replicas
@@ -161,6 +165,7 @@ class Trainer {
   NoiseScale gns_;
   std::unique_ptr<BatchSource> train_data_, val_data_;
   std::vector<HostBatch> micro_;
+  std::function<void(size_t, HostBatch&)> batch_hook_;
   // Device scalars of a step, so the host need not wait inside it: the gradient's sum of squares,
   // the first micro-batch's (noise scale, one rank) and the unscale-and-clip factor.
   struct StepScalars {

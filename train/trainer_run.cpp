@@ -107,6 +107,10 @@ void Trainer::run() {
     if (scaler_.enabled()) j["loss_scale"] = scaler_.scale();
     if (dp.size() > 1) j["comm_dp"] = comm_json(group_counters(parallel::MeshDim::dp));
     if (mesh_->tp() > 1) j["comm_tp"] = comm_json(group_counters(parallel::MeshDim::tp));
+    if (pipeline_) {
+      j["comm_pp"] = comm_json(group_counters(parallel::MeshDim::pp));
+      j["pp"] = pipeline_->step_json();  // after comm_pp: its own gather is not the step's traffic
+    }
     if (gns_.valid()) j["gns"] = {{"b_simple", gns_.b_simple()}, {"g2", gns_.g2()}, {"trace_sigma", gns_.trace_sigma()}};
     if (o_.eval_every > 0 && (step_ % o_.eval_every == 0 || step_ == o_.steps)) {
       const double v = evaluate();

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include "checkpoint/format.h"
@@ -21,6 +22,7 @@ namespace mt::testing {
 namespace {
 
 using train::TrainOptions;
+using train::HostBatch;
 using train::Trainer;
 
 struct Layout {
@@ -166,6 +168,82 @@ TEST(PipelineParallel, EveryLayoutMatchesTheSingleRankRun) {
     for (const auto& w : got.weights) flat.insert(flat.end(), w.begin(), w.end());
     EXPECT_TRUE(same_on_all_ranks(world, flat.data(), flat.size() * 4)) << "ranks disagree on the weights";
   }
+}
+
+// Every micro-batch's loss is weighted by the whole step's 1 / valid tokens: with ignored targets (-1)
+// in unequal numbers per micro-batch (micro-batch k ignores k of every 4 positions), a pipeline that
+// normalised each micro-batch by its own count, or averaged micro-batch means, would weigh the
+// micro-batches differently from the single-rank run and miss its losses, norms and weights.
+TEST(PipelineParallel, IgnoredTargetsWeighTheWholeStep) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  const std::string data = shared_corpus(world);
+  const int steps = 6;
+  auto ignore = [](size_t k, HostBatch& b) {
+    for (size_t i = 0; i < b.targets.size(); i++)
+      if (i % 4 < k % 4) b.targets[i] = -1;
+  };
+  std::vector<Layout> ls = {{.pp = W, .accum = 4, .schedule = "gpipe"}, {.pp = W, .accum = 4, .schedule = "1f1b"}};
+  if (W == 2) ls.push_back({.pp = W, .accum = 4, .virt = 2, .schedule = "interleaved"});  // 4 layers, 4 stages
+  for (const Layout& l : ls) {
+    Trainer ref(options(data, Layout{}, 2, steps));
+    ref.set_batch_hook(ignore);
+    const Curve want = train_curve(ref, steps);
+    Trainer t(options(data, l, 2, steps), &world);
+    t.set_batch_hook(ignore);
+    const Curve got = train_curve(t, steps);
+    const double loss_err = max_rel(got.loss, want.loss), norm_err = max_rel(got.norm, want.norm);
+    const double werr = weight_err(got.weights, want.weights);
+    if (world.rank() == 0)
+      std::printf("%s with ignored targets: loss max rel err %.2e, grad norm %.2e, weights %.2e\n", l.str().c_str(),
+                  loss_err, norm_err, werr);
+    EXPECT_EQ(got.loss.front(), want.loss.front()) << l.str();
+    EXPECT_LE(loss_err, 1e-5) << l.str();
+    EXPECT_LE(norm_err, 1e-5) << l.str();
+    EXPECT_LE(werr, 1e-4) << l.str();
+  }
+}
+
+// Trainer::run logs each step's measured bubble and the pipeline group's bytes: pp.bubble is the mean
+// of the ranks' idle shares (each in [0, 1)), and rank 0 sent at least its m activations of B T C
+// fp32 elements per step.
+TEST(PipelineParallel, MetricsLogTheMeasuredBubbleAndPipelineBytes) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  const std::string data = shared_corpus(world);
+  char root[256] = {};
+  if (world.rank() == 0) std::snprintf(root, sizeof root, "%s", make_temp_dir("mt_pp_metrics").c_str());
+  world.broadcast(root, sizeof root / 4, DType::i32, 0);
+  const int steps = 3, B = 2, accum = 4;
+  TrainOptions o = options(data, Layout{.pp = W, .accum = accum, .schedule = "1f1b"}, B, steps);
+  o.out_dir = std::string(root) + "/run";
+  o.peak_flops = 1e11;
+  Trainer(o, &world).run();
+  if (world.rank() != 0) return;
+  std::ifstream in(o.out_dir + "/metrics.jsonl");
+  int seen = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("loss")) continue;
+    seen++;
+    ASSERT_TRUE(j.contains("pp") && j.contains("comm_pp")) << line;
+    const std::vector<double> ranks = j["pp"]["bubble_ranks"].get<std::vector<double>>();
+    ASSERT_EQ(int(ranks.size()), W);
+    double mean = 0;
+    for (double b : ranks) {
+      EXPECT_GE(b, 0.0);
+      EXPECT_LT(b, 1.0);
+      mean += b / W;
+    }
+    EXPECT_NEAR(j["pp"]["bubble"].get<double>(), mean, 1e-12);
+    EXPECT_EQ(j["pp"]["idle_s"].size(), size_t(W));
+    EXPECT_GT(j["pp"]["forward_s"].get<double>(), 0.0);
+    EXPECT_GT(j["pp"]["backward_s"].get<double>(), 0.0);
+    const uint64_t activations = uint64_t(accum) * B * 16 * 32 * 4;  // m B T C fp32
+    EXPECT_GE(j["comm_pp"]["send"]["sent_bytes"].get<uint64_t>(), activations);
+    EXPECT_GE(j["comm_pp"]["send"]["calls"].get<uint64_t>(), uint64_t(accum));
+  }
+  EXPECT_EQ(seen, steps);
 }
 
 // The evaluation loss and the first step's loss are bitwise the single rank's: the stages run the same

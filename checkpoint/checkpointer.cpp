@@ -53,6 +53,12 @@ void parallel_copy(const std::vector<CopyTask>& pieces) {
   for (std::thread& t : helpers) t.join();
 }
 
+// Whether `dir` is gone, or goes within a second (rank 0's abandon() removing it).
+bool vanishes(const std::string& dir) {
+  for (int i = 0; i < 100 && io::exists(dir); i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return !io::exists(dir);
+}
+
 }  // namespace
 
 bool is_fault_phase(const std::string& phase) {
@@ -314,7 +320,9 @@ void Checkpointer::run(WriteJob& job, bool stage_first) {
     std::string why = e.what();
     // Another rank's failure (reported there) or this rank's own (reported here): see FollowOnError.
     bool follow_on = dynamic_cast<const parallel::FollowOnError*>(&e) != nullptr;
-    if (job.rank != 0 && !io::exists(job.tmp_dir) && why.find("No such file or directory") != std::string::npos) {
+    // A path of this save vanished under another rank: rank 0 removes step_N.tmp when it abandons the
+    // save (and retries while files appear in it), so wait for it to be gone before calling it ours.
+    if (job.rank != 0 && why.find("No such file or directory") != std::string::npos && vanishes(job.tmp_dir)) {
       why = strfmt("rank 0 abandoned the save (it removed %s while this rank was writing; rank 0 reports why)",
                    job.tmp_dir.c_str());
       follow_on = true;

@@ -14,7 +14,8 @@
 #            and either the resume skips it with that reason and continues bitwise from the next
 #            older one (refused), or exits 1 naming it when no checkpoint verifies and changes
 #            nothing (refused), or, when the damaged one was not the newest, resumes from the newest
-#            and continues bitwise (recovered). A flip that leaves the manifest's JSON values as they
+#            (naming the damaged one, if at all, without falling back from the newest) and continues
+#            bitwise (recovered). A flip that leaves the manifest's JSON values as they
 #            were (white space for white space) is no damage: it must verify and recover bitwise.
 #   diverge  far too high a learning rate (random, fp32 or fp16 with loss_scale.max_skips=3):
 #            expected exit status 3 with one "training diverged at step" line, not relaunched by the
@@ -80,6 +81,9 @@ bitwise() {  # <run dir>: its final state and losses equal the reference's
   final_state "$1" && cmp -s "$work/ref/final.safetensors" "$1/final.safetensors" \
     && diff <(losses "$work/ref/metrics.jsonl") <(losses "$1/metrics.jsonl") >/dev/null
 }
+listing() {  # <dir>: every path with its size and mtime, but the lock file (each run rewrites it)
+  find "$1" ! -name run.lock -printf '%p %s %T@\n' | sort | md5sum
+}
 all_verify() {  # <checkpoint root>: every committed checkpoint in it verifies
   local c
   for c in "$1"/step_[0-9]*; do
@@ -139,13 +143,13 @@ for line in "${plan[@]}"; do
         ckpt.fault_phase="$phase" ckpt.fault_step="${a[step]}" ckpt.fault_rank="${a[rank]}" >"$out.log" 2>&1
       rc=$?
       if [[ $kind == kill ]]; then
-        fired=$(grep -c "^\[fault\] rank ${a[rank]}: SIGKILL at step ${a[step]}, phase $phase" "$out.log")
+        fired=$(grep -ac "^\[fault\] rank ${a[rank]}: SIGKILL at step ${a[step]}, phase $phase" "$out.log")
         right_error=1
       else
-        fired=$(grep -c "No space left on device" "$out.log")
+        fired=$(grep -ac "No space left on device" "$out.log")
         # One error line, from the rank whose disk "filled", naming the save; the relaunch has none.
-        errors=$(grep -c 'error:' "$out.log")
-        right_error=$(grep -c "\[rank ${a[rank]}\] error: checkpoint save of step ${a[step]} .*No space left on device" "$out.log")
+        errors=$(grep -ac 'error:' "$out.log")
+        right_error=$(grep -ac "\[rank ${a[rank]}\] error: checkpoint save of step ${a[step]} .*No space left on device" "$out.log")
         [[ $errors -eq 1 ]] || right_error=0
       fi
       if [[ $rc -eq 0 && $fired -ge 1 && $right_error -eq 1 ]] && bitwise "$out"; then
@@ -157,15 +161,15 @@ for line in "${plan[@]}"; do
     corrupt)
       "${mpi[@]}" "$mt" train "${common[@]}" out_dir="$out" \
         ckpt.fault_phase=after_commit ckpt.fault_step="${a[step]}" ckpt.fault_rank="${a[rank]}" >"$out.log" 2>&1
-      fired=$(grep -c '^\[fault\] rank' "$out.log")
+      fired=$(grep -ac '^\[fault\] rank' "$out.log")
       # Damage one byte; the Python prints "<checkpoint dir> <file> <offset> <newest?> <the next older
-      # checkpoint, or -> <damage?>".
-      read -r cdir cfile off newest older damage < <("$py" - "$out/checkpoints" "${a[ckpt]}" "${a[file]}" "${a[byte]}" "${a[xor]}" <<'PY'
+      # checkpoint, or -> <the newest checkpoint> <damage?>".
+      read -r cdir cfile off newest older newest_name damage < <("$py" - "$out/checkpoints" "${a[ckpt]}" "${a[file]}" "${a[byte]}" "${a[xor]}" <<'PY'
 import glob, json, os, sys
 root, fc, ff, fb, mask = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 ckpts = sorted(d for d in glob.glob(os.path.join(root, "step_*")) if "." not in os.path.basename(d))
 if not ckpts:
-    print("- - - 0 - 0"); sys.exit()
+    print("- - - 0 - - 0"); sys.exit()
 c = ckpts[int(fc * len(ckpts))]
 files = sorted(glob.glob(os.path.join(c, "*")))
 f = files[int(ff * len(files))]
@@ -182,18 +186,19 @@ if f.endswith(".json"):
     except ValueError:
         damage = 1
 i = ckpts.index(c)
-print(os.path.basename(c), os.path.basename(f), at, int(c == ckpts[-1]), os.path.basename(ckpts[i - 1]) if i else "-", damage)
+print(os.path.basename(c), os.path.basename(f), at, int(c == ckpts[-1]), os.path.basename(ckpts[i - 1]) if i else "-",
+      os.path.basename(ckpts[-1]), damage)
 PY
 )
       what="byte $off of $cdir/$cfile ^${a[xor]} (killed at step ${a[step]}; $([[ $newest == 1 ]] && echo newest || echo older))"
       verify_msg=$("$mt" ckpt verify "$out/checkpoints/$cdir" 2>&1)
       verify_rc=$?
-      before=$(ls -lR "$out/checkpoints" 2>/dev/null | md5sum)
+      before=$(listing "$out/checkpoints")
       "${mpi[@]}" "$mt" train "${common[@]}" out_dir="$out" \
         ckpt.fault_phase=after_commit ckpt.fault_step="${a[step]}" ckpt.fault_rank="${a[rank]}" resume=auto >"$out.resume.log" 2>&1
       rc=$?
       reason='checksum mismatch|corrupt|malformed|not a minitrain checkpoint|truncated|expected'
-      refused_ok=$(printf '%s\n' "$verify_msg" | grep -cE "$reason")
+      refused_ok=$(printf '%s\n' "$verify_msg" | grep -acE "$reason")
       if [[ $fired -eq 0 || $cdir == - ]]; then
         detail="(the kill before the damage fired: $fired; checkpoint damaged: $cdir)"
       elif [[ $damage -eq 0 ]]; then
@@ -203,38 +208,40 @@ PY
         detail="(ckpt verify did not refuse it: rc=$verify_rc, $verify_msg)"
       elif [[ $newest == 1 && $older == - ]]; then
         # The only checkpoint: resume=auto must fail naming it and change nothing.
-        if [[ $rc -eq 1 && $(grep -c 'minitrain: error:' "$out.resume.log") -eq 1 ]] \
-           && grep -qE "minitrain: error: .*none of the 1 checkpoint\(s\).*$cdir \(.*($reason)" "$out.resume.log" \
-           && [[ $(ls -lR "$out/checkpoints" | md5sum) == "$before" ]]; then
+        if [[ $rc -eq 1 && $(grep -ac 'minitrain: error:' "$out.resume.log") -eq 1 ]] \
+           && grep -aqE "minitrain: error: .*none of the 1 checkpoint\(s\).*$cdir \(.*($reason)" "$out.resume.log" \
+           && [[ $(listing "$out/checkpoints") == "$before" ]]; then
           outcome=refused
         fi
       elif [[ $newest == 1 ]]; then
-        if [[ $rc -eq 0 ]] && grep -qE "skipping .*$cdir: .*($reason).*trying the next older one" "$out.resume.log" \
-           && grep -q "resuming from .*/$older (step" "$out.resume.log" && bitwise "$out"; then
+        if [[ $rc -eq 0 ]] && grep -aqE "skipping .*$cdir: .*($reason)" "$out.resume.log" \
+           && grep -aq "resuming from .*/$older (step" "$out.resume.log" && bitwise "$out"; then
           outcome=refused
         fi
       else
-        if [[ $rc -eq 0 ]] && ! grep -q "skipping" "$out.resume.log" && bitwise "$out" \
+        # The newest verifies and is resumed (the damaged one may be named, but not fallen back from).
+        if [[ $rc -eq 0 ]] && grep -aq "resuming from .*/$newest_name (step" "$out.resume.log" \
+           && ! grep -aq "skipping .*$cdir: .*trying the next older one" "$out.resume.log" && bitwise "$out" \
            && ls -d "$out/checkpoints/$cdir"* >/dev/null 2>&1; then
           outcome=recovered
         fi
       fi
-      [[ $outcome == other && -z $detail ]] && detail="(resume rc=$rc; verify: $verify_msg; resume log: $(grep -E 'error|skipping|resuming' "$out.resume.log" | head -3))" ;;
+      [[ $outcome == other && -z $detail ]] && detail="(resume rc=$rc; verify: $verify_msg; resume log: $(grep -aE 'error|skipping|resuming' "$out.resume.log" | head -3))" ;;
     diverge)
       "$supervise" --max-restarts 3 --ckpt-dir "$out/checkpoints" --metrics "$out/metrics.jsonl" --log "$out.supervise.log" -- \
         "${mpi[@]}" "$mt" train "${common[@]}" out_dir="$out" optim.lr="${a[lr]}" optim.grad_clip=0 \
         optim.warmup_steps=0 precision="${a[precision]}" loss_scale.max_skips=3 >"$out.log" 2>&1
       rc=$?
       what="lr ${a[lr]}, ${a[precision]}"
-      if [[ $rc -eq 3 && $(grep -c 'minitrain: error:' "$out.log") -eq 1 ]] \
-         && grep -q 'minitrain: error: training diverged at step ' "$out.log" \
-         && grep -q 'giving up: training diverged' "$out.supervise.log" \
-         && [[ $(grep -c '] attempt [0-9]*:' "$out.supervise.log") -eq 1 && ! -e $out/model.safetensors ]] \
+      if [[ $rc -eq 3 && $(grep -ac 'minitrain: error:' "$out.log") -eq 1 ]] \
+         && grep -aq 'minitrain: error: training diverged at step ' "$out.log" \
+         && grep -aq 'giving up: training diverged' "$out.supervise.log" \
+         && [[ $(grep -ac '] attempt [0-9]*:' "$out.supervise.log") -eq 1 && ! -e $out/model.safetensors ]] \
          && all_verify "$out/checkpoints"; then
         outcome=refused
-        what="$what: $(grep -o 'training diverged at step [0-9]*' "$out.log")"
+        what="$what: $(grep -ao 'training diverged at step [0-9]*' "$out.log")"
       else
-        detail="(supervise rc=$rc: $(grep 'error:' "$out.log" | head -2))"
+        detail="(supervise rc=$rc: $(grep -a 'error:' "$out.log" | head -2))"
       fi ;;
   esac
   unset a

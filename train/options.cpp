@@ -63,6 +63,8 @@ const std::map<std::string, Setter>& setters() {
       {"ckpt.dir", [](TrainOptions& o, auto&, auto& v) { o.ckpt.dir = v; }},
       {"ckpt.keep", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.keep = parse_int(k, v); }},
       {"ckpt.async", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.async = to_bool(k, v); }},
+      {"ckpt.writer_priority", [](TrainOptions& o, auto& k, auto& v) {
+         o.ckpt.writer_priority = checkpoint::writer_priority_from_name(v, k.c_str()); }},
       {"ckpt.fault_phase", [](TrainOptions& o, auto&, auto& v) { o.ckpt.fault_phase = v; }},
       {"ckpt.fault_step", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_step = parse_int(k, v); }},
       {"ckpt.fault_rank", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_rank = parse_int(k, v); }},
@@ -310,7 +312,8 @@ nlohmann::json TrainOptions::to_json() const {
                     {"zero", parallel.zero}, {"bucket_mb", parallel.bucket_mb}, {"embedding_rows", parallel.embedding_rows},
                     {"sdc_every", parallel.sdc_every},
                     {"sdc_flip_step", parallel.sdc_flip_step}, {"sdc_flip_rank", parallel.sdc_flip_rank}}},
-      {"ckpt", {{"dir", ckpt.dir}, {"keep", ckpt.keep}, {"async", ckpt.async}, {"fault_phase", ckpt.fault_phase},
+      {"ckpt", {{"dir", ckpt.dir}, {"keep", ckpt.keep}, {"async", ckpt.async},
+                {"writer_priority", checkpoint::writer_priority_name(ckpt.writer_priority)}, {"fault_phase", ckpt.fault_phase},
                 {"fault_step", ckpt.fault_step}, {"fault_rank", ckpt.fault_rank}}},
       {"loss_scale", {{"init", loss_scale.init_scale}, {"growth_interval", loss_scale.growth_interval},
                       {"max_skips", loss_scale.max_skips}}},

@@ -7,8 +7,8 @@
 #   progress:  always fails, but after a new checkpoint each time: exit 4 once --max-restarts is used;
 #   diverged:  exits 3 (training diverged): not relaunched, exit 3 after one attempt;
 #   beside:    steps that ran beside a background checkpoint write ("ckpt_overlap_s") count in the
-#              goodput at most the median time of the steps that ran alone; with none alone, nothing
-#              is subtracted and the summary says so;
+#              goodput, together, at most their number times the median step that ran alone; with
+#              none alone, nothing is subtracted and the summary says so;
 #   usage:     no command: exit 2; --help prints the description, exit 0.
 # Usage: tests/test_supervise.sh [path/to/supervise]
 set -uo pipefail
@@ -110,14 +110,14 @@ check "diverged: exit 3" test $rc -eq 3
 check "diverged: not relaunched" test "$(cat "$s/count")" -eq 1
 check "diverged: says why" grep -q "training diverged (exit status 3)" "$s/stderr"
 
-# beside: alone 1.0 1.2 0.8 1.0 (median 1.0); beside 3.0 2.5 0.9 -> 2.0 + 1.5 + 0 = 3.5 s of slowdown,
-# so of 9.4 s of step time 5.9 s are useful.
+# beside: alone 1.0 1.2 0.8 1.0 (median 1.0); beside 3.0 2.5 0.9 -> 2.0 + 1.5 - 0.1 = 3.4 s of
+# slowdown, so of 9.4 s of step time 6.0 s are useful.
 s=$work/beside
 mkdir -p "$s"
 "$supervise" --metrics "$s/metrics.jsonl" -- "$work/fake_train" "$s" beside 2>"$s/stderr"
 check "beside: exit 0" test $? -eq 0
 check "beside: the slowdown beside checkpoint writes is not useful time" grep -q \
-  "useful step time 5.9 s over 6 unique steps, less 3.5 s of slowdown in 3 steps beside background checkpoint writes (steps alone: median 1.000 s)" "$s/stderr"
+  "useful step time 6.0 s over 6 unique steps, less 3.4 s of slowdown in 3 steps beside background checkpoint writes (steps alone: median 1.000 s)" "$s/stderr"
 s=$work/allbeside
 mkdir -p "$s"
 "$supervise" --metrics "$s/metrics.jsonl" -- "$work/fake_train" "$s" allbeside 2>"$s/stderr"

@@ -30,9 +30,14 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 constexpr const char* kFaultPhases[] = {"forward", "backward",      "optimizer",    "staging",
                                         "write",   "before_commit", "after_commit", "enospc"};
 
+int64_t ns_of(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
 // The staging copy: memcpy split into 16 MiB tasks over a few threads, since one core cannot
 // saturate memory bandwidth. Plain threads rather than OpenMP keep this safe in forked children.
-void parallel_copy(const std::vector<CopyTask>& pieces) {
+// Returns the CPU time of the helper threads (the caller's own is in its thread's clock).
+double parallel_copy(const std::vector<CopyTask>& pieces) {
   constexpr size_t kTask = size_t(16) << 20;
   std::vector<CopyTask> tasks;
   size_t total = 0;
@@ -48,9 +53,23 @@ void parallel_copy(const std::vector<CopyTask>& pieces) {
     for (size_t i; (i = next.fetch_add(1)) < tasks.size();) std::memcpy(tasks[i].dst, tasks[i].src, tasks[i].bytes);
   };
   std::vector<std::thread> helpers;
-  for (size_t t = 1; t < nthreads; t++) helpers.emplace_back(work);
+  std::vector<double> helper_cpu(nthreads, 0.0);
+  for (size_t t = 1; t < nthreads; t++)
+    helpers.emplace_back([&, t] {
+      work();
+      helper_cpu[t] = this_thread_cpu_s();
+    });
   work();
   for (std::thread& t : helpers) t.join();
+  double cpu = 0;
+  for (double c : helper_cpu) cpu += c;
+  return cpu;
+}
+
+// Whether `dir` is gone, or goes within a second (rank 0's abandon() removing it).
+bool vanishes(const std::string& dir) {
+  for (int i = 0; i < 100 && io::exists(dir); i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return !io::exists(dir);
 }
 
 }  // namespace
@@ -253,7 +272,7 @@ void Checkpointer::stage(WriteJob& job) {
   if (o_.staging.copy)
     for (const CopyTask& c : job.copies) o_.staging.copy(c.dst, c.src, c.bytes);
   else
-    parallel_copy(job.copies);
+    job.copy_helper_cpu_s = parallel_copy(job.copies);
 }
 
 void Checkpointer::snapshot_fence() {
@@ -283,7 +302,14 @@ void Checkpointer::save(const SaveRequest& req) {
   if (!deferred) stage(*job_);
   if (o_.async) {
     job_->stats.blocking_s = since(t0);
-    worker_ = std::thread([this, deferred] { run(*job_, deferred); });
+    bg_end_ns_ = -1;
+    bg_begin_ns_ = ns_of(Clock::now());
+    worker_ = std::thread([this, deferred] {
+      const std::string why = set_this_thread_priority(o_.writer_priority);
+      if (!why.empty() && !priority_warned_.exchange(true)) MT_LOG_WARN(o_.log, "checkpoint: %s", why.c_str());
+      run(*job_, deferred);
+      bg_end_ns_ = ns_of(Clock::now());
+    });
     return;
   }
   run(*job_, false);
@@ -294,8 +320,16 @@ void Checkpointer::save(const SaveRequest& req) {
   wait();  // a synchronous save's failure is thrown right away
 }
 
+double Checkpointer::background_overlap(Clock::time_point from, Clock::time_point to) const {
+  const int64_t begin = bg_begin_ns_, end = bg_end_ns_;
+  if (begin == 0) return 0;  // no async save yet
+  const int64_t lo = std::max(begin, ns_of(from)), hi = std::min(end < 0 ? ns_of(to) : end, ns_of(to));
+  return hi > lo ? 1e-9 * double(hi - lo) : 0.0;
+}
+
 void Checkpointer::run(WriteJob& job, bool stage_first) {
   const auto t0 = Clock::now();
+  const double cpu0 = this_thread_cpu_s();
   try {
     if (stage_first) stage(job);
     write_rank_file(job, o_);
@@ -308,13 +342,16 @@ void Checkpointer::run(WriteJob& job, bool stage_first) {
       await_commit(job, o_);
     }
     job.stats.background_s = since(t0);
+    job.stats.writer_cpu_s = this_thread_cpu_s() - cpu0 + (stage_first ? job.copy_helper_cpu_s : 0.0);
     std::lock_guard<std::mutex> lock(mu_);
     last_ = job.stats;
   } catch (const std::exception& e) {
     std::string why = e.what();
     // Another rank's failure (reported there) or this rank's own (reported here): see FollowOnError.
     bool follow_on = dynamic_cast<const parallel::FollowOnError*>(&e) != nullptr;
-    if (job.rank != 0 && !io::exists(job.tmp_dir) && why.find("No such file or directory") != std::string::npos) {
+    // A path of this save vanished under another rank: rank 0 removes step_N.tmp when it abandons the
+    // save (and retries while files appear in it), so wait for it to be gone before calling it ours.
+    if (job.rank != 0 && why.find("No such file or directory") != std::string::npos && vanishes(job.tmp_dir)) {
       why = strfmt("rank 0 abandoned the save (it removed %s while this rank was writing; rank 0 reports why)",
                    job.tmp_dir.c_str());
       follow_on = true;

@@ -19,6 +19,7 @@
 // step_N.tmp/, leaves every earlier checkpoint as it was, and is rethrown by the next save()/wait().
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -32,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/format.h"
+#include "checkpoint/writer_thread.h"
 #include "parallel/comm.h"
 #include "runtime/log.h"
 
@@ -77,6 +79,8 @@ struct Options {
   // background too, and the caller must call snapshot_fence() before it changes any piece's data
   // (e.g. before the next optimizer step), so the copy hides behind the next forward and backward.
   bool deferred_snapshot = false;
+  // Async only: the background writer's scheduling priority (writer_thread.h says why idle).
+  WriterPriority writer_priority = WriterPriority::idle;
   // Fault injection (tests): at the named phase of the save of `fault_step`, only on rank
   // `fault_rank`, SIGKILL this process: "staging" (before the copy), "write" (half of the rank file
   // written), "before_commit" (rank file durable; rank 0: every rank's file durable and the manifest
@@ -133,8 +137,14 @@ class Checkpointer {
     double background_s = 0;  // time of the background part (write, fsync, commit)
     size_t bytes = 0;         // this rank's file size
     double stall_s = 0;       // part of blocking_s spent waiting for the previous save
+    double writer_cpu_s = 0;  // CPU time of the background part (its thread and its copy helpers)
   };
   std::optional<SaveStats> last_completed() const;  // the last save that completed (for the JSONL)
+
+  using Clock = std::chrono::steady_clock;
+  // Seconds of [from, to] during which the last async save's background part was running: the
+  // trainer asks it for each step, to show which steps ran beside a write (and shared the machine).
+  double background_overlap(Clock::time_point from, Clock::time_point to) const;
 
   const Options& options() const { return o_; }
 
@@ -155,6 +165,9 @@ class Checkpointer {
   std::atomic<bool> cancel_{false};
   mutable std::mutex mu_;  // guards last_ (written by the worker, read by last_completed())
   std::optional<SaveStats> last_;
+  // The last background part's start and end on Clock, in ns since its epoch (end -1: running).
+  std::atomic<int64_t> bg_begin_ns_{0}, bg_end_ns_{0};
+  std::atomic<bool> priority_warned_{false};
   char* staging_ = nullptr;
   size_t staging_bytes_ = 0;
 };

@@ -214,8 +214,13 @@ std::optional<Found> find_latest_valid(const std::string& dir, parallel::Comm& w
       for (const auto& [e, reason] : refused) list += strfmt("%s%s (%s)", list.empty() ? "" : "; ", e->name.c_str(), reason.c_str());
       fail("none of the %zu checkpoint(s) in %s verifies: %s", refused.size(), dir.c_str(), list.c_str());
     }
+    // A checkpoint that failed verification was newer than the one chosen; one whose manifest cannot
+    // be read has no commit time, so nothing is said about its age.
     for (const auto& [e, reason] : refused)
-      MT_LOG_WARN(log, "checkpoint: skipping %s: %s; trying the next older one", e->path.c_str(), reason.c_str());
+      if (e->problem.empty())
+        MT_LOG_WARN(log, "checkpoint: skipping %s: %s; trying the next older one", e->path.c_str(), reason.c_str());
+      else
+        MT_LOG_WARN(log, "checkpoint: skipping %s: %s", e->path.c_str(), reason.c_str());
     if (chosen) {
       msg[0] = 1;
       msg[1] = int32_t(uint32_t(uint64_t(chosen->step)));

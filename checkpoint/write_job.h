@@ -47,6 +47,7 @@ struct WriteJob {
   std::mutex mu;
   std::condition_variable staged_cv;
   bool staged = false;
+  double copy_helper_cpu_s = 0;  // CPU time of the staging copy's helper threads
 };
 
 // The steps of run(): see the protocol in checkpointer.h. Each throws mt::Error naming the path.

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Seeded randomized kill-and-resume trials: N runs of 4 ranks, each SIGKILLed (or failing a
-# checkpoint write) at a random phase, rank and step, relaunched by scripts/supervise; every final
-# state must equal the uninterrupted run's bit for bit. Prints "N/N identical" at the end.
-# Usage: scripts/fault_trials.sh [N] [seed]   (default 10 trials, seed from the clock)
+# A seeded fault campaign on a 4-rank tiny run: kills (a random rank SIGKILLed at a random phase and
+# step, then resumed by scripts/supervise), ENOSPC on a checkpoint write, one random byte of a random
+# checkpoint file changed before a resume, and divergence. Each trial is judged against the
+# uninterrupted run: recovered bitwise, refused with a correct error, or anything else; a table per
+# kind is printed at the end, and the exit status is 1 if anything else happened
+# (tests/integration/fault_campaign.sh says what each kind expects).
+# Usage: scripts/fault_trials.sh [--trials N] [--seed S] [--keep DIR]   (default 4 trials, seed from the clock)
+#        scripts/fault_trials.sh --kills-only N [seed]   kill and ENOSPC trials only (tests/integration/fault_test.sh)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-n=${1:-10}
-seed=${2:-$(date +%s)}
 "$root/scripts/deps.sh"
 "$root/scripts/build.sh"
-exec bash "$root/tests/integration/fault_test.sh" "${MT_BUILD_DIR:-$root/build}/minitrain" "$root/scripts/supervise" "$n" "$seed"
+mt="${MT_BUILD_DIR:-$root/build}/minitrain"
+if [[ ${1:-} == --kills-only ]]; then
+  exec bash "$root/tests/integration/fault_test.sh" "$mt" "$root/scripts/supervise" "${2:-10}" "${3:-$(date +%s)}"
+fi
+exec bash "$root/tests/integration/fault_campaign.sh" "$mt" "$root/scripts/supervise" "$@"

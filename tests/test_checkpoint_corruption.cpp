@@ -291,6 +291,23 @@ TEST(CheckpointCorruption, DamagedManifestIsDetected) {
   c.expect_detected_and_skipped("malformed JSON");
 }
 
+// An older checkpoint whose manifest cannot be read is named, but not as if the newest had been given
+// up for it: its age is unknown, and the newest checkpoint, intact, is the one resumed.
+TEST(CheckpointCorruption, DamagedOlderManifestIsNamedWithoutClaimingToFallBack) {
+  TwoCheckpoints c;
+  const std::string older = c.dir + "/step_000010";
+  std::string text = testing::file_bytes(older + "/manifest.json");
+  text.resize(text.size() / 2);
+  testing::write_bytes(older + "/manifest.json", text);
+  testing::CapturedLog log;
+  parallel::SelfComm self;
+  const auto found = find_latest_valid(c.dir, self, log.logger);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->step, 20);
+  EXPECT_NE(log.text().find("skipping " + older + ": "), std::string::npos) << log.text();
+  EXPECT_EQ(log.text().find("trying the next older one"), std::string::npos) << log.text();
+}
+
 // Every byte a resume reads is checked, the manifest's own values too: the trainer's state in "meta"
 // (step, update count, loader position), the commit time that orders checkpoints, the file table.
 // Reformatting the file (whitespace, key order) changes no value and still verifies.

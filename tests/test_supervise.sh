@@ -6,6 +6,9 @@
 #   stuck:     always fails before any progress: exit 3 after 3 restarts without progress;
 #   progress:  always fails, but after a new checkpoint each time: exit 4 once --max-restarts is used;
 #   diverged:  exits 3 (training diverged): not relaunched, exit 3 after one attempt;
+#   beside:    steps that ran beside a background checkpoint write ("ckpt_overlap_s") count in the
+#              goodput, together, at most their number times the median step that ran alone; with
+#              none alone, nothing is subtracted and the summary says so;
 #   usage:     no command: exit 2; --help prints the description, exit 0.
 # Usage: tests/test_supervise.sh [path/to/supervise]
 set -uo pipefail
@@ -34,6 +37,18 @@ start=0
 if [[ "$*" == *resume=auto* && -f $state/ckpt/latest ]]; then start=$((10#$(sed 's/step_//' "$state/ckpt/latest"))); fi
 if [[ $mode == stuck ]]; then exit 1; fi
 if [[ $mode == diverged ]]; then exit 3; fi
+if [[ $mode == beside || $mode == allbeside ]]; then
+  totals=(1.0 1.2 3.0 0.8 2.5 0.9)
+  overlaps=(0 0 0.5 0 0.2 0.1)
+  for i in 0 1 2 3 4 5; do
+    o=${overlaps[$i]}
+    [[ $mode == allbeside ]] && o=0.1
+    extra=""
+    [[ $o != 0 ]] && extra=", \"ckpt_overlap_s\": $o"
+    echo "{\"step\": $((i + 1)), \"loss\": 1.0, \"time\": {\"total\": ${totals[$i]}}$extra}" >>"$state/metrics.jsonl"
+  done
+  exit 0
+fi
 for i in 1 2 3 4; do
   s=$((start + i))
   echo "{\"step\": $s, \"loss\": 1.0, \"time\": {\"data\": 0.0, \"total\": 0.$n}}" >>"$state/metrics.jsonl"
@@ -94,6 +109,20 @@ rc=$?
 check "diverged: exit 3" test $rc -eq 3
 check "diverged: not relaunched" test "$(cat "$s/count")" -eq 1
 check "diverged: says why" grep -q "training diverged (exit status 3)" "$s/stderr"
+
+# beside: alone 1.0 1.2 0.8 1.0 (median 1.0); beside 3.0 2.5 0.9 -> 2.0 + 1.5 - 0.1 = 3.4 s of
+# slowdown, so of 9.4 s of step time 6.0 s are useful.
+s=$work/beside
+mkdir -p "$s"
+"$supervise" --metrics "$s/metrics.jsonl" -- "$work/fake_train" "$s" beside 2>"$s/stderr"
+check "beside: exit 0" test $? -eq 0
+check "beside: the slowdown beside checkpoint writes is not useful time" grep -q \
+  "useful step time 6.0 s over 6 unique steps, less 3.4 s of slowdown in 3 steps beside background checkpoint writes (steps alone: median 1.000 s)" "$s/stderr"
+s=$work/allbeside
+mkdir -p "$s"
+"$supervise" --metrics "$s/metrics.jsonl" -- "$work/fake_train" "$s" allbeside 2>"$s/stderr"
+check "beside: with no step alone, nothing subtracted, said" grep -q \
+  "useful step time 9.4 s over 6 unique steps, 6 steps beside background checkpoint writes and none alone to compare" "$s/stderr"
 
 "$supervise" --max-restarts 2 -- 2>/dev/null
 check "usage: no command is exit 2" test $? -eq 2

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/writer_thread.h"
 #include "model/config.h"
 #include "model/gpt.h"
 #include "runtime/dtype.h"
@@ -66,6 +67,9 @@ struct CheckpointOptions {
   std::string dir;         // default: <out_dir>/checkpoints
   int keep = 3;            // newest checkpoints kept
   bool async = true;
+  // The background writer's scheduling priority (checkpoint/writer_thread.h): idle gives the cores
+  // to training first; normal competes with it.
+  checkpoint::WriterPriority writer_priority = checkpoint::WriterPriority::idle;
   // Fault injection: SIGKILL world rank `fault_rank` at phase `fault_phase` of step `fault_step`
   // (forward, backward, optimizer, staging, write, before_commit, after_commit) or make its
   // checkpoint write fail (enospc). Armed once per out_dir: a relaunched run does not fire it again.

@@ -94,7 +94,9 @@ void Trainer::run() {
   RunTotals totals;
   while (step_ < o_.steps) {
     arena_.reset_peaks();
+    const auto t_step = std::chrono::steady_clock::now();
     const StepResult r = step();
+    const auto t_step_end = std::chrono::steady_clock::now();
     const double tok_s = r.tokens / r.t_total;
     const double mfu = tok_s * flops_tok / world_peak, hfu = tok_s * hw_flops_tok / world_peak;
     nlohmann::json j = {{"step", step_}, {"loss", r.loss}, {"lr", r.lr}, {"tokens_per_s", tok_s},
@@ -118,10 +120,15 @@ void Trainer::run() {
       totals.add_val_loss(v);
     }
     if (ckpt_) {
+      // A step that ran beside a background write shared the machine with it (scripts/supervise
+      // takes its slowdown out of the goodput).
+      const double beside = ckpt_->background_overlap(t_step, t_step_end);
+      if (beside > 0) j["ckpt_overlap_s"] = beside;
       const auto saved = ckpt_->last_completed();
       if (saved && saved->step != logged_save) {
         j["checkpoint"] = {{"step", saved->step}, {"blocking_s", saved->blocking_s},
-                           {"background_s", saved->background_s}, {"stall_s", saved->stall_s}, {"bytes", saved->bytes}};
+                           {"background_s", saved->background_s}, {"stall_s", saved->stall_s}, {"bytes", saved->bytes},
+                           {"writer_cpu_s", saved->writer_cpu_s}};
         logged_save = saved->step;
       }
     }

@@ -44,24 +44,27 @@ for s in sorted(last): print(s, last[s])' "$1"
 final_state "$work/ref" || { echo "FAIL export reference"; exit 1; }
 
 phases=(forward backward optimizer staging write before_commit after_commit enospc)
-# A uniform pick in [0, n) from bash's RANDOM using its high bits (its low bits repeat quickly).
-pick() { echo $(( RANDOM * $1 / 32768 )); }
+# A uniform pick in [0, n) from bash's RANDOM using its high bits (its low bits repeat quickly), into
+# $picked: called in the shell itself, since bash reseeds RANDOM in every subshell ($(...) would not
+# follow the seed).
+pick() { picked=$(( RANDOM * $1 / 32768 )); }
 plan=()
 if [[ $trials -eq 0 ]]; then
   for p in "${phases[@]}"; do plan+=("$p"); done
 else
   RANDOM=$seed
-  for _ in $(seq 1 "$trials"); do plan+=("${phases[$(pick ${#phases[@]})]}"); done
+  for _ in $(seq 1 "$trials"); do pick ${#phases[@]}; plan+=("${phases[$picked]}"); done
 fi
 RANDOM=$seed
 ok=0
 n=0
 for phase in "${plan[@]}"; do
   n=$((n + 1))
-  rank=$(pick 4)
+  pick 4
+  rank=$picked
   case $phase in  # checkpoint phases happen in the saves after steps 2, 4, 6; compute phases in steps 1-8
-    staging|write|before_commit|after_commit|enospc) step=$((2 * (1 + $(pick 3)))) ;;
-    *) step=$((1 + $(pick 8))) ;;
+    staging|write|before_commit|after_commit|enospc) pick 3; step=$((2 * (1 + picked))) ;;
+    *) pick 8; step=$((1 + picked)) ;;
   esac
   out="$work/run$n"
   "$supervise" --max-restarts 3 --ckpt-dir "$out/checkpoints" --metrics "$out/metrics.jsonl" --log "$out.supervise.log" -- \

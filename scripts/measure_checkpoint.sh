@@ -7,8 +7,8 @@
 #                         and export, which every configuration has, "none" included);
 #   steps' time           the sum of the steps' time.total (metrics.jsonl);
 #   slowdown beside writes  for the steps that ran beside a background write ("ckpt_overlap_s"), their
-#                         time above the median step that ran alone: what the writer cost the steps
-#                         (scripts/supervise takes the same amount out of the goodput);
+#                         summed time above the median step that ran alone: what the writer cost the
+#                         steps (scripts/supervise takes the same amount out of the goodput);
 #   blocking / background / writer CPU per save   medians over the saves logged in metrics.jsonl.
 # Usage: scripts/measure_checkpoint.sh [--preset gpt2] [--layers 4] [--batch 4] [--seq 128] [--steps 20]
 #          [--every 5,1] [--repeats 3] [--threads 2] [--configs none,sync,async,async-normal]
@@ -65,7 +65,7 @@ base = statistics.median(alone) if alone else float("nan")
 saves = [j["checkpoint"] for j in recs if "checkpoint" in j]
 med = lambda k: statistics.median(s.get(k, 0) for s in saves) if saves else float("nan")
 print(float(sys.argv[3]) - float(sys.argv[2]), sum(j["time"]["total"] for j in steps.values()),
-      sum(max(0.0, t - base) for t in beside), len(beside), med("blocking_s"), med("background_s"),
+      max(0.0, sum(t - base for t in beside)), len(beside), med("blocking_s"), med("background_s"),
       med("writer_cpu_s"), len(saves))
 PY
     echo "  $name every $e, run $r: $(cut -d' ' -f1 "$work/stats$i.$r") s" >&2

@@ -64,38 +64,6 @@ TrainOptions options(const std::string& data, const Layout& l, int batch, int st
   return o;
 }
 
-struct Curve {
-  std::vector<double> loss, norm;
-  std::vector<std::vector<float>> weights;
-};
-
-Curve train_curve(Trainer& t, int steps) {
-  Curve c;
-  for (int i = 0; i < steps; i++) {
-    const train::StepResult r = t.step();
-    c.loss.push_back(r.loss);
-    c.norm.push_back(r.grad_norm);
-  }
-  c.weights = t.global_master();
-  return c;
-}
-
-double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
-  double e = 0;
-  for (size_t i = 0; i < a.size(); i++) e = std::max(e, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
-  return e;
-}
-
-double weight_err(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  double e = 0, m = 0;
-  for (size_t t = 0; t < b.size(); t++)
-    for (size_t k = 0; k < b[t].size(); k++) {
-      e = std::max(e, double(std::fabs(a[t][k] - b[t][k])));
-      m = std::max(m, double(std::fabs(b[t][k])));
-    }
-  return e / m;
-}
-
 // True on every rank when the first and the last pipeline rank hold the same bits of wte (master).
 bool tied_copies_equal(Trainer& t) {
   parallel::Comm& pp = t.mesh().pp_comm();

@@ -71,42 +71,6 @@ TrainOptions options(const std::string& data, const Layout& l, int batch, int st
   return o;
 }
 
-struct Curve {
-  std::vector<double> loss, norm;
-  std::vector<std::vector<float>> weights;
-};
-
-Curve train_curve(Trainer& t, int steps) {
-  Curve c;
-  for (int i = 0; i < steps; i++) {
-    const train::StepResult r = t.step();
-    c.loss.push_back(r.loss);
-    c.norm.push_back(r.grad_norm);
-  }
-  c.weights = t.global_master();
-  return c;
-}
-
-double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
-  double e = 0;
-  for (size_t i = 0; i < a.size(); i++) e = std::max(e, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
-  return e;
-}
-
-// max |a - b| / max |b| over every tensor; *worst: the tensor and element where |a - b| is largest.
-double weight_err(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
-                  std::pair<size_t, size_t>* worst = nullptr) {
-  double e = 0, m = 0;
-  for (size_t t = 0; t < b.size(); t++)
-    for (size_t k = 0; k < b[t].size(); k++) {
-      const double d = std::fabs(a[t][k] - b[t][k]);
-      if (d > e && worst) *worst = {t, k};
-      e = std::max(e, d);
-      m = std::max(m, double(std::fabs(b[t][k])));
-    }
-  return e / m;
-}
-
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});

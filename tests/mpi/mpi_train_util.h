@@ -1,5 +1,8 @@
-// Shared by the MPI trainer tests (data and tensor parallelism): one small corpus for every rank.
+// Shared by the MPI trainer tests (data, tensor and pipeline parallelism): one small corpus for every
+// rank, and a layout's loss curve and final weights measured against a single-rank run's.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -9,6 +12,7 @@
 #include "parallel/comm.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/test_util.h"
+#include "train/trainer.h"
 
 namespace mt::testing {
 
@@ -34,6 +38,42 @@ inline std::string shared_corpus(parallel::Comm& world) {
   world.broadcast(buf, sizeof buf / 4, DType::i32, 0);
   path = buf;
   return path;
+}
+
+struct Curve {
+  std::vector<double> loss, norm;
+  std::vector<std::vector<float>> weights;
+};
+
+inline Curve train_curve(train::Trainer& t, int steps) {
+  Curve c;
+  for (int i = 0; i < steps; i++) {
+    const train::StepResult r = t.step();
+    c.loss.push_back(r.loss);
+    c.norm.push_back(r.grad_norm);
+  }
+  c.weights = t.global_master();
+  return c;
+}
+
+inline double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
+  double e = 0;
+  for (size_t i = 0; i < a.size(); i++) e = std::max(e, std::fabs(a[i] - b[i]) / std::fabs(b[i]));
+  return e;
+}
+
+// max |a - b| / max |b| over every tensor; *worst: the tensor and element where |a - b| is largest.
+inline double weight_err(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
+                  std::pair<size_t, size_t>* worst = nullptr) {
+  double e = 0, m = 0;
+  for (size_t t = 0; t < b.size(); t++)
+    for (size_t k = 0; k < b[t].size(); k++) {
+      const double d = std::fabs(a[t][k] - b[t][k]);
+      if (d > e && worst) *worst = {t, k};
+      e = std::max(e, d);
+      m = std::max(m, double(std::fabs(b[t][k])));
+    }
+  return e / m;
 }
 
 }  // namespace mt::testing

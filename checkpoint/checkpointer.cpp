@@ -166,11 +166,12 @@ void Checkpointer::validate(const SaveRequest& req) const {
   }
 }
 
-// One all-reduce (max of step, -step and a failure flag): every rank is saving the same step, and
-// rank 0 has created step_N.tmp/ (so no rank writes before it exists, or into a stale one).
-void Checkpointer::agree_on_step(int64_t step) {
+// One all-reduce (max of step, -step, a failure flag and a fallback vote): every rank is saving the
+// same step, rank 0 has created step_N.tmp/ (so no rank writes before it exists, or into a stale
+// one), and the ranks agree on whether saves are synchronous from now on.
+bool Checkpointer::agree_on_step(int64_t step, bool want_sync) {
   const std::string tmp = io::join(o_.dir, step_dir_name(step) + ".tmp");
-  int32_t buf[3] = {int32_t(step), -int32_t(step), 0};
+  int32_t buf[4] = {int32_t(step), -int32_t(step), 0, want_sync ? 1 : 0};
   std::string why;
   if (world_.rank() == 0) {
     try {
@@ -184,13 +185,25 @@ void Checkpointer::agree_on_step(int64_t step) {
       why = e.what();
     }
   }
-  world_.all_reduce(buf, 3, DType::i32, parallel::ReduceOp::max);
+  world_.all_reduce(buf, 4, DType::i32, parallel::ReduceOp::max);
   if (buf[2] != 0)
     throw parallel::CollectiveError(strfmt("checkpoint save of step %lld failed: %s", (long long)step,
                                            world_.rank() == 0 ? why.c_str() : "rank 0 could not create its directory"));
   if (buf[0] != -buf[1])
     throw parallel::CollectiveError(strfmt("checkpoint: save() was called for different steps on different ranks "
                                            "(from %d to %d); every rank must save the same step", -buf[1], buf[0]));
+  return buf[3] != 0;
+}
+
+// An async save that waits for the previous write longer than that write's own CPU time gains
+// nothing over writing in the foreground (the write did not fit beside the steps: a save interval
+// too short, a busy disk, or an idle-priority writer starved by other jobs). After kFallbackAfter such
+// saves in a row the rank votes for synchronous saves.
+bool Checkpointer::wants_fallback(double stall) {
+  if (!o_.async || !o_.sync_fallback || fell_back_) return false;
+  const double write_cpu = last_completed() ? last_completed()->writer_cpu_s : 0.0;
+  waits_in_a_row_ = stall > kFallbackMinWaitS && stall > write_cpu ? waits_in_a_row_ + 1 : 0;
+  return waits_in_a_row_ >= kFallbackAfter;
 }
 
 char* Checkpointer::staging(size_t bytes) {
@@ -294,13 +307,22 @@ void Checkpointer::save(const SaveRequest& req) {
   wait();
   const double stall = since(t0);
   validate(req);
-  agree_on_step(req.step);
+  const bool want_sync = wants_fallback(stall);
+  if (agree_on_step(req.step, want_sync) && !fell_back_) {
+    fell_back_ = true;
+    if (world_.rank() == 0)
+      MT_LOG_WARN(o_.log, "checkpoint: %d saves in a row waited for the previous background write longer than its "
+                  "CPU time (the last waited %.2f s): writing synchronously from step %lld on "
+                  "(ckpt.sync_fallback=false keeps async saves)", kFallbackAfter, stall, (long long)req.step);
+  }
+  const bool async = o_.async && !fell_back_;
   fault_point(o_, world_.rank(), req.step, "staging");
-  job_ = make_job(req, o_.async || bool(o_.staging.copy));
+  job_ = make_job(req, async || bool(o_.staging.copy));
   job_->stats = {req.step, 0, 0, size_t(job_->file.bytes), stall};
-  const bool deferred = o_.async && o_.deferred_snapshot;
+  job_->stats.synchronous = !async;
+  const bool deferred = async && o_.deferred_snapshot;
   if (!deferred) stage(*job_);
-  if (o_.async) {
+  if (async) {
     job_->stats.blocking_s = since(t0);
     bg_end_ns_ = -1;
     bg_begin_ns_ = ns_of(Clock::now());

@@ -81,6 +81,11 @@ struct Options {
   bool deferred_snapshot = false;
   // Async only: the background writer's scheduling priority (writer_thread.h says why idle).
   WriterPriority writer_priority = WriterPriority::idle;
+  // Async only: when the saves keep waiting for the previous write (kFallbackAfter saves in a row
+  // waited longer than that write's CPU time, and at least kFallbackMinWaitS), the background write
+  // costs the steps more than a synchronous one would: every later save of this Checkpointer is
+  // synchronous (logged once; the ranks decide together). false: stay asynchronous whatever it costs.
+  bool sync_fallback = true;
   // Fault injection (tests): at the named phase of the save of `fault_step`, only on rank
   // `fault_rank`, SIGKILL this process: "staging" (before the copy), "write" (half of the rank file
   // written), "before_commit" (rank file durable; rank 0: every rank's file durable and the manifest
@@ -138,7 +143,12 @@ class Checkpointer {
     size_t bytes = 0;         // this rank's file size
     double stall_s = 0;       // part of blocking_s spent waiting for the previous save
     double writer_cpu_s = 0;  // CPU time of the background part (its thread and its copy helpers)
+    bool synchronous = false; // written in the foreground (sync saves, and async ones after the fallback)
   };
+  static constexpr int kFallbackAfter = 2;
+  static constexpr double kFallbackMinWaitS = 0.05;
+  // True once async saves have turned synchronous (Options::sync_fallback).
+  bool fell_back() const { return fell_back_; }
   std::optional<SaveStats> last_completed() const;  // the last save that completed (for the JSONL)
 
   using Clock = std::chrono::steady_clock;
@@ -150,7 +160,9 @@ class Checkpointer {
 
  private:
   void validate(const SaveRequest& req) const;
-  void agree_on_step(int64_t step);
+  // Returns whether every later save is synchronous (any rank asked for the fallback).
+  bool agree_on_step(int64_t step, bool want_sync);
+  bool wants_fallback(double stall);
   std::unique_ptr<WriteJob> make_job(const SaveRequest& req, bool stage);
   void stage(WriteJob& job);
   void run(WriteJob& job, bool stage_first);
@@ -168,6 +180,8 @@ class Checkpointer {
   // The last background part's start and end on Clock, in ns since its epoch (end -1: running).
   std::atomic<int64_t> bg_begin_ns_{0}, bg_end_ns_{0};
   std::atomic<bool> priority_warned_{false};
+  bool fell_back_ = false;
+  int waits_in_a_row_ = 0;  // saves in a row that waited longer than the previous write's CPU time
   char* staging_ = nullptr;
   size_t staging_bytes_ = 0;
 };

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What checkpoints cost a whole training run: the same run with no periodic saves, with synchronous
-# saves and with asynchronous ones (idle-priority writer, and normal-priority for comparison), at each
+# saves and with asynchronous ones (idle-priority writer with and without the fallback to synchronous
+# saves, and a normal-priority writer for comparison), at each
 # save interval given, each configuration repeated; the configurations take turns so that load from
 # other jobs spreads over all of them. Prints one table: medians over the repeats of
 #   whole-run wall time   the process from start to exit (initialisation, steps, saves, the final save
@@ -9,12 +10,13 @@
 #   slowdown beside writes  for the steps that ran beside a background write ("ckpt_overlap_s"), their
 #                         summed time above the median step that ran alone: what the writer cost the
 #                         steps (scripts/supervise takes the same amount out of the goodput);
-#   blocking / background / writer CPU per save   medians over the saves logged in metrics.jsonl.
+#   blocking / background / writer CPU per save   medians over the saves logged in metrics.jsonl;
+#   synchronous saves     of an async run, how many the fallback (ckpt.sync_fallback) wrote in the foreground.
 # Usage: scripts/measure_checkpoint.sh [--preset gpt2] [--layers 4] [--batch 4] [--seq 128] [--steps 20]
-#          [--every 5,1] [--repeats 3] [--threads 2] [--configs none,sync,async,async-normal]
+#          [--every 5,1] [--repeats 3] [--threads 2] [--configs none,sync,async,async-always,async-normal]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-preset=gpt2 layers=4 B=4 T=128 steps=20 every=5,1 repeats=3 threads=2 configs=none,sync,async,async-normal
+preset=gpt2 layers=4 B=4 T=128 steps=20 every=5,1 repeats=3 threads=2 configs=none,sync,async,async-always,async-normal
 while [[ $# -gt 0 ]]; do
   [[ $# -ge 2 ]] || { echo "measure_checkpoint: $1 needs a value" >&2; exit 2; }
   case "$1" in
@@ -38,8 +40,9 @@ for c in "${config_list[@]}"; do
     none) runs+=("none 0") ;;
     sync) for e in "${every_list[@]}"; do runs+=("sync $e ckpt.async=false"); done ;;
     async) for e in "${every_list[@]}"; do runs+=("async $e ckpt.async=true ckpt.writer_priority=idle"); done ;;
-    async-normal) for e in "${every_list[@]}"; do runs+=("async-normal $e ckpt.async=true ckpt.writer_priority=normal"); done ;;
-    *) echo "measure_checkpoint: unknown configuration '$c' (none, sync, async, async-normal)" >&2; exit 2 ;;
+    async-always) for e in "${every_list[@]}"; do runs+=("async-always $e ckpt.async=true ckpt.writer_priority=idle ckpt.sync_fallback=false"); done ;;
+    async-normal) for e in "${every_list[@]}"; do runs+=("async-normal $e ckpt.async=true ckpt.writer_priority=normal ckpt.sync_fallback=false"); done ;;
+    *) echo "measure_checkpoint: unknown configuration '$c' (none, sync, async, async-always, async-normal)" >&2; exit 2 ;;
   esac
 done
 
@@ -66,15 +69,15 @@ saves = [j["checkpoint"] for j in recs if "checkpoint" in j]
 med = lambda k: statistics.median(s.get(k, 0) for s in saves) if saves else float("nan")
 print(float(sys.argv[3]) - float(sys.argv[2]), sum(j["time"]["total"] for j in steps.values()),
       max(0.0, sum(t - base for t in beside)), len(beside), med("blocking_s"), med("background_s"),
-      med("writer_cpu_s"), len(saves))
+      med("writer_cpu_s"), len(saves), sum(1 for s in saves if s.get("synchronous")))
 PY
     echo "  $name every $e, run $r: $(cut -d' ' -f1 "$work/stats$i.$r") s" >&2
     rm -rf "$out"
   done
 done
 
-printf '| saves | every | whole-run wall, median (each run) | steps'"'"' time | slowdown beside writes (steps) | blocking per save | background per save | writer CPU per save |\n'
-printf '|---|---|---|---|---|---|---|---|\n'
+printf '| saves | every | whole-run wall, median (each run) | steps'"'"' time | slowdown beside writes (steps) | blocking per save | background per save | writer CPU per save | synchronous saves (each run) |\n'
+printf '|---|---|---|---|---|---|---|---|---|\n'
 for i in "${!runs[@]}"; do
   read -r name e _ <<<"${runs[$i]}"
   "$py" - "$name" "$e" "$work"/stats"$i".* <<'PY'
@@ -84,8 +87,9 @@ rows = [list(map(float, open(f).read().split())) for f in files]
 med = lambda k: statistics.median(r[k] for r in rows)
 each = ", ".join("%.1f" % r[0] for r in rows)
 na = lambda x, fmt: "-" if x != x or name == "none" else fmt % x
-print("| %s | %s | %.1f s (%s) | %.1f s | %.1f s (%.0f) | %s | %s | %s |" % (
+sync = "-" if not name.startswith("async") else "/".join("%.0f of %.0f" % (r[8], r[7]) for r in rows)
+print("| %s | %s | %.1f s (%s) | %.1f s | %.1f s (%.0f) | %s | %s | %s | %s |" % (
     name, "-" if name == "none" else every, med(0), each, med(1), med(2), med(3),
-    na(med(4), "%.3f s"), na(med(5), "%.3f s"), na(med(6), "%.3f s")))
+    na(med(4), "%.3f s"), na(med(5), "%.3f s"), na(med(6), "%.3f s"), sync))
 PY
 done

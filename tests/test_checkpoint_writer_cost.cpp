@@ -116,6 +116,67 @@ TEST(CheckpointWriterCost, NormalPriorityWriterAndSyncSavesAreNotIdle) {
   fs::remove_all(dir);
 }
 
+// Rank 1 saves each step `delay` after rank 0 (on its own thread), so each of rank 0's async saves
+// waits about `delay` for the previous commit, far longer than the CPU time of writing this tiny state.
+void rank1_lags(SimulatedJob& job, const State& s, int steps, std::chrono::milliseconds delay) {
+  for (int step = 1; step <= steps; step++) {
+    std::this_thread::sleep_for(delay);
+    job.ranks[1]->save(s.request(step, 1, 2));
+  }
+  job.ranks[1]->wait();
+}
+
+TEST(CheckpointWriterCost, SavesThatKeepWaitingTurnSynchronous) {
+  std::mt19937_64 rng(mt::testing::test_seed() + 33);
+  const State s = State::random(rng, 3);
+  for (const bool fallback : {true, false}) {
+    SCOPED_TRACE(fallback ? "sync_fallback on" : "sync_fallback off");
+    const std::string dir = mt::testing::make_temp_dir("ckpt_fallback");
+    Options o = options(dir, true);
+    o.sync_fallback = fallback;
+    SimulatedJob job(2, o);
+    Checkpointer& r0 = *job.ranks[0];
+    std::thread lagging([&] { rank1_lags(job, s, 4, std::chrono::milliseconds(300)); });
+    std::vector<Checkpointer::SaveStats> stats;
+    for (int step = 1; step <= 4; step++) {
+      r0.save(s.request(step, 0, 2));
+      // A save this rank made synchronous has completed when save() returns.
+      if (r0.fell_back()) stats.push_back(*r0.last_completed());
+    }
+    r0.wait();
+    lagging.join();
+    EXPECT_EQ(r0.fell_back(), fallback);
+    if (fallback) {
+      // Saves 2 and 3 waited (kFallbackAfter in a row), so save 3 is the first synchronous one.
+      static_assert(Checkpointer::kFallbackAfter == 2);
+      ASSERT_EQ(stats.size(), 2u);
+      EXPECT_EQ(stats[0].step, 3);
+      EXPECT_GT(stats[0].stall_s, 0.1);
+      EXPECT_TRUE(stats[0].synchronous && stats[1].synchronous);
+    } else {
+      EXPECT_TRUE(stats.empty());
+    }
+    EXPECT_EQ(r0.last_completed()->step, 4);
+    EXPECT_EQ(r0.last_completed()->synchronous, fallback);
+    fs::remove_all(dir);
+  }
+}
+
+TEST(CheckpointWriterCost, AsyncSavesThatDoNotWaitStayAsync) {
+  std::mt19937_64 rng(mt::testing::test_seed() + 34);
+  const State s = State::random(rng, 3);
+  const std::string dir = mt::testing::make_temp_dir("ckpt_no_fallback");
+  parallel::SelfComm self;
+  Checkpointer c(options(dir, true), self);
+  for (int step = 1; step <= 4; step++) {
+    c.save(s.request(step, 0, 1));
+    c.wait();  // the write finishes before the next save: nothing to wait for
+  }
+  EXPECT_FALSE(c.fell_back());
+  EXPECT_FALSE(c.last_completed()->synchronous);
+  fs::remove_all(dir);
+}
+
 TEST(CheckpointWriterCost, PriorityNamesRoundTripAndBadOnesNameTheFlag) {
   for (WriterPriority p : {WriterPriority::normal, WriterPriority::idle})
     EXPECT_EQ(writer_priority_from_name(writer_priority_name(p), "ckpt.writer_priority"), p);

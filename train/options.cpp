@@ -77,6 +77,8 @@ const std::vector<OptionEntry>& option_table() {
       {"ckpt.async", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.async = to_bool(k, v); }, "checkpoint", "write checkpoints on a background thread"},
       {"ckpt.writer_priority", [](TrainOptions& o, auto& k, auto& v) {
          o.ckpt.writer_priority = checkpoint::writer_priority_from_name(v, k.c_str()); }, "checkpoint", "background writer's CPU priority: idle | normal"},
+      {"ckpt.sync_fallback", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.sync_fallback = to_bool(k, v); }, "checkpoint",
+       "write synchronously once async saves keep waiting for the previous write"},
       {"ckpt.fault_phase", [](TrainOptions& o, auto&, auto& v) { o.ckpt.fault_phase = v; }, "testing", "fault injection: phase at which to kill ckpt.fault_rank (or enospc)"},
       {"ckpt.fault_step", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_step = parse_int(k, v); }, "testing", "fault injection: the step of the fault (-1: none)"},
       {"ckpt.fault_rank", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_rank = parse_int(k, v); }, "testing", "fault injection: the world rank that fails"},
@@ -342,7 +344,8 @@ nlohmann::json TrainOptions::to_json() const {
                     {"sdc_flip_step", parallel.sdc_flip_step}, {"sdc_flip_rank", parallel.sdc_flip_rank}}},
       {"pp", {{"schedule", parallel.pp_schedule}, {"virtual", parallel.pp_virtual}, {"layers", parallel.pp_layers}}},
       {"ckpt", {{"dir", ckpt.dir}, {"keep", ckpt.keep}, {"async", ckpt.async},
-                {"writer_priority", checkpoint::writer_priority_name(ckpt.writer_priority)}, {"fault_phase", ckpt.fault_phase},
+                {"writer_priority", checkpoint::writer_priority_name(ckpt.writer_priority)},
+                {"sync_fallback", ckpt.sync_fallback}, {"fault_phase", ckpt.fault_phase},
                 {"fault_step", ckpt.fault_step}, {"fault_rank", ckpt.fault_rank}}},
       {"loss_scale", {{"init", loss_scale.init_scale}, {"growth_interval", loss_scale.growth_interval},
                       {"max_skips", loss_scale.max_skips}}},

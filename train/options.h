@@ -70,6 +70,7 @@ struct CheckpointOptions {
   // The background writer's scheduling priority (checkpoint/writer_thread.h): idle gives the cores
   // to training first; normal competes with it.
   checkpoint::WriterPriority writer_priority = checkpoint::WriterPriority::idle;
+  bool sync_fallback = true;  // async saves turn synchronous when they keep waiting (checkpointer.h)
   // Fault injection: SIGKILL world rank `fault_rank` at phase `fault_phase` of step `fault_step`
   // (forward, backward, optimizer, staging, write, before_commit, after_commit) or make its
   // checkpoint write fail (enospc). Armed once per out_dir: a relaunched run does not fire it again.

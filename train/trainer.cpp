@@ -80,6 +80,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   // optimizer waits for that copy (snapshot_fence) before it changes the weights.
   ckpt_opts_.deferred_snapshot = o_.ckpt.async;
   ckpt_opts_.writer_priority = o_.ckpt.writer_priority;
+  ckpt_opts_.sync_fallback = o_.ckpt.sync_fallback;
   ckpt_opts_.log = Logger(LogLevel::info, world_.size() > 1 ? world_.rank() : -1);
   // The checkpoint to start from is chosen before the batch is sized: its global batch may carry over.
   resume_path_ = choose_resume();

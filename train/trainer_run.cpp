@@ -129,6 +129,7 @@ void Trainer::run() {
         j["checkpoint"] = {{"step", saved->step}, {"blocking_s", saved->blocking_s},
                            {"background_s", saved->background_s}, {"stall_s", saved->stall_s}, {"bytes", saved->bytes},
                            {"writer_cpu_s", saved->writer_cpu_s}};
+        if (o_.ckpt.async && saved->synchronous) j["checkpoint"]["synchronous"] = true;  // the fallback
         logged_save = saved->step;
       }
     }

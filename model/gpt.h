@@ -127,6 +127,11 @@ class GPT {
   // unit's grads_ready) and returns the gradient of its input (empty on stage 0). `dy` is the next
   // stage's gradient of this chunk's output (empty on the last stage).
   Buffer stage_backward(StageContext& c, Buffer dy);
+  // zb1's split of stage_backward: B_input returns the gradient of the input (the embedding's and
+  // final LayerNorm's weight gradients included) and keeps what W needs; W then makes the layers'
+  // weight gradients (the same bits as stage_backward's) and frees the context's state.
+  Buffer stage_backward_input(StageContext& c, Buffer dy);
+  void stage_backward_weight(StageContext& c);
   double stage_loss(const StageContext& c) const;
   // Elements of the activation a stage hands on (its residual stream: B T C, or B T C / tp under
   // sequence parallelism), in the compute dtype.

@@ -92,34 +92,69 @@ void Pass<S>::layer_forward(int l, const S* x, S* x_next, LayerActs& a, Workspac
 
 // On entry dx holds dL/d(layer output); on exit dL/d(layer input) (this rank's Ns rows).
 template <class S>
-void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& ws, const int32_t* doc) {
+void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& ws, const int32_t* doc,
+                             LayerGrads* defer) {
   const LayerParams& lp = m_.layers_[size_t(l)];
   const int C = C_, N = N_, Ns = Ns_, Cl = Cl_, F = 4 * C_ / P_;
+  // zb1's B_input (defer): no weight gradient here. The gradients of the ops' outputs land in (or are
+  // copied to) *defer for layer_weight_backward; the LayerNorm backward, which makes both kinds at
+  // once, puts its weight gradients in a scratch buffer that nobody reads.
+  auto gw = [&](int i) { return defer ? nullptr : g(i); };
+  float* ln_dw = defer ? ws.ln_scratch.f32() : nullptr;
+  auto keep = [&](Buffer& to, const S* from, int64_t elems) {
+    ar_.mem().move(to.data(), from, size_t(elems) * sizeof(S));
+  };
+  S* dfc = defer ? p(defer->d_fc) : p(ws.dfc);
+  S* dln2 = defer ? p(defer->d_ln2) : p(ws.dln);
+  S* dqkv = defer ? p(defer->d_qkv) : p(ws.dqkv);
+  S* dln1 = defer ? p(defer->d_ln1) : p(ws.dln);
   // MLP: x_next = res2 + fcproj(gelu(fc(ln2(res2)))). The first backward applies GELU's derivative.
   const S* dx_all = gathered(ws.dx_all, dx);
-  ops::matmul_bwd(p(ws.dfc), g(lp.fcproj_w), g(lp.fcproj_b), dx_all, p(a.fch_gelu), w(lp.fcproj_w), N, F, C, c_,
+  if (defer) keep(defer->d_mlp_out, dx_all, all_rows_elems());
+  ops::matmul_bwd(dfc, gw(lp.fcproj_w), gw(lp.fcproj_b), dx_all, p(a.fch_gelu), w(lp.fcproj_w), N, F, C, c_,
                   p(a.fch));
-  column_parallel_bwd(p(ws.dln), g(lp.fc_w), g(lp.fc_b), p(ws.dfc), p(a.ln2), w(lp.fc_w), F, ws);
+  column_parallel_bwd(dln2, gw(lp.fc_w), gw(lp.fc_b), dfc, p(a.ln2), w(lp.fc_w), F, ws);
   // dres2 = residual path (already in dx) + LayerNorm path, accumulated by the LayerNorm backward.
-  ops::layernorm_bwd(dx, g(lp.ln2_w), g(lp.ln2_b), p(ws.dln), p(a.res2), w(lp.ln2_w), a.ln2_mean.f32(),
-                     a.ln2_rstd.f32(), Ns, C, true, c_);
+  ops::layernorm_bwd(dx, defer ? ln_dw : g(lp.ln2_w), defer ? ln_dw + C : g(lp.ln2_b), dln2, p(a.res2),
+                     w(lp.ln2_w), a.ln2_mean.f32(), a.ln2_rstd.f32(), Ns, C, true, c_);
   // Attention: res2 = x + proj(attn(qkv(ln1(x))))
   dx_all = gathered(ws.dx_all, dx);
-  ops::matmul_bwd(p(ws.datty), g(lp.proj_w), g(lp.proj_b), dx_all, p(a.atty), w(lp.proj_w), N, Cl, C, c_);
+  if (defer) keep(defer->d_attn_out, dx_all, all_rows_elems());
+  ops::matmul_bwd(p(ws.datty), gw(lp.proj_w), gw(lp.proj_b), dx_all, p(a.atty), w(lp.proj_w), N, Cl, C, c_);
   if (flash_) {
-    ops::flash_attention_bwd(p(ws.dqkv), ws.att_scratch.f32(), p(ws.datty), p(a.qkv), p(a.atty), a.lse.f32(), doc,
-                             B_, T_, Cl, NHl_, c_);
+    ops::flash_attention_bwd(dqkv, ws.att_scratch.f32(), p(ws.datty), p(a.qkv), p(a.atty), a.lse.f32(), doc, B_, T_,
+                             Cl, NHl_, c_);
   } else {
     const S* att = p(a.att);
     if (!a.att) {  // selective recompute: rebuild the probabilities from the saved qkv (dln is free now)
       ops::attention_fwd(p(ws.dln), p(ws.att), p(a.qkv), doc, B_, T_, Cl, NHl_, c_);
       att = p(ws.att);
     }
-    ops::attention_bwd(p(ws.dqkv), ws.att_scratch.f32(), p(ws.datty), p(a.qkv), att, doc, B_, T_, Cl, NHl_, c_);
+    ops::attention_bwd(dqkv, ws.att_scratch.f32(), p(ws.datty), p(a.qkv), att, doc, B_, T_, Cl, NHl_, c_);
   }
-  column_parallel_bwd(p(ws.dln), g(lp.qkv_w), g(lp.qkv_b), p(ws.dqkv), p(a.ln1), w(lp.qkv_w), 3 * Cl, ws);
-  ops::layernorm_bwd(dx, g(lp.ln1_w), g(lp.ln1_b), p(ws.dln), x, w(lp.ln1_w), a.ln1_mean.f32(), a.ln1_rstd.f32(), Ns,
-                     C, true, c_);
+  column_parallel_bwd(dln1, gw(lp.qkv_w), gw(lp.qkv_b), dqkv, p(a.ln1), w(lp.qkv_w), 3 * Cl, ws);
+  ops::layernorm_bwd(dx, defer ? ln_dw : g(lp.ln1_w), defer ? ln_dw + C : g(lp.ln1_b), dln1, x, w(lp.ln1_w),
+                     a.ln1_mean.f32(), a.ln1_rstd.f32(), Ns, C, true, c_);
+}
+
+// zb1's W of one layer: each GEMM's weight gradient from its saved input and its output's gradient
+// (kept by layer_backward), each LayerNorm's from its input, statistics and output gradient (the
+// LayerNorm backward also makes an input gradient, into scratch). The same kernels and operands as
+// the unsplit backward, so the weight gradients are the same bits.
+template <class S>
+void Pass<S>::layer_weight_backward(int l, const S* x, const LayerActs& a, const LayerGrads& d, Workspace& ws) {
+  const LayerParams& lp = m_.layers_[size_t(l)];
+  const int C = C_, N = N_, Ns = Ns_, Cl = Cl_, F = 4 * C_ / P_;
+  ops::matmul_bwd(static_cast<S*>(nullptr), g(lp.fcproj_w), g(lp.fcproj_b), p(d.d_mlp_out), p(a.fch_gelu),
+                  w(lp.fcproj_w), N, F, C, c_);
+  column_parallel_bwd(nullptr, g(lp.fc_w), g(lp.fc_b), p(d.d_fc), p(a.ln2), w(lp.fc_w), F, ws);
+  ops::layernorm_bwd(p(ws.dln), g(lp.ln2_w), g(lp.ln2_b), p(d.d_ln2), p(a.res2), w(lp.ln2_w), a.ln2_mean.f32(),
+                     a.ln2_rstd.f32(), Ns, C, false, c_);
+  ops::matmul_bwd(static_cast<S*>(nullptr), g(lp.proj_w), g(lp.proj_b), p(d.d_attn_out), p(a.atty), w(lp.proj_w), N,
+                  Cl, C, c_);
+  column_parallel_bwd(nullptr, g(lp.qkv_w), g(lp.qkv_b), p(d.d_qkv), p(a.ln1), w(lp.qkv_w), 3 * Cl, ws);
+  ops::layernorm_bwd(p(ws.dln), g(lp.ln1_w), g(lp.ln1_b), p(d.d_ln1), x, w(lp.ln1_w), a.ln1_mean.f32(),
+                     a.ln1_rstd.f32(), Ns, C, false, c_);
 }
 
 template <class S>
@@ -134,15 +169,17 @@ void Pass<S>::column_parallel_bwd(S* dinp_own, float* dw, float* db, const S* do
   const bool sp = tp_.splits_sequence();
   const DType t = dtype_of<S>();
   parallel::CommHandle gather, sum;
-  if (sp) gather = tc.all_gather_async(inp_own, p(ws.ln_all), size_t(Ns_) * C, t);
-  S* partial = partial_out(ws, dinp_own);
-  ops::matmul_bwd(partial, nullptr, nullptr, dout, static_cast<const S*>(nullptr), w, N, C, OC, c_);
-  if (sp)
-    sum = tc.reduce_scatter_async(partial, dinp_own, size_t(Ns_) * C, t, parallel::ReduceOp::sum);
-  else
-    sum = tc.all_reduce_async(dinp_own, size_t(N) * C, t, parallel::ReduceOp::sum);
+  if (sp && dw) gather = tc.all_gather_async(inp_own, p(ws.ln_all), size_t(Ns_) * C, t);
+  if (dinp_own) {
+    S* partial = partial_out(ws, dinp_own);
+    ops::matmul_bwd(partial, nullptr, nullptr, dout, static_cast<const S*>(nullptr), w, N, C, OC, c_);
+    if (sp)
+      sum = tc.reduce_scatter_async(partial, dinp_own, size_t(Ns_) * C, t, parallel::ReduceOp::sum);
+    else
+      sum = tc.all_reduce_async(dinp_own, size_t(N) * C, t, parallel::ReduceOp::sum);
+  }
   gather.wait();
-  ops::matmul_bwd(static_cast<S*>(nullptr), dw, db, dout, sp ? p(ws.ln_all) : inp_own, w, N, C, OC, c_);
+  if (dw) ops::matmul_bwd(static_cast<S*>(nullptr), dw, db, dout, sp ? p(ws.ln_all) : inp_own, w, N, C, OC, c_);
   sum.wait();
 }
 
@@ -201,7 +238,8 @@ void Pass<S>::last_logits(const S* lnf, float* out) {
 #define MT_PASS_LAYER_MEMBERS(S)                                                                                    \
   template void Pass<S>::alloc_layer(LayerActs&, bool);                                                             \
   template void Pass<S>::layer_forward(int, const S*, S*, LayerActs&, Workspace&, const int32_t*);                \
-  template void Pass<S>::layer_backward(int, S*, const S*, LayerActs&, Workspace&, const int32_t*);               \
+  template void Pass<S>::layer_backward(int, S*, const S*, LayerActs&, Workspace&, const int32_t*, LayerGrads*);  \
+  template void Pass<S>::layer_weight_backward(int, const S*, const LayerActs&, const LayerGrads&, Workspace&);    \
   template void Pass<S>::classifier(float*, const S*, S*, const int32_t*, float, bool);                           \
   template double Pass<S>::sum_losses(const Buffer&);                                                               \
   template void Pass<S>::last_logits(const S*, float*);

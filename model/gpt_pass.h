@@ -25,6 +25,19 @@ struct LayerActs {
   bool allocated() const { return bool(ln1); }
 };
 
+// What zb1's B_input (the input gradient) leaves for W (the weight gradient) of one layer: the
+// gradient of every weighted op's output, whose product with that op's saved input is the weight
+// gradient. Row-parallel outputs (attention and MLP projections) as all N rows under sequence
+// parallelism, as their GEMMs read them.
+struct LayerGrads {
+  Buffer d_mlp_out;   // (N,C) the MLP projection's output gradient
+  Buffer d_fc;        // (N,4C/P) c_fc's output gradient (GELU's derivative applied)
+  Buffer d_ln2;       // (Ns,C) the second LayerNorm's output gradient
+  Buffer d_attn_out;  // (N,C) the attention projection's output gradient
+  Buffer d_qkv;       // (N,3Cl) c_attn's output gradient
+  Buffer d_ln1;       // (Ns,C) the first LayerNorm's output gradient
+};
+
 // What a stage's forward leaves for its backward: the micro-batch (the caller's host arrays and their
 // device copies), the residual stream at every layer boundary and what each layer keeps, and on the
 // last stage the final LayerNorm's state, the gradient of its output and the per-token losses.
@@ -46,6 +59,9 @@ struct StageState final : StageContext {
   double loss_sum = 0;
   bool loss_done = false;
   Buffer dx;  // after backward: the gradient of the stage's input
+  // zb1: after B_input, per layer what W needs (the activations stay in xs and acts until then).
+  std::vector<LayerGrads> deferred;
+  bool weights_pending = false;
 };
 
 inline constexpr MemCategory kAct = MemCategory::activations;
@@ -67,7 +83,12 @@ class Pass {
   void forward(StageState& st, Buffer input, GPT::Mode mode, float* last_logits);
   // Backward of a training forward: `dy` the gradient of the stage's output (empty on the last stage);
   // leaves the gradient of its input in st.dx (stage 0: none) and, on the last stage, the loss sum.
-  void backward(StageState& st, Buffer dy);
+  // split (zb1's B_input): the layers' weight gradients are left for weight_backward; the embedding's
+  // and the final LayerNorm's are still computed here (they are small, and on the first and last
+  // stage only).
+  void backward(StageState& st, Buffer dy, bool split = false);
+  // zb1's W: every layer's weight gradients from what backward(split) kept; frees the stage's state.
+  void weight_backward(StageState& st);
 
  private:
   // Buffers that live for one pass (forward or backward) of one stage.
@@ -81,6 +102,7 @@ class Pass {
     // Sequence parallelism, (N,C) each: partial products before their reduce-scatter, a LayerNorm
     // output gathered for a column-parallel GEMM, and the gathered gradient of the residual stream.
     Buffer partial, ln_all, dx_all;
+    Buffer ln_scratch;  // (2C) fp32: the LayerNorm weight gradients zb1's B_input makes and drops
   };
 
   // Every activation buffer is written before it is read, so none is zero-filled (on the CPU they
@@ -107,6 +129,7 @@ class Pass {
   }
   // The backward of a column-parallel GEMM (c_attn, c_fc) whose input is this rank's rows `inp_own`
   // of a LayerNorm output: dinp_own = this rank's rows of the input gradient, summed over tp.
+  // dw == nullptr: the input gradient only; dinp_own == nullptr: the weight gradients only.
   void column_parallel_bwd(S* dinp_own, float* dw, float* db, const S* dout, const S* inp_own, const S* w, int OC,
                            Workspace& ws);
   // A row-parallel bias is added by one rank, so that the sum over tp holds it once.
@@ -124,7 +147,10 @@ class Pass {
   float* g(int i) const { return s_.grad(i); }
 
   void layer_forward(int l, const S* x, S* x_next, LayerActs& a, Workspace& ws, const int32_t* doc);
-  void layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& ws, const int32_t* doc);
+  // defer != nullptr (zb1's B_input): the input gradient only, the op outputs' gradients kept in it.
+  void layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& ws, const int32_t* doc,
+                      LayerGrads* defer = nullptr);
+  void layer_weight_backward(int l, const S* x, const LayerActs& a, const LayerGrads& d, Workspace& ws);
   // Allocates the pass's shared buffers: the sequence-parallel ones, the shared attention state of the
   // layers that do not keep theirs, the layer scratch of full recompute.
   void alloc_workspace(const StageState& st, Workspace& ws, LayerActs& scratch);

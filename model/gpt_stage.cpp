@@ -191,7 +191,7 @@ void Pass<S>::embed_backward(StageState& st, Buffer& dx, Workspace& ws) {
 }
 
 template <class S>
-void Pass<S>::backward(StageState& st, Buffer dy) {
+void Pass<S>::backward(StageState& st, Buffer dy, bool split) {
   const auto t_start = clock_type::now();
   const int n = st.l1 - st.l0, fin = m_.final_unit_;
   MT_CHECK(st.train, "stage backward after an eval forward");
@@ -222,24 +222,49 @@ void Pass<S>::backward(StageState& st, Buffer dy) {
   ws.dqkv = act(3 * NCl);
   ws.dfc = act(4 * NCl);
   if (!st.keep_layer) ws.xnext = act(NC_);
+  if (split) {
+    // W reads each layer's input (xs), activations and the gradients kept here; under full
+    // recompute the activations rebuilt here are kept for it too.
+    ws.ln_scratch = f32(2 * int64_t(C_));
+    st.deferred.resize(size_t(n));
+    if (st.acts.empty()) st.acts.resize(size_t(n));
+  }
   for (int i = n - 1; i >= 0; i--) {
     const int l = st.l0 + i;
-    st.xs[size_t(i) + 1].reset();
-    LayerActs& a = st.keep_layer ? st.acts[size_t(i)] : scratch;
-    acquire(m_.layer_unit(l), true);
+    if (!split || i + 1 == n) st.xs[size_t(i) + 1].reset();
+    LayerActs& a = st.keep_layer || split ? st.acts[size_t(i)] : scratch;
+    LayerGrads* defer = split ? &st.deferred[size_t(i)] : nullptr;
+    if (defer) {
+      defer->d_mlp_out = act(all_rows_elems());
+      defer->d_fc = act(4 * NCl);
+      defer->d_ln2 = act(NC_);
+      defer->d_attn_out = act(all_rows_elems());
+      defer->d_qkv = act(3 * NCl);
+      defer->d_ln1 = act(NC_);
+    }
+    acquire(m_.layer_unit(l), !split);
     if (st.keep_layer) {
-      layer_backward(l, p(dx), p(st.xs[size_t(i)]), a, ws, st.doc);
+      layer_backward(l, p(dx), p(st.xs[size_t(i)]), a, ws, st.doc, defer);
     } else {  // full recompute: re-run this layer's forward from its saved input, then its backward
+      if (split) alloc_layer(a, false);
       borrow_att(a);
       layer_forward(l, p(st.xs[size_t(i)]), p(ws.xnext), a, ws, st.doc);
-      layer_backward(l, p(dx), p(st.xs[size_t(i)]), a, ws, st.doc);
+      layer_backward(l, p(dx), p(st.xs[size_t(i)]), a, ws, st.doc, defer);
       borrow_att(a);
     }
     m_.release(m_.layer_unit(l));
-    m_.grads_ready(m_.layer_unit(l));
-    if (st.keep_layer) a = LayerActs();
+    if (split) {  // what W does not read
+      a.qkv.reset();
+      a.att.reset();
+      a.lse.reset();
+      a.fch.reset();
+    } else {
+      m_.grads_ready(m_.layer_unit(l));
+      if (st.keep_layer) a = LayerActs();
+    }
   }
-  st.xs[0].reset();
+  st.weights_pending = split;
+  if (!split) st.xs[0].reset();
   if (st.first) embed_backward(st, dx, ws);
   else st.dx = std::move(dx);
   if (st.last) {
@@ -250,9 +275,32 @@ void Pass<S>::backward(StageState& st, Buffer dy) {
   m_.times_.backward += since(t_start);
 }
 
+template <class S>
+void Pass<S>::weight_backward(StageState& st) {
+  const auto t_start = clock_type::now();
+  MT_CHECK(st.weights_pending, "stage %d: W without its B_input, or twice", st.chunk);
+  if (m_.phase_hook_) m_.phase_hook_("backward");
+  Workspace ws;
+  if (tp_.splits_sequence()) ws.ln_all = act(all_rows_elems());
+  ws.dln = act(NC_);  // the LayerNorm backward's input gradient, unused
+  for (int i = st.l1 - st.l0 - 1; i >= 0; i--) {  // top down, as the unsplit backward hands units over
+    const int l = st.l0 + i;
+    acquire(m_.layer_unit(l), true);
+    layer_weight_backward(l, p(st.xs[size_t(i)]), st.acts[size_t(i)], st.deferred[size_t(i)], ws);
+    m_.release(m_.layer_unit(l));
+    m_.grads_ready(m_.layer_unit(l));
+    st.acts[size_t(i)] = LayerActs();
+    st.deferred[size_t(i)] = LayerGrads();
+    st.xs[size_t(i)].reset();
+  }
+  st.weights_pending = false;
+  m_.times_.backward += since(t_start);
+}
+
 #define MT_PASS_STAGE_MEMBERS(S)                                          \
   template void Pass<S>::forward(StageState&, Buffer, GPT::Mode, float*); \
-  template void Pass<S>::backward(StageState&, Buffer);
+  template void Pass<S>::backward(StageState&, Buffer, bool);             \
+  template void Pass<S>::weight_backward(StageState&);
 MT_PASS_STAGE_MEMBERS(float)
 MT_PASS_STAGE_MEMBERS(bf16)
 MT_PASS_STAGE_MEMBERS(f16)
@@ -313,15 +361,34 @@ Buffer GPT::take_stage_output(StageContext& c) {
   return std::move(st.xs.back());
 }
 
+namespace {
+// Runs f(Pass<S>) for the model's compute type S.
+template <class F>
+void with_pass(GPT& m, DType t, const MicroBatch& mb, F&& f) {
+  switch (t) {
+    case DType::f32: f(Pass<float>(m, mb)); break;
+    case DType::bf16: f(Pass<bf16>(m, mb)); break;
+    case DType::f16: f(Pass<f16>(m, mb)); break;
+    default: fail("the model cannot compute in %s (expected f32, bf16 or f16)", dtype_name(t));
+  }
+}
+}  // namespace
+
 Buffer GPT::stage_backward(StageContext& c, Buffer dy) {
   StageState& st = static_cast<StageState&>(c);
-  switch (store_.compute_dtype()) {
-    case DType::f32: Pass<float>(*this, st.mb).backward(st, std::move(dy)); break;
-    case DType::bf16: Pass<bf16>(*this, st.mb).backward(st, std::move(dy)); break;
-    case DType::f16: Pass<f16>(*this, st.mb).backward(st, std::move(dy)); break;
-    default: fail("the model cannot compute in %s (expected f32, bf16 or f16)", dtype_name(store_.compute_dtype()));
-  }
+  with_pass(*this, store_.compute_dtype(), st.mb, [&](auto&& pass) { pass.backward(st, std::move(dy)); });
   return std::move(st.dx);
+}
+
+Buffer GPT::stage_backward_input(StageContext& c, Buffer dy) {
+  StageState& st = static_cast<StageState&>(c);
+  with_pass(*this, store_.compute_dtype(), st.mb, [&](auto&& pass) { pass.backward(st, std::move(dy), true); });
+  return std::move(st.dx);
+}
+
+void GPT::stage_backward_weight(StageContext& c) {
+  StageState& st = static_cast<StageState&>(c);
+  with_pass(*this, store_.compute_dtype(), st.mb, [&](auto&& pass) { pass.weight_backward(st); });
 }
 
 double GPT::stage_loss(const StageContext& c) const {

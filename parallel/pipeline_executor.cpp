@@ -16,15 +16,15 @@ bool is_receive(ActionKind k) { return k == ActionKind::recv_activation || k == 
 PipelineExecutor::PipelineExecutor(Schedule schedule, Comm& pp) : schedule_(std::move(schedule)), pp_(pp) {
   MT_CHECK(pp.size() == schedule_.p(), "pipeline executor: a schedule for %d ranks on a communicator of %d",
            schedule_.p(), pp.size());
-  if (schedule_.split_backward())
-    fail("pp.schedule=%s: the split backward (B_input, W) is not executed yet; use gpipe, 1f1b or interleaved",
-         schedule_kind_name(schedule_.spec.kind));
   last_forward_.assign(size_t(schedule_.v()), 0);
   last_backward_.assign(size_t(schedule_.v()), 0);
+  last_weight_.assign(size_t(schedule_.v()), 0);
   const std::vector<Action>& list = actions();
   for (size_t i = 0; i < list.size(); i++) {
-    if (list[i].kind == ActionKind::forward) last_forward_[size_t(list[i].chunk)] = i;
-    if (list[i].kind == ActionKind::backward) last_backward_[size_t(list[i].chunk)] = i;
+    const size_t c = size_t(list[i].chunk);
+    if (list[i].kind == ActionKind::forward) last_forward_[c] = i;
+    if (list[i].kind == ActionKind::backward || list[i].kind == ActionKind::backward_input) last_backward_[c] = i;
+    if (list[i].kind == ActionKind::backward_weight) last_weight_[c] = i;
   }
 }
 
@@ -95,7 +95,8 @@ void PipelineExecutor::run(PipelineStages& stages) {
         break;
       }
       case ActionKind::forward:
-      case ActionKind::backward: {
+      case ActionKind::backward:
+      case ActionKind::backward_input: {
         // Post the next compute action's receives now, so that they land while this one runs.
         size_t next = i + 1;
         while (next < list.size() && !is_compute(list[next].kind)) next++;
@@ -104,19 +105,28 @@ void PipelineExecutor::run(PipelineStages& stages) {
         Buffer in = take_received(fwd ? ActionKind::recv_activation : ActionKind::recv_gradient, a);
         stages.before(a, i == (fwd ? last_forward_ : last_backward_)[size_t(a.chunk)]);
         const auto t0 = clock_type::now();
-        Buffer out = fwd ? stages.forward(a.chunk, a.micro, std::move(in))
-                         : stages.backward(a.chunk, a.micro, std::move(in));
+        Buffer out = fwd                                    ? stages.forward(a.chunk, a.micro, std::move(in))
+                     : a.kind == ActionKind::backward_input ? stages.backward_input(a.chunk, a.micro, std::move(in))
+                                                            : stages.backward(a.chunk, a.micro, std::move(in));
         const double dt = since(t0);
         stats_.compute_s += dt;
         (fwd ? stats_.forward_s : stats_.backward_s) += dt;
         (fwd ? stats_.forwards : stats_.backwards)++;
-        if (out) produced_[Key{a.kind, a.chunk, a.micro}] = std::move(out);
+        // B_input's output is sent as B's would be (send_gradient finds it under B).
+        if (out) produced_[Key{fwd ? ActionKind::forward : ActionKind::backward, a.chunk, a.micro}] = std::move(out);
         reap_sends(false);
         break;
       }
-      case ActionKind::backward_input:
-      case ActionKind::backward_weight:
-        fail("pipeline executor: %s: the split backward is not executed yet", describe(a).c_str());
+      case ActionKind::backward_weight: {
+        stages.before(a, i == last_weight_[size_t(a.chunk)]);
+        const auto t0 = clock_type::now();
+        stages.backward_weight(a.chunk, a.micro);
+        const double dt = since(t0);
+        stats_.compute_s += dt;
+        stats_.backward_s += dt;
+        reap_sends(false);
+        break;
+      }
     }
   }
   reap_sends(true);

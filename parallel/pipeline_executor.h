@@ -23,7 +23,9 @@
 // set_last_micro, so a unit's reduction starts when its last micro-batch's backward is done and
 // overlaps the rest of the pipeline's drain.
 //
-// The split backward of zb1 (B_input, W) is not executed yet: a schedule with it is refused.
+// zb1's split backward: B_input consumes the received gradient and produces the one sent back, as B
+// does; W touches no message. "last" is given for a chunk's last B_input (the embedding's and final
+// LayerNorm's gradients are complete then) and for its last W (the layers' are).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -54,6 +56,9 @@ class PipelineStages {
   // B: `dy` the next stage's gradient (empty on the last stage); returns the gradient of F's input
   // (empty on stage 0).
   virtual Buffer backward(int chunk, int micro, Buffer dy) = 0;
+  // zb1's halves of backward: B_input returns what backward returns, W adds the weight gradients.
+  virtual Buffer backward_input(int chunk, int micro, Buffer dy) = 0;
+  virtual void backward_weight(int chunk, int micro) = 0;
 };
 
 // One step of one rank, measured by the executor. Within run_s a rank not computing is blocked on
@@ -64,15 +69,14 @@ struct PipelineStats {
   double recv_wait_s = 0;  // blocked waiting for a message before a compute action (the bubble, mostly)
   double send_wait_s = 0;  // completing sends at the end of the step
   double compute_s = 0;    // inside forward and backward (forward_s + backward_s)
-  double forward_s = 0, backward_s = 0;
-  int forwards = 0, backwards = 0;  // compute actions run (F; B)
+  double forward_s = 0, backward_s = 0;  // backward_s: B, or B_input and W
+  int forwards = 0, backwards = 0;  // compute actions run (F; B or B_input: one per micro-batch and chunk)
   int messages_sent = 0, messages_received = 0;
 };
 
 class PipelineExecutor {
  public:
   // `schedule` must pass validate_schedule; `pp` is the pipeline communicator (rank = pipeline rank).
-  // Throws, naming pp.schedule, for a schedule with a split backward (zb1).
   PipelineExecutor(Schedule schedule, Comm& pp);
 
   // Runs this rank's actions of one step; every send and receive is complete when it returns.
@@ -93,8 +97,8 @@ class PipelineExecutor {
   Schedule schedule_;
   Comm& pp_;
   const std::vector<Action>& actions() const { return schedule_.ranks[size_t(pp_.rank())]; }
-  // Index of the last F and of the last B per chunk in this rank's list.
-  std::vector<size_t> last_forward_, last_backward_;
+  // Index of the last F, of the last B or B_input, and of the last W per chunk in this rank's list.
+  std::vector<size_t> last_forward_, last_backward_, last_weight_;
   size_t posted_ = 0;  // receives before this index of the list have been posted
   std::map<Key, Message> received_;      // posted receives, by what they carry
   std::map<Key, Buffer> produced_;       // outputs of F (send_activation) and B (send_gradient), not yet sent

@@ -7,12 +7,13 @@
 # measured:  pp.bubble from metrics.jsonl (each rank's idle share of its run of the schedule, the mean
 #            over the pp ranks), averaged over the steps after `warm` warm-up steps.
 # simulated: `minitrain plan`'s bubble of the step, with equal costs F = B_input = W = 1 (a full
-#            backward costs 2 F) and no latency. The measured F and B per chunk and micro-batch are
+#            backward costs 2 F) and no latency. The measured F and B (zb1: B_input + W) per chunk and micro-batch are
 #            printed beside it; with equal stages the F : B ratio does not change the bubble of
 #            gpipe and 1f1b ((p-1)/(m+p-1) for any costs).
 # Idle time is only meaningful while every rank has a core: with more ranks than cores the ranks
 # take turns, and a rank waiting for the OS to run it looks busy or idle at random.
-# Usage: scripts/pp_bubble.sh [minitrain] [steps] [warm]     (default build-nocuda/minitrain 6 2)
+# Usage: [schedules="1f1b zb1"] scripts/pp_bubble.sh [minitrain] [steps] [warm]   (default build-nocuda/minitrain 6 2,
+#        every schedule)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 mt=${1:-$root/build-nocuda/minitrain}
@@ -29,7 +30,7 @@ printf '| pp | m | schedule | measured bubble | simulated bubble | F, B per chun
 printf '|---|---|---|---|---|---|---|\n'
 for p in 2 4; do
   for m in 4 8; do
-    for sched in gpipe 1f1b interleaved; do
+    for sched in ${schedules:-gpipe 1f1b interleaved zb1}; do
       v=1
       [[ $sched == interleaved ]] && v=2
       out="$work/p${p}_m${m}_$sched"

@@ -38,6 +38,36 @@ std::vector<int> parse_layers(const std::string& text) {
 
 }  // namespace
 
+std::vector<int> balanced_layers(int L, int S, int64_t layer, int64_t first_extra, int64_t last_extra) {
+  MT_CHECK(S >= 1 && L >= S, "balanced_layers: %d layers over %d stages", L, S);
+  struct Best {
+    int64_t max = INT64_MAX;
+    __int128 sq = 0;
+    int len = 0;  // layers of the last of these stages
+  };
+  // best[s][j]: the first j layers over the first s stages.
+  std::vector<std::vector<Best>> best(size_t(S) + 1, std::vector<Best>(size_t(L) + 1));
+  best[0][0] = {0, 0, 0};
+  for (int s = 1; s <= S; s++) {
+    for (int j = s; j <= L - (S - s); j++) {
+      Best& b = best[size_t(s)][size_t(j)];
+      for (int k = s - 1; k < j; k++) {  // the longest last stage first: it wins ties
+        const Best& a = best[size_t(s - 1)][size_t(k)];
+        if (a.max == INT64_MAX) continue;
+        const int64_t c = (j - k) * layer + (s == 1 ? first_extra : 0) + (s == S ? last_extra : 0);
+        const Best cand{std::max(a.max, c), a.sq + __int128(c) * c, j - k};
+        if (cand.max < b.max || (cand.max == b.max && cand.sq < b.sq)) b = cand;
+      }
+    }
+  }
+  std::vector<int> out(static_cast<size_t>(S));
+  for (int s = S, j = L; s >= 1; s--) {
+    out[size_t(s - 1)] = best[size_t(s)][size_t(j)].len;
+    j -= out[size_t(s - 1)];
+  }
+  return out;
+}
+
 std::vector<int> stage_layers(const TrainOptions& o) {
   const int S = o.parallel.pp * o.parallel.pp_virtual, L = o.model.n_layer;
   if (!o.parallel.pp_layers.empty()) {
@@ -52,11 +82,14 @@ std::vector<int> stage_layers(const TrainOptions& o) {
            L);
     return given;
   }
-  // Even, with the remainder one layer each to stages 1, 2, ...: stage 0 also embeds and the last
-  // stage also runs the classifier.
-  std::vector<int> out(size_t(S), L / S);
-  for (int s = 1; s <= L % S; s++) out[size_t(s % S)]++;
-  return out;
+  // Interleaved runs its chunks in rounds: equal chunks (n_layer divisible by pp x pp.virtual).
+  if (parallel::parse_schedule_kind(o.parallel.pp_schedule) == parallel::ScheduleKind::interleaved)
+    return std::vector<int>(size_t(S), L / S);
+  // Balanced by model FLOPs per token, forward and backward: a layer 6 (12 C^2) + 12 C T (its
+  // weight GEMMs and attention), the classifier 6 C Vp (on the last stage), the embedding 3 C (the
+  // rows' sum, and its backward into wte and wpe, on stage 0).
+  const int64_t C = o.model.n_embd, T = o.seq_len;
+  return balanced_layers(L, S, 72 * C * C + 12 * C * T, 3 * C, 6 * C * o.model.padded_vocab());
 }
 
 model::StagePlan stage_plan(const TrainOptions& o, int pp_rank) {
@@ -83,8 +116,6 @@ void check_pipeline_options(const TrainOptions& o) {
     return;
   }
   parallel::check_schedule_spec(pipeline_spec(o));
-  if (kind == parallel::ScheduleKind::zb1)
-    fail("pp.schedule=zb1: the split backward (B_input, W) is not executed yet; use gpipe, 1f1b or interleaved");
   if (int64_t(p) * v > L) {
     if (v == 1)
       fail("--pp %d is larger than the model's %d layers (model.n_layer): every stage needs at least one layer", p, L);
@@ -132,14 +163,33 @@ Buffer Pipeline::forward(int chunk, int micro, Buffer input) {
   return out;
 }
 
-Buffer Pipeline::backward(int chunk, int micro, Buffer dy) {
+model::StageContext& Pipeline::context(int chunk, int micro, const char* action) {
   auto it = contexts_.find({chunk, micro});
-  MT_CHECK(it != contexts_.end(), "pipeline: backward of chunk %d, micro-batch %d before its forward", chunk, micro);
-  Buffer dx = gpt_.stage_backward(*it->second, std::move(dy));
-  const bool last_stage = gpt_.plan().last && chunk + 1 == int(gpt_.plan().chunks.size());
-  if (last_stage) losses_[size_t(micro)] = gpt_.stage_loss(*it->second);
-  contexts_.erase(it);
+  MT_CHECK(it != contexts_.end(), "pipeline: %s of chunk %d, micro-batch %d before its forward", action, chunk, micro);
+  return *it->second;
+}
+
+Buffer Pipeline::backward(int chunk, int micro, Buffer dy) {
+  Buffer dx = backward_input_or_whole(chunk, micro, std::move(dy), false);
+  contexts_.erase({chunk, micro});
   return dx;
+}
+
+Buffer Pipeline::backward_input(int chunk, int micro, Buffer dy) {
+  return backward_input_or_whole(chunk, micro, std::move(dy), true);
+}
+
+Buffer Pipeline::backward_input_or_whole(int chunk, int micro, Buffer dy, bool split) {
+  model::StageContext& ctx = context(chunk, micro, split ? "B_input" : "backward");
+  Buffer dx = split ? gpt_.stage_backward_input(ctx, std::move(dy)) : gpt_.stage_backward(ctx, std::move(dy));
+  const bool last_stage = gpt_.plan().last && chunk + 1 == int(gpt_.plan().chunks.size());
+  if (last_stage) losses_[size_t(micro)] = gpt_.stage_loss(ctx);
+  return dx;
+}
+
+void Pipeline::backward_weight(int chunk, int micro) {
+  gpt_.stage_backward_weight(context(chunk, micro, "W"));
+  contexts_.erase({chunk, micro});
 }
 
 double Pipeline::step(const std::vector<HostBatch>& micro, float dloss) {

@@ -2,10 +2,11 @@
 // micro-batches through the schedule's executor (parallel/pipeline_executor.h) over the model's stage
 // calls, evaluation through the stages, and the tied embedding's gradient summed over its two copies.
 //
-// Who holds what. The n_layer layers are cut into S = pp x pp.virtual stages, as pp.layers lists them
-// or evenly (the remainder one layer each to stages 1, 2, ...: stage 0 also embeds and the last
-// stage also runs the classifier); rank r holds stages chunk x pp + r. Stage 0 holds wte and wpe,
-// the last stage ln_f and its own copy of wte (tied embeddings).
+// Who holds what. The n_layer layers are cut into S = pp x pp.virtual stages, as pp.layers lists them,
+// evenly under interleaved, or else balanced by FLOPs (the last stage also runs the classifier, which
+// for GPT-2's vocabulary costs about 4.5 of gpt2's layers at T = 1024); rank r holds stages
+// chunk x pp + r. Stage 0 holds wte and wpe, the last stage ln_f and its own copy of wte (tied
+// embeddings).
 //
 // Loss. Every pp rank of a data-parallel replica reads the same micro-batches; each micro-batch's
 // loss is weighted by the whole step's 1 / valid tokens (the trainer's dloss), computed by the last
@@ -41,8 +42,13 @@ namespace mt::train {
 // (for now) the CPU backend. Nothing to check with pp = 1 beyond pp.virtual = 1 and no pp.layers.
 void check_pipeline_options(const TrainOptions& o);
 parallel::ScheduleSpec pipeline_spec(const TrainOptions& o);
-// Layers of each of the pp x pp.virtual stages.
+// Layers of each of the pp x pp.virtual stages: pp.layers as given; equal chunks under interleaved;
+// otherwise balanced_layers by the model's FLOPs per token (the classifier's on the last stage).
 std::vector<int> stage_layers(const TrainOptions& o);
+// The contiguous split of L layers (each costing `layer`) into S stages, at least one layer each,
+// that minimises the largest stage cost (stage 0 adds first_extra, stage S-1 last_extra), then the sum
+// of the squared stage costs; among equal splits, the later stages hold more layers.
+std::vector<int> balanced_layers(int L, int S, int64_t layer, int64_t first_extra, int64_t last_extra);
 // The chunks pipeline rank `pp_rank` holds.
 model::StagePlan stage_plan(const TrainOptions& o, int pp_rank);
 
@@ -75,6 +81,8 @@ class Pipeline final : public parallel::PipelineStages {
   void before(const parallel::Action& a, bool last) override;
   Buffer forward(int chunk, int micro, Buffer input) override;
   Buffer backward(int chunk, int micro, Buffer dy) override;
+  Buffer backward_input(int chunk, int micro, Buffer dy) override;
+  void backward_weight(int chunk, int micro) override;
 
  private:
   parallel::Comm& pp_;
@@ -87,7 +95,10 @@ class Pipeline final : public parallel::PipelineStages {
   const std::vector<HostBatch>* micro_ = nullptr;
   float dloss_ = 0;
   size_t elems_ = 0;
-  std::map<std::pair<int, int>, std::unique_ptr<model::StageContext>> contexts_;  // (chunk, micro)
+  // (chunk, micro): from F until B (zb1: until W)
+  std::map<std::pair<int, int>, std::unique_ptr<model::StageContext>> contexts_;
+  model::StageContext& context(int chunk, int micro, const char* action);
+  Buffer backward_input_or_whole(int chunk, int micro, Buffer dy, bool split);
   std::vector<double> losses_;  // per micro-batch (last stage)
 };
 

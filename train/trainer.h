@@ -87,6 +87,9 @@ class Trainer {
   // Every parameter's whole tensor (global shape, row-major), in entry order, gathered over dp and tp
   // onto every rank: the weights as a single-rank run holds them, under any layout. Collective.
   std::vector<std::vector<float>> global_master();
+  // The same for the last step's reduced gradients (as the optimizer read them: unscaled, clipped
+  // when optim.grad_clip clipped them). Collective.
+  std::vector<std::vector<float>> global_grads();
 
   model::GPT& model() { return *gpt_; }
   ParamStore& params() { return store_; }
@@ -106,6 +109,8 @@ class Trainer {
 
  private:
   void check_replicas();  // silent-data-corruption check across dp replicas
+  // Whole tensors of a vector in the optimizer's shard layout (master weights or gradients).
+  std::vector<std::vector<float>> global_tensors(const float* shard);
   void reset_group_counters();
   // Per entry: whether this rank counts it in norms (every split entry; a tp replica on tp rank 0; the
   // last stage's copy of the tied wte, a replica over pp, not at all).

@@ -109,8 +109,12 @@ void Trainer::save_state(const std::string& root) {
   c.wait();
 }
 
-std::vector<std::vector<float>> Trainer::global_master() {
-  const std::vector<float> local = full_master();  // this rank's boxes, whole over dp
+std::vector<std::vector<float>> Trainer::global_master() { return global_tensors(dp_->master_shard()); }
+std::vector<std::vector<float>> Trainer::global_grads() { return global_tensors(dp_->grad_shard()); }
+
+std::vector<std::vector<float>> Trainer::global_tensors(const float* shard) {
+  std::vector<float> local(static_cast<size_t>(store_.total_numel()));  // this rank's boxes, whole over dp
+  dp_->gather_full(shard, local.data());
   parallel::Comm* tp = tp_.active() ? &tp_.comm() : nullptr;
   const int P = tp ? tp->size() : 1;
   std::vector<std::vector<float>> out;
@@ -150,7 +154,7 @@ std::vector<std::vector<float>> Trainer::global_master() {
     std::vector<int32_t> haves(size_t(pp.size()));
     pp.all_gather(&have, haves.data(), 1, DType::i32);
     const int owner = int(std::find(haves.begin(), haves.end(), 1) - haves.begin());
-    MT_CHECK(owner < pp.size(), "global_master: no pipeline stage holds '%s'", e.name.c_str());
+    MT_CHECK(owner < pp.size(), "global_tensors: no pipeline stage holds '%s'", e.name.c_str());
     std::vector<float> t = mine ? std::move(out[size_t(mine - store_.entries().data())])
                                 : std::vector<float>(size_t(e.numel));
     pp.broadcast(t.data(), t.size(), DType::f32, owner);

@@ -93,9 +93,18 @@ std::vector<Layout> layouts(int W) {
   add({.pp = 2, .accum = 4, .schedule = "1f1b", .recompute = "full", .attention = "flash", .doc_mask = true});
   add({.pp = 2, .accum = 2, .schedule = "gpipe", .recompute = "selective", .doc_mask = true});
   add({.pp = 2, .accum = 4, .virt = 2, .schedule = "interleaved"});
+  add({.pp = 2, .schedule = "zb1"});
+  add({.pp = 2, .accum = 2, .schedule = "zb1", .recompute = "full", .attention = "flash", .doc_mask = true});
+  add({.pp = 2, .accum = 3, .schedule = "zb1", .layers = "3,1", .recompute = "selective"});
+  add({.pp = 2, .schedule = "1f1b", .precision = "bf16"});
+  add({.pp = 2, .schedule = "zb1", .precision = "bf16"});
   add({.pp = 4, .schedule = "gpipe"});
   add({.pp = 4, .schedule = "1f1b"});
   add({.pp = 4, .accum = 8, .schedule = "1f1b", .layers = "1,1,1,1"});
+  add({.pp = 4, .accum = 8, .schedule = "zb1"});
+  add({.pp = 2, .dp = 2, .zero = 3, .schedule = "zb1"});
+  add({.pp = 2, .dp = 2, .zero = 1, .schedule = "zb1", .recompute = "full"});
+  add({.pp = 2, .tp = 2, .schedule = "zb1"});
   add({.pp = 2, .dp = 2, .zero = 0, .schedule = "1f1b"});
   add({.pp = 2, .dp = 2, .zero = 1, .schedule = "gpipe"});
   add({.pp = 2, .dp = 2, .zero = 2, .schedule = "1f1b"});
@@ -135,6 +144,42 @@ TEST(PipelineParallel, EveryLayoutMatchesTheSingleRankRun) {
     std::vector<float> flat;
     for (const auto& w : got.weights) flat.insert(flat.end(), w.begin(), w.end());
     EXPECT_TRUE(same_on_all_ranks(world, flat.data(), flat.size() * 4)) << "ranks disagree on the weights";
+  }
+}
+
+// The arithmetic of each micro-batch on each stage is the single rank's, and the micro-batches'
+// gradients accumulate in the same order under every schedule (zb1's W included), so after one step
+// every gradient is bitwise the single rank's; only the tied wte's differs, summed from two copies in
+// another order. (No clipping: it scales by a norm summed in another order.)
+TEST(PipelineParallel, FirstStepGradientsAreBitwiseTheSingleRanks) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  const std::string data = shared_corpus(world);
+  std::vector<Layout> ls = {{.pp = W, .schedule = "gpipe"}, {.pp = W, .schedule = "1f1b"}, {.pp = W, .schedule = "zb1"}};
+  if (W == 2) ls.push_back({.pp = W, .virt = 2, .schedule = "interleaved"});
+  std::vector<std::string> names;  // of the single rank's entries: the whole model's, in order
+  auto first_grads = [&](const Layout& l, parallel::Comm* comm) {
+    TrainOptions o = options(data, l, 2, 1);
+    o.optim.grad_clip = 0;
+    Trainer t(o, comm);
+    t.step();
+    if (!comm)
+      for (const ParamEntry& e : t.params().entries()) names.push_back(e.name);
+    return t.global_grads();
+  };
+  const std::vector<std::vector<float>> want = first_grads(Layout{}, nullptr);
+  for (const Layout& l : ls) {
+    const std::vector<std::vector<float>> got = first_grads(l, &world);
+    ASSERT_EQ(got.size(), want.size()) << l.str();
+    for (size_t i = 0; i < want.size(); i++) {
+      if (names[i] == "transformer.wte.weight") {
+        EXPECT_LE(weight_err({got[i]}, {want[i]}), 1e-6) << l.str();
+        continue;
+      }
+      ASSERT_EQ(got[i].size(), want[i].size());
+      EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * 4), 0)
+          << l.str() << ": the gradient of " << names[i] << " differs from the single rank's";
+    }
   }
 }
 
@@ -268,6 +313,51 @@ TEST(PipelineParallel, CheckpointStoresEachTensorOnceAndResumesOnOneRank) {
     err = std::max(err, std::fabs(t.step().loss - want.loss[size_t(i)]) / want.loss[size_t(i)]);
   if (world.rank() == 0) std::printf("resume pp=%d -> pp=1: max rel loss err %.2e\n", W, err);
   EXPECT_LE(err, 1e-5);
+}
+
+// One run carried across pipeline layouts: 3 steps on one rank, saved; resumed as pp 4 for 3 steps,
+// saved; resumed as pp 2 x dp 2 (and at 8 ranks pp 2 x tp 2 x dp 2) for 3 steps. Every resumed step
+// continues the uninterrupted single-rank run's losses. The global batch (4 sequences x 4
+// micro-batches) is the same in every layout.
+TEST(PipelineParallel, ResumesAcrossPipelineLayouts) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W < 4) GTEST_SKIP() << "needs 4 ranks (pp 4)";
+  const std::string data = shared_corpus(world);
+  const int steps = 9, B = 4;
+  Trainer ref(options(data, Layout{}, B, steps));
+  const Curve want = train_curve(ref, steps);
+  char root[256] = {};
+  if (world.rank() == 0) std::snprintf(root, sizeof root, "%s", make_temp_dir("mt_pp_relayout").c_str());
+  world.broadcast(root, sizeof root / 4, DType::i32, 0);
+  const std::string dir(root);
+  std::vector<double> got;
+  if (world.rank() == 0) {
+    Trainer t(options(data, Layout{}, B, steps));
+    for (int i = 0; i < 3; i++) got.push_back(t.step().loss);
+    t.save_state(dir + "/pp1");
+  }
+  world.barrier();
+  const int rest = W / 4;  // the ranks beyond pp 4 go to data parallelism
+  const Layout pp4{.pp = 4, .dp = rest, .schedule = "1f1b"};
+  const Layout pp2{.pp = 2, .tp = W >= 8 ? 2 : 1, .dp = W >= 8 ? W / 4 : W / 2, .zero = 1, .schedule = "gpipe"};
+  const std::vector<std::pair<Layout, std::string>> chain = {{pp4, "pp1"}, {pp2, "pp4"}};
+  for (size_t k = 0; k < chain.size(); k++) {
+    const auto& [l, from] = chain[k];
+    TrainOptions o = options(data, l, B / l.dp, steps);
+    o.resume = dir + "/" + from;
+    Trainer t(o, &world);
+    for (int i = 0; i < 3; i++) got.push_back(t.step().loss);
+    t.save_state(dir + "/pp" + std::to_string(l.pp));
+  }
+  if (world.rank() == 0) {
+    ASSERT_EQ(got.size(), want.loss.size());
+    for (size_t i = 0; i < got.size(); i++) {
+      std::printf("step %zu (%s): loss %.7f, single rank %.7f\n", i + 1,
+                  i < 3 ? "pp 1" : i < 6 ? pp4.str().c_str() : pp2.str().c_str(), got[i], want.loss[i]);
+      EXPECT_LE(std::fabs(got[i] - want.loss[i]) / want.loss[i], 1e-5) << "step " << i + 1;
+    }
+  }
 }
 
 }  // namespace

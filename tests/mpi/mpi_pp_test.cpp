@@ -112,6 +112,7 @@ std::vector<Layout> layouts(int W) {
   add({.pp = 2, .tp = 2, .schedule = "1f1b"});
   add({.pp = 2, .tp = 2, .schedule = "gpipe", .recompute = "selective"});
   add({.pp = 2, .tp = 2, .dp = 2, .zero = 1, .schedule = "1f1b"});
+  add({.pp = 2, .tp = 2, .dp = 2, .zero = 1, .schedule = "zb1", .layers = "3,1", .precision = "bf16"});
   return out;
 }
 
@@ -136,9 +137,13 @@ TEST(PipelineParallel, EveryLayoutMatchesTheSingleRankRun) {
     if (world.rank() == 0)
       std::printf("%s: loss max rel err %.2e, grad norm %.2e, weights %.2e\n", l.str().c_str(), loss_err, norm_err,
                   werr);
-    EXPECT_LE(loss_err, 1e-5) << l.str();
-    EXPECT_LE(norm_err, 1e-5) << l.str() << ": the norm must count every parameter once";
-    EXPECT_LE(werr, 1e-4) << l.str();
+    // A pipeline alone keeps each micro-batch's arithmetic, so 16-bit storage changes nothing; where
+    // tp or dp sums partial results in another order, a bf16 run is held to bf16's resolution (2^-8
+    // relative per rounding) instead: a lost or doubled micro-batch would still be far outside it.
+    const bool bf16_reordered = std::string(l.precision) == "bf16" && (l.tp > 1 || l.dp > 1);
+    EXPECT_LE(loss_err, bf16_reordered ? 1e-3 : 1e-5) << l.str();
+    EXPECT_LE(norm_err, bf16_reordered ? 2e-2 : 1e-5) << l.str() << ": the norm must count every parameter once";
+    EXPECT_LE(werr, bf16_reordered ? 1e-2 : 1e-4) << l.str();
     EXPECT_LT(got.loss.back(), got.loss.front()) << l.str() << ": does not learn";
     EXPECT_TRUE(tied_copies_equal(t)) << l.str() << ": the two copies of wte differ";
     std::vector<float> flat;

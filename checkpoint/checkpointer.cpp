@@ -195,14 +195,15 @@ bool Checkpointer::agree_on_step(int64_t step, bool want_sync) {
   return buf[3] != 0;
 }
 
-// An async save that waits for the previous write longer than that write's own CPU time gains
-// nothing over writing in the foreground (the write did not fit beside the steps: a save interval
-// too short, a busy disk, or an idle-priority writer starved by other jobs). After kFallbackAfter such
-// saves in a row the rank votes for synchronous saves.
+// An async save that waits for the previous write longer than a synchronous save of it would have
+// blocked (estimated as kFallbackFactor times the write's CPU time) gains nothing over writing in the
+// foreground: the write did not fit beside the steps (a save interval too short, a busy disk, or an
+// idle-priority writer starved by other jobs). After kFallbackAfter such saves in a row the rank
+// votes for synchronous saves.
 bool Checkpointer::wants_fallback(double stall) {
   if (!o_.async || !o_.sync_fallback || fell_back_) return false;
   const double write_cpu = last_completed() ? last_completed()->writer_cpu_s : 0.0;
-  waits_in_a_row_ = stall > kFallbackMinWaitS && stall > write_cpu ? waits_in_a_row_ + 1 : 0;
+  waits_in_a_row_ = stall > kFallbackMinWaitS && stall > kFallbackFactor * write_cpu ? waits_in_a_row_ + 1 : 0;
   return waits_in_a_row_ >= kFallbackAfter;
 }
 
@@ -311,8 +312,8 @@ void Checkpointer::save(const SaveRequest& req) {
   if (agree_on_step(req.step, want_sync) && !fell_back_) {
     fell_back_ = true;
     if (world_.rank() == 0)
-      MT_LOG_WARN(o_.log, "checkpoint: %d saves in a row waited for the previous background write longer than its "
-                  "CPU time (the last waited %.2f s): writing synchronously from step %lld on "
+      MT_LOG_WARN(o_.log, "checkpoint: %d saves in a row waited for the previous background write longer than a "
+                  "synchronous save would block (the last waited %.2f s): writing synchronously from step %lld on "
                   "(ckpt.sync_fallback=false keeps async saves)", kFallbackAfter, stall, (long long)req.step);
   }
   const bool async = o_.async && !fell_back_;

@@ -82,9 +82,10 @@ struct Options {
   // Async only: the background writer's scheduling priority (writer_thread.h says why idle).
   WriterPriority writer_priority = WriterPriority::idle;
   // Async only: when the saves keep waiting for the previous write (kFallbackAfter saves in a row
-  // waited longer than that write's CPU time, and at least kFallbackMinWaitS), the background write
-  // costs the steps more than a synchronous one would: every later save of this Checkpointer is
-  // synchronous (logged once; the ranks decide together). false: stay asynchronous whatever it costs.
+  // waited longer than kFallbackFactor times that write's CPU time, and at least kFallbackMinWaitS),
+  // the background write costs the steps more than a synchronous one would: every later save of this
+  // Checkpointer is synchronous (logged once; the ranks decide together). false: stay asynchronous
+  // whatever it costs.
   bool sync_fallback = true;
   // Fault injection (tests): at the named phase of the save of `fault_step`, only on rank
   // `fault_rank`, SIGKILL this process: "staging" (before the copy), "write" (half of the rank file
@@ -146,6 +147,9 @@ class Checkpointer {
     bool synchronous = false; // written in the foreground (sync saves, and async ones after the fallback)
   };
   static constexpr int kFallbackAfter = 2;
+  // A synchronous save blocks for its CPU time plus its I/O waits: 1.3-1.45 times its CPU time in the
+  // measurements of docs/perf.md. A wait beyond twice the write's CPU time is more than that.
+  static constexpr double kFallbackFactor = 2.0;
   static constexpr double kFallbackMinWaitS = 0.05;
   // True once async saves have turned synchronous (Options::sync_fallback).
   bool fell_back() const { return fell_back_; }

@@ -35,6 +35,30 @@ TEST(RunPlan, NamesLayoutBatchAndOutputs) {
   EXPECT_TRUE(has(format_run_plan(p), "memory     params 2.0 MiB, optimizer 4.0 MiB on rank 0")) << format_run_plan(p);
 }
 
+// Two failed attempts: the first resumed at 0 and wrote steps 1-5, the second resumed from step 4's
+// checkpoint (step 5 lost) and wrote 5-7 and a torn line, this one resumes from step 6 (step 7 lost).
+TEST(RunTotals, CountsTheStepsEarlierAttemptsLost) {
+  const std::string jsonl =
+      "{\"event\":\"start\",\"resumed_at\":0}\n"
+      "{\"step\":1,\"loss\":4.0,\"time\":{\"total\":1.0}}\n{\"step\":2,\"loss\":3.9,\"time\":{\"total\":1.0}}\n"
+      "{\"step\":3,\"loss\":3.8,\"time\":{\"total\":1.0}}\n{\"step\":4,\"loss\":3.7,\"time\":{\"total\":1.0}}\n"
+      "{\"step\":4,\"checkpoint\":{\"step\":4}}\n{\"step\":5,\"loss\":3.6,\"time\":{\"total\":1.5}}\n"
+      "{\"event\":\"start\",\"resumed_at\":4}\n"
+      "{\"step\":5,\"loss\":3.6,\"time\":{\"total\":2.0}}\n{\"step\":6,\"loss\":3.5,\"time\":{\"total\":2.0}}\n"
+      "{\"step\":7,\"loss\":3.4,\"time\":{\"total\":2.25}}\n{\"step\":8,\"lo";
+  const ResumeHistory h = resume_history(jsonl, 6);
+  EXPECT_EQ(h.earlier_attempts, 2);
+  EXPECT_EQ(h.redone_steps, 2);  // step 5 of the first attempt, step 7 of the second
+  EXPECT_DOUBLE_EQ(h.redone_s, 1.5 + 2.25);
+  RunTotals t;
+  t.set_history(h);
+  EXPECT_TRUE(has(t.format(1, {}), "restarts           2 earlier attempt(s); 2 step(s) lost and run again (3.8 s of step time)"))
+      << t.format(1, {});
+  EXPECT_TRUE(has(RunTotals().format(1, {}), "restarts           none (one attempt)"));
+  // A run continued from its last step loses nothing.
+  EXPECT_EQ(resume_history("{\"event\":\"start\",\"resumed_at\":0}\n{\"step\":1,\"loss\":4.0,\"time\":{\"total\":1.0}}\n", 1).redone_steps, 0);
+}
+
 StepResult step_with(double loss, long tokens, double t) {
   StepResult r;
   r.loss = loss;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/check.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
@@ -105,6 +107,40 @@ void RunTotals::add_checkpoint(int64_t step) {
   if (std::find(ckpts_.begin(), ckpts_.end(), step) == ckpts_.end()) ckpts_.push_back(step);
 }
 
+ResumeHistory resume_history(const std::string& jsonl, int resumed_at) {
+  // Per attempt: where it resumed, and its step records (step, time).
+  struct Attempt {
+    std::vector<std::pair<int64_t, double>> steps;
+  };
+  std::vector<Attempt> attempts;
+  std::vector<int64_t> starts;  // resumed_at of each attempt, then this one's
+  size_t pos = 0;
+  while (pos < jsonl.size()) {
+    const size_t end = jsonl.find('\n', pos);
+    if (end == std::string::npos) break;  // a torn last line: not a record
+    const nlohmann::json j = nlohmann::json::parse(jsonl.begin() + long(pos), jsonl.begin() + long(end), nullptr, false);
+    pos = end + 1;
+    if (j.is_discarded() || !j.is_object()) continue;
+    if (j.value("event", "") == "start") {
+      attempts.emplace_back();
+      starts.push_back(j.value("resumed_at", int64_t(0)));
+    } else if (j.contains("loss") && j.contains("step") && !attempts.empty()) {
+      const double t = j.contains("time") ? j["time"].value("total", 0.0) : 0.0;
+      attempts.back().steps.push_back({j["step"].get<int64_t>(), t});
+    }
+  }
+  starts.push_back(resumed_at);
+  ResumeHistory h;
+  h.earlier_attempts = int(attempts.size());
+  for (size_t a = 0; a < attempts.size(); a++)
+    for (const auto& [step, t] : attempts[a].steps)
+      if (step > starts[a + 1]) {
+        h.redone_steps++;
+        h.redone_s += t;
+      }
+  return h;
+}
+
 std::string RunTotals::format(double wall_s, const std::vector<std::pair<std::string, std::string>>& outputs) const {
   auto row = [](const char* name, const std::string& value) { return strfmt("  %-18s %s\n", name, value.c_str()); };
   auto pct = [&](double t) { return t_total_ > 0 ? 100 * t / t_total_ : 0.0; };
@@ -127,6 +163,11 @@ std::string RunTotals::format(double wall_s, const std::vector<std::pair<std::st
   std::string ck;
   for (size_t i = 0; i < ckpts_.size(); i++) ck += strfmt("%s%lld", i ? ", " : "", (long long)ckpts_[i]);
   s += row("checkpoints", ckpts_.empty() ? "none" : strfmt("%zu, at step %s", ckpts_.size(), ck.c_str()));
+  const ResumeHistory& h = history_;
+  s += row("restarts", h.earlier_attempts == 0
+                           ? std::string("none (one attempt)")
+                           : strfmt("%d earlier attempt(s); %d step(s) lost and run again (%.1f s of step time)",
+                                    h.earlier_attempts, h.redone_steps, h.redone_s));
   s += "minitrain: outputs\n";
   for (const auto& [name, path] : outputs) s += row(name.c_str(), path);
   return s;

@@ -52,12 +52,25 @@ RunPlan make_run_plan(const TrainOptions& o, const parallel::Mesh& mesh, const P
 // Every file and directory a run leaves: metrics, config, checkpoints, the latest pointer, weights.
 std::vector<std::pair<std::string, std::string>> run_outputs(const std::string& out_dir, const std::string& ckpt_dir);
 
+// What the earlier attempts of a resumed run cost: read from metrics.jsonl before this attempt
+// appends to it. Each attempt starts with an {"event": "start", "resumed_at": S} record; the step
+// records an attempt wrote past the step the next attempt resumed at were lost with it and run
+// again (a run continued on purpose, from its last step, loses none).
+struct ResumeHistory {
+  int earlier_attempts = 0;  // attempts before this one
+  int redone_steps = 0;      // step records lost with the attempt that wrote them
+  double redone_s = 0;       // their step time (time.total)
+};
+// `jsonl`: the file's text (a torn last line is ignored); `resumed_at`: this attempt's first step - 1.
+ResumeHistory resume_history(const std::string& jsonl, int resumed_at);
+
 // Sums over the steps of a run (the steps this process ran; a resumed run counts from its resume).
 class RunTotals {
  public:
   void add_step(int step, const StepResult& r, double mfu, double hfu, const MemStats& m);
   void add_val_loss(double v) { val_loss_ = v, has_val_ = true; }
   void add_checkpoint(int64_t step);  // once per checkpoint saved (repeats ignored)
+  void set_history(const ResumeHistory& h) { history_ = h; }
 
   int steps() const { return steps_; }
   int64_t tokens() const { return tokens_; }
@@ -76,6 +89,7 @@ class RunTotals {
   double mfu_time_ = 0, hfu_time_ = 0;  // sum of mfu x step time (a time-weighted mean)
   std::array<size_t, kNumMemCategories> peak_{};
   std::vector<int64_t> ckpts_;
+  ResumeHistory history_;
 };
 
 }  // namespace mt::train

@@ -64,9 +64,11 @@ void Trainer::run() {
   lock_run_dirs(true);
   arm_fault_injection();
   JsonlWriter log;
+  ResumeHistory history;  // rank 0: the earlier attempts' lost work
   if (writer) {
     fs::create_directories(out);
     checkpoint::io::write_file_atomically((out / "config.json").string(), o_.to_json().dump(2) + "\n");
+    if (resuming && fs::exists(metrics_path)) history = resume_history(checkpoint::io::read_file(metrics_path.string()), step_);
     log = JsonlWriter(metrics_path.string(), resuming);
     if (log.cut_bytes())
       std::fprintf(stderr, "minitrain: %s ended in a torn record (%llu bytes, from an interrupted run): cut\n",
@@ -92,6 +94,7 @@ void Trainer::run() {
   int64_t logged_save = -1;
   DivergenceGuard guard(o_.loss_scale.max_skips);
   RunTotals totals;
+  totals.set_history(history);
   while (step_ < o_.steps) {
     arena_.reset_peaks();
     const auto t_step = std::chrono::steady_clock::now();

@@ -3,7 +3,7 @@
 # `fortunes` collection from Debian: ~15k short documents) on first run, trains a small GPT on it on
 # the CPU backend, and prints a sample. Extra arguments are passed to `minitrain train` as overrides
 # (e.g. `scripts/train.sh steps=50 precision=bf16`).
-# Outputs: runs/fortunes/{metrics.jsonl,config.json,state.safetensors,model.safetensors,sample.txt}
+# Outputs: runs/fortunes/{metrics.jsonl,config.json,checkpoints/,model.safetensors,sample.txt,*.png}
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/deps.sh"
@@ -27,4 +27,8 @@ if [[ -e "$run_dir" ]]; then rm -rf "$run_dir.prev"; mv "$run_dir" "$run_dir.pre
 
 "$mt" sample --model "$run_dir/model.safetensors" --tokenizer "$data_dir/tokenizer.json" \
   --text "The meaning of life" --tokens 80 --temperature 0.8 --top_k 40 --seed 1 | tee "$run_dir/sample.txt"
-echo "train.sh: logs in $run_dir/metrics.jsonl, weights in $run_dir/model.safetensors, sample in $run_dir/sample.txt"
+# The run's plots (loss, throughput, memory, noise scale), named as they are written.
+echo "train.sh: plots of the run:"
+/usr/bin/python3 "$root/scripts/plot.py" "$run_dir"
+echo "train.sh: logs in $run_dir/metrics.jsonl, weights in $run_dir/model.safetensors, sample in $run_dir/sample.txt;" \
+  "the summary of the run is the table the train command printed above"

@@ -1,0 +1,141 @@
+#!/usr/bin/python3
+"""Plots of one or more training runs, from their metrics.jsonl, side by side.
+
+Usage: scripts/plot.py RUN [RUN ...] [--out DIR]
+
+RUN is a run directory (holding metrics.jsonl) or a metrics.jsonl file. Writes into DIR (default: the
+first run's directory) one PNG per figure that the runs have data for, and prints each path:
+
+  loss.png        training loss per step, and validation loss where evaluated
+  throughput.png  tokens/s and MFU per step
+  memory.png      peak memory per category (MiB) per step, rank 0
+  noise.png       the gradient noise scale B_simple per step (when logged)
+  moe.png         mixture of experts: load imbalance and drop fraction per step (when logged)
+  pipeline.png    pipeline parallelism: the measured bubble per step, and each pp rank's share (when logged)
+
+Every run is one colour across the figures, labelled by its directory name. A resumed run's metrics
+hold the earlier attempts too: for each step the last record counts (the one the run kept).
+"""
+import argparse
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def load(path):
+    """(label, {step: record}, [(step, val_loss)]) of a run; the last record of a step wins."""
+    metrics = path if os.path.isfile(path) else os.path.join(path, "metrics.jsonl")
+    if not os.path.isfile(metrics):
+        sys.exit(f"plot.py: no metrics.jsonl in {path}")
+    steps, val = {}, {}
+    with open(metrics) as f:
+        for n, line in enumerate(f, 1):
+            if not line.endswith("\n"):
+                break  # a torn last line (a run killed while writing): not a record
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                sys.exit(f"plot.py: {metrics}:{n}: not JSON ({e})")
+            if "loss" in r and "step" in r:
+                steps[r["step"]] = r
+                if "val_loss" in r:
+                    val[r["step"]] = r["val_loss"]
+    if not steps:
+        sys.exit(f"plot.py: {metrics} has no step records")
+    label = os.path.basename(os.path.dirname(os.path.abspath(metrics))) or metrics
+    return label, steps, sorted(val.items())
+
+
+def series(steps, get):
+    xs, ys = [], []
+    for s in sorted(steps):
+        try:
+            y = get(steps[s])
+        except (KeyError, TypeError):
+            continue
+        if y is not None:
+            xs.append(s)
+            ys.append(y)
+    return xs, ys
+
+
+def figure(runs, out, name, panels):
+    """panels: [(title, ylabel, [(get, label suffix, line style)])]; writes out/name if any panel has data."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    drawn = False
+    for ax, (title, ylabel, lines) in zip(axes[0], panels):
+        for i, (label, steps, _) in enumerate(runs):
+            for get, suffix, style in lines:
+                xs, ys = series(steps, get)
+                if xs:
+                    ax.plot(xs, ys, style, color=f"C{i}", label=label + suffix)
+                    drawn = True
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize="small")
+    if drawn:
+        path = os.path.join(out, name)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        print(path)
+    plt.close(fig)
+    return drawn
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Plots of minitrain runs from their metrics.jsonl.")
+    ap.add_argument("runs", nargs="+", help="run directories or metrics.jsonl files")
+    ap.add_argument("--out", help="directory for the PNGs (default: the first run's)")
+    a = ap.parse_args()
+    runs = [load(p) for p in a.runs]
+    out = a.out or (a.runs[0] if os.path.isdir(a.runs[0]) else os.path.dirname(os.path.abspath(a.runs[0])))
+    os.makedirs(out, exist_ok=True)
+
+    # Loss, with each run's validation points on top.
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (label, steps, val) in enumerate(runs):
+        xs, ys = series(steps, lambda r: r["loss"])
+        ax.plot(xs, ys, "-", color=f"C{i}", label=label + " train")
+        if val:
+            ax.plot([s for s, _ in val], [v for _, v in val], "o--", color=f"C{i}", label=label + " val")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "loss.png"), dpi=100)
+    print(os.path.join(out, "loss.png"))
+    plt.close(fig)
+
+    figure(runs, out, "throughput.png",
+           [("tokens/s", "tokens/s", [(lambda r: r["tokens_per_s"], "", "-")]),
+            ("MFU", "MFU (%)", [(lambda r: 100 * r["mfu"], "", "-")])])
+    categories = sorted({c for _, steps, _ in runs for r in steps.values() for c in r.get("memory", {})} - {"total"})
+    mib = 1 << 20
+    figure(runs, out, "memory.png",
+           [(c, "MiB", [(lambda r, c=c: r["memory"][c] / mib, "", "-")]) for c in categories] or
+           [("memory", "MiB", [])])
+    figure(runs, out, "noise.png",
+           [("gradient noise scale B_simple", "sequences", [(lambda r: r["gns"]["b_simple"], "", "-")])])
+    figure(runs, out, "moe.png",
+           [("load imbalance (max / mean - 1, worst layer)", "", [(lambda r: r["moe"]["imbalance"], "", "-")]),
+            ("dropped token assignments", "fraction", [(lambda r: r["moe"]["drop_fraction"], "", "-")])])
+    figure(runs, out, "pipeline.png",
+           [("pipeline bubble (mean over pp ranks)", "share of the pipeline phase",
+             [(lambda r: r["pp"]["bubble"], "", "-")]),
+            ("bubble of pp rank 0 (solid) and the last (dashed)", "share",
+             [(lambda r: r["pp"]["bubble_ranks"][0], " rank 0", "-"),
+              (lambda r: r["pp"]["bubble_ranks"][-1], " last rank", "--")])])
+
+
+if __name__ == "__main__":
+    main()

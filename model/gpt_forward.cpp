@@ -43,7 +43,7 @@ int classifier_rows(Device device, int N, int Vp, size_t elem_bytes) {
 }
 
 template <class S>
-void Pass<S>::alloc_layer(LayerActs& a, bool with_att) {
+void Pass<S>::alloc_layer(LayerActs& a, bool with_att, bool dense_mlp) {
   const int64_t NCl = int64_t(N_) * Cl_;
   a.ln1 = act(NC_);
   a.ln1_mean = f32(Ns_);
@@ -58,6 +58,7 @@ void Pass<S>::alloc_layer(LayerActs& a, bool with_att) {
   a.ln2 = act(NC_);
   a.ln2_mean = f32(Ns_);
   a.ln2_rstd = f32(Ns_);
+  if (!dense_mlp) return;
   a.fch = act(4 * NCl);
   a.fch_gelu = act(4 * NCl);
 }
@@ -76,6 +77,10 @@ void Pass<S>::layer_forward(int l, const S* x, S* x_next, LayerActs& a, Workspac
   // res2 = x + attention branch, and its LayerNorm, in one pass.
   ops::residual_layernorm_fwd(p(a.res2), p(a.ln2), a.ln2_mean.f32(), a.ln2_rstd.f32(), x, x_next, w(lp.ln2_w),
                               w(lp.ln2_b), Ns, C, c_);
+  if (m_.cfg_.is_moe_layer(l)) {
+    moe_forward(l, x_next, a);  // tp = 1: ln2 holds every row
+    return;
+  }
   const S* ln2 = gathered(ws.ln_all, p(a.ln2));
   ops::matmul_fwd(p(a.fch_gelu), ln2, w(lp.fc_w), w(lp.fc_b), N, C, F, c_, p(a.fch));  // GELU epilogue
   if (!tp_.active()) {
@@ -96,10 +101,15 @@ void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& 
   const LayerParams& lp = m_.layers_[size_t(l)];
   const int C = C_, N = N_, Ns = Ns_, Cl = Cl_, F = 4 * C_ / P_;
   // MLP: x_next = res2 + fcproj(gelu(fc(ln2(res2)))). The first backward applies GELU's derivative.
-  const S* dx_all = gathered(ws.dx_all, dx);
-  ops::matmul_bwd(p(ws.dfc), g(lp.fcproj_w), g(lp.fcproj_b), dx_all, p(a.fch_gelu), w(lp.fcproj_w), N, F, C, c_,
-                  p(a.fch));
-  column_parallel_bwd(p(ws.dln), g(lp.fc_w), g(lp.fc_b), p(ws.dfc), p(a.ln2), w(lp.fc_w), F, ws);
+  const S* dx_all = dx;
+  if (m_.cfg_.is_moe_layer(l)) {
+    moe_backward(l, dx, a, ws);
+  } else {
+    dx_all = gathered(ws.dx_all, dx);
+    ops::matmul_bwd(p(ws.dfc), g(lp.fcproj_w), g(lp.fcproj_b), dx_all, p(a.fch_gelu), w(lp.fcproj_w), N, F, C, c_,
+                    p(a.fch));
+    column_parallel_bwd(p(ws.dln), g(lp.fc_w), g(lp.fc_b), p(ws.dfc), p(a.ln2), w(lp.fc_w), F, ws);
+  }
   // dres2 = residual path (already in dx) + LayerNorm path, accumulated by the LayerNorm backward.
   ops::layernorm_bwd(dx, g(lp.ln2_w), g(lp.ln2_b), p(ws.dln), p(a.res2), w(lp.ln2_w), a.ln2_mean.f32(),
                      a.ln2_rstd.f32(), Ns, C, true, c_);
@@ -199,7 +209,7 @@ void Pass<S>::last_logits(const S* lnf, float* out) {
 
 // The members model/gpt_stage.cpp calls, for each storage type.
 #define MT_PASS_LAYER_MEMBERS(S)                                                                                    \
-  template void Pass<S>::alloc_layer(LayerActs&, bool);                                                             \
+  template void Pass<S>::alloc_layer(LayerActs&, bool, bool);                                                       \
   template void Pass<S>::layer_forward(int, const S*, S*, LayerActs&, Workspace&, const int32_t*);                \
   template void Pass<S>::layer_backward(int, S*, const S*, LayerActs&, Workspace&, const int32_t*);               \
   template void Pass<S>::classifier(float*, const S*, S*, const int32_t*, float, bool);                           \

@@ -1,8 +1,32 @@
 #include "model/config.h"
 
+#include <cmath>
+
 #include "runtime/check.h"
 
 namespace mt::model {
+
+MoeBalance moe_balance_from_name(const std::string& s) {
+  if (s == "aux") return MoeBalance::aux;
+  if (s == "bias") return MoeBalance::bias;
+  if (s == "none") return MoeBalance::none;
+  fail("moe.balance must be aux, bias or none (got '%s')", s.c_str());
+}
+
+const char* moe_balance_name(MoeBalance b) {
+  return b == MoeBalance::aux ? "aux" : b == MoeBalance::bias ? "bias" : "none";
+}
+
+int GPTConfig::num_moe_layers() const {
+  int n = 0;
+  for (int l = 0; l < n_layer; l++) n += is_moe_layer(l);
+  return n;
+}
+
+namespace {
+// One GPT-2 MLP (c_fc and c_proj with their biases) of width C.
+int64_t mlp_params(int64_t C) { return C * 4 * C + 4 * C + 4 * C * C + C; }
+}  // namespace
 
 int64_t GPTConfig::num_params() const {
   int64_t C = n_embd, L = n_layer;
@@ -10,15 +34,25 @@ int64_t GPTConfig::num_params() const {
                       + C * 3 * C + 3 * C  // c_attn
                       + C * C + C      // attn c_proj
                       + 2 * C          // ln_2
-                      + C * 4 * C + 4 * C  // c_fc
-                      + 4 * C * C + C; // mlp c_proj
-  return int64_t(vocab_size) * C + int64_t(block_size) * C + L * per_layer + 2 * C;
+                      + mlp_params(C);  // c_fc, mlp c_proj
+  // A mixture layer: a router and experts + shared MLPs in place of the one MLP.
+  const int64_t moe_extra = int64_t(moe.experts) * C + int64_t(moe.experts + moe.shared - 1) * mlp_params(C);
+  return int64_t(vocab_size) * C + int64_t(block_size) * C + L * per_layer + num_moe_layers() * moe_extra + 2 * C;
 }
 
-int64_t GPTConfig::num_matmul_params() const {
-  int64_t C = n_embd;
-  return int64_t(n_layer) * 12 * C * C + int64_t(vocab_size) * C;
+int64_t GPTConfig::num_active_params() const {
+  const int64_t C = n_embd;
+  const int64_t idle = int64_t(moe.experts - moe.top_k) * mlp_params(C);  // experts a token skips
+  return num_params() - num_moe_layers() * idle;
 }
+
+int64_t GPTConfig::layer_matmul_params() const {
+  const int64_t C = n_embd;
+  const int64_t moe_extra = int64_t(moe.experts) * C + int64_t(moe.top_k + moe.shared - 1) * 8 * C * C;
+  return int64_t(n_layer) * 12 * C * C + num_moe_layers() * moe_extra;
+}
+
+int64_t GPTConfig::num_matmul_params() const { return layer_matmul_params() + int64_t(vocab_size) * n_embd; }
 
 double GPTConfig::flops_per_token(int T) const {
   return 6.0 * double(num_matmul_params()) + 12.0 * n_layer * double(n_embd) * T;
@@ -32,17 +66,82 @@ void GPTConfig::validate() const {
   if (n_embd <= 0) fail("model.n_embd must be positive (got %d)", n_embd);
   if (n_embd % n_head != 0)
     fail("model.n_embd (%d) must be divisible by model.n_head (%d)", n_embd, n_head);
+  if (moe.experts < 0) fail("moe.experts must not be negative (got %d)", moe.experts);
+  if (moe.experts == 0) {
+    if (moe.shared > 0) fail("moe.shared=%d needs a mixture of experts (moe.experts > 0)", moe.shared);
+    return;
+  }
+  if (moe.top_k < 1) fail("moe.top_k must be positive (got %d)", moe.top_k);
+  if (moe.top_k > moe.experts)
+    fail("moe.top_k %d is larger than moe.experts %d: a token cannot use more experts than there are", moe.top_k,
+         moe.experts);
+  if (moe.every < 1) fail("moe.every must be positive (got %d)", moe.every);
+  if (moe.every > n_layer)
+    fail("moe.every %d is larger than model.n_layer %d: no layer would be a mixture of experts", moe.every, n_layer);
+  if (!std::isfinite(moe.capacity) || moe.capacity < 0)
+    fail("moe.capacity must not be negative (got %g; 0 = dropless)", moe.capacity);
+  if (moe.capacity > 0 && moe.capacity * moe.top_k < 1e-9)
+    fail("moe.capacity %g is too small to hold any token", moe.capacity);
+  if (!std::isfinite(moe.aux_coef) || moe.aux_coef < 0) fail("moe.aux_coef must not be negative (got %g)", moe.aux_coef);
+  if (!std::isfinite(moe.z_coef) || moe.z_coef < 0) fail("moe.z_coef must not be negative (got %g)", moe.z_coef);
+  if (!std::isfinite(moe.bias_rate) || moe.bias_rate < 0)
+    fail("moe.bias_rate must not be negative (got %g)", moe.bias_rate);
+  if (moe.shared < 0) fail("moe.shared must not be negative (got %d)", moe.shared);
 }
 
 nlohmann::json GPTConfig::to_json() const {
-  return {{"vocab_size", vocab_size}, {"block_size", block_size}, {"n_layer", n_layer},
-          {"n_head", n_head}, {"n_embd", n_embd}};
+  nlohmann::json j = {{"vocab_size", vocab_size}, {"block_size", block_size}, {"n_layer", n_layer},
+                      {"n_head", n_head}, {"n_embd", n_embd}};
+  // A dense model's JSON is what it always was (checkpoints and exports of earlier runs).
+  if (moe.enabled())
+    j["moe"] = {{"experts", moe.experts}, {"top_k", moe.top_k}, {"every", moe.every}, {"capacity", moe.capacity},
+                {"balance", moe_balance_name(moe.balance)}, {"aux_coef", moe.aux_coef}, {"z_coef", moe.z_coef},
+                {"bias_rate", moe.bias_rate}, {"shared", moe.shared}};
+  return j;
 }
+
+namespace {
+MoeConfig moe_from_json(const nlohmann::json& j) {
+  MoeConfig m;
+  if (!j.is_object()) fail("model.moe must be a JSON object");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    const nlohmann::json& v = it.value();
+    auto integer = [&] {
+      if (!v.is_number_integer()) fail("model.moe.%s must be an integer", k.c_str());
+      return v.get<int>();
+    };
+    auto number = [&] {
+      if (!v.is_number()) fail("model.moe.%s must be a number", k.c_str());
+      return v.get<double>();
+    };
+    if (k == "experts") m.experts = integer();
+    else if (k == "top_k") m.top_k = integer();
+    else if (k == "every") m.every = integer();
+    else if (k == "shared") m.shared = integer();
+    else if (k == "capacity") m.capacity = number();
+    else if (k == "aux_coef") m.aux_coef = number();
+    else if (k == "z_coef") m.z_coef = number();
+    else if (k == "bias_rate") m.bias_rate = number();
+    else if (k == "balance") {
+      if (!v.is_string()) fail("model.moe.balance must be a string");
+      m.balance = moe_balance_from_name(v.get<std::string>());
+    } else {
+      fail("unknown model key 'model.moe.%s'", k.c_str());
+    }
+  }
+  return m;
+}
+}  // namespace
 
 GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
   GPTConfig c;
   if (!j.is_object()) fail("model config must be a JSON object");
   for (auto& [k, v] : j.items()) {
+    if (k == "moe") {
+      c.moe = moe_from_json(v);
+      continue;
+    }
     if (!v.is_number_integer()) fail("model.%s must be an integer", k.c_str());
     int x = v.get<int>();
     if (k == "vocab_size") c.vocab_size = x;
@@ -60,8 +159,14 @@ GPTConfig GPTConfig::preset(const std::string& name) {
   GPTConfig c;
   if (name == "tiny") {
     c.vocab_size = 512; c.block_size = 128; c.n_layer = 4; c.n_head = 4; c.n_embd = 128;
+  } else if (name == "tiny-moe") {  // for tests: layers 1 and 3 are mixtures of 4 experts, top-2
+    c = preset("tiny");
+    c.moe.experts = 4; c.moe.top_k = 2; c.moe.every = 2;
   } else if (name == "gpt2") {
     c.n_layer = 12; c.n_head = 12; c.n_embd = 768;
+  } else if (name == "gpt2-moe") {  // GPT-2 124M with 8 experts, top-2, in every other layer
+    c = preset("gpt2");
+    c.moe.experts = 8; c.moe.top_k = 2; c.moe.every = 2;
   } else if (name == "gpt2-medium") {
     c.n_layer = 24; c.n_head = 16; c.n_embd = 1024;
   } else if (name == "gpt2-large") {
@@ -69,14 +174,16 @@ GPTConfig GPTConfig::preset(const std::string& name) {
   } else if (name == "gpt2-xl") {
     c.n_layer = 48; c.n_head = 25; c.n_embd = 1600;
   } else {
-    fail("unknown model preset '%s' (expected tiny, gpt2, gpt2-medium, gpt2-large or gpt2-xl)", name.c_str());
+    fail("unknown model preset '%s' (expected tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny-moe or gpt2-moe)",
+         name.c_str());
   }
   return c;
 }
 
 bool GPTConfig::same_shape(const GPTConfig& o) const {
   return vocab_size == o.vocab_size && block_size == o.block_size && n_layer == o.n_layer &&
-         n_head == o.n_head && n_embd == o.n_embd;
+         n_head == o.n_head && n_embd == o.n_embd && moe.experts == o.moe.experts &&
+         (!moe.enabled() || (moe.every == o.moe.every && moe.shared == o.moe.shared));
 }
 
 }  // namespace mt::model

@@ -36,6 +36,9 @@ const char* attention_name(Attention a) { return a == Attention::flash ? "flash"
 
 void GPT::check_tensor_parallel(const GPTConfig& cfg, int tp) {
   if (tp <= 1) return;
+  if (cfg.moe.enabled())
+    fail("--tp %d: tensor parallelism of mixture-of-experts layers (moe.experts=%d) is not implemented yet", tp,
+         cfg.moe.experts);
   if (cfg.n_head % tp != 0)
     fail("--tp %d does not divide the model's %d attention heads (model.n_head): each rank needs whole heads", tp,
          cfg.n_head);
@@ -94,6 +97,8 @@ GPT::GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel
   }
   layers_.assign(size_t(L), LayerParams());
   layer_units_.assign(size_t(L), -1);
+  moe_bias_.assign(size_t(L), {});
+  reset_moe_stats();
   for (const StagePlan::Chunk& k : plan_.chunks) {
     for (int l = k.begin; l < k.end; l++) {
       std::string p = "transformer.h." + std::to_string(l) + ".";
@@ -110,6 +115,25 @@ GPT::GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel
       lp.proj_b = whole(p + "attn.c_proj.bias", {C}, false, 0);  // its gradient is whole on every rank
       lp.ln2_w = whole(p + "ln_2.weight", {C}, false, seq);
       lp.ln2_b = whole(p + "ln_2.bias", {C}, false, seq);
+      if (cfg_.is_moe_layer(l)) {
+        // A mixture layer: the router and every expert a whole tensor of its own, so that expert
+        // parallelism can place an expert on one rank (tp = 1 here: check_tensor_parallel).
+        const int64_t E = cfg_.moe.experts;
+        lp.router_w = whole(p + "mlp.router.weight", {E, C}, true, 0);
+        auto mlp = [&](const std::string& q) {
+          MlpParams m;
+          m.fc_w = whole(q + "c_fc.weight", {4 * C, C}, true, 0);
+          m.fc_b = whole(q + "c_fc.bias", {4 * C}, false, 0);
+          m.proj_w = whole(q + "c_proj.weight", {C, 4 * C}, true, 0);
+          m.proj_b = whole(q + "c_proj.bias", {C}, false, 0);
+          return m;
+        };
+        for (int e = 0; e < cfg_.moe.experts; e++) lp.experts.push_back(mlp(p + "mlp.experts." + std::to_string(e) + "."));
+        for (int e = 0; e < cfg_.moe.shared; e++)
+          lp.shared.push_back(mlp(p + "mlp.shared_experts." + std::to_string(e) + "."));
+        moe_bias_[size_t(l)].assign(size_t(E), 0.f);
+        continue;
+      }
       lp.fc_w = split(p + "mlp.c_fc.weight", {4 * C / P, C}, {4 * C, C}, {4 * C, C}, 0);  // output features
       lp.fc_b = split(p + "mlp.c_fc.bias", {4 * C / P}, {4 * C}, {4 * C}, 0);
       lp.fcproj_w = split(p + "mlp.c_proj.weight", {C, 4 * C / P}, {C, 4 * C}, {C, 4 * C}, 1);
@@ -161,7 +185,8 @@ void GPT::init_weights(uint64_t seed) {
   };
   normal(wte_, cfg_.padded_vocab(), C, std0, cfg_.vocab_size);
   normal(wpe_, cfg_.block_size, C, std0);
-  for (const LayerParams& lp : layers_) {
+  for (size_t l = 0; l < layers_.size(); l++) {
+    const LayerParams& lp = layers_[l];
     fill(lp.ln1_w, 1.f);
     fill(lp.ln1_b, 0.f);
     normal(lp.qkv_w, 3 * C, C, std0);
@@ -170,6 +195,18 @@ void GPT::init_weights(uint64_t seed) {
     fill(lp.proj_b, 0.f);
     fill(lp.ln2_w, 1.f);
     fill(lp.ln2_b, 0.f);
+    if (cfg_.is_moe_layer(int(l))) {
+      // The router, then each expert and shared expert as a dense MLP is drawn.
+      normal(lp.router_w, cfg_.moe.experts, C, std0);
+      for (const std::vector<MlpParams>* group : {&lp.experts, &lp.shared})
+        for (const MlpParams& m : *group) {
+          normal(m.fc_w, 4 * C, C, std0);
+          fill(m.fc_b, 0.f);
+          normal(m.proj_w, C, 4 * C, std_res);
+          fill(m.proj_b, 0.f);
+        }
+      continue;
+    }
     normal(lp.fc_w, 4 * C, C, std0);
     fill(lp.fc_b, 0.f);
     normal(lp.fcproj_w, C, 4 * C, std_res);
@@ -179,6 +216,12 @@ void GPT::init_weights(uint64_t seed) {
   fill(lnf_b_, 0.f);
   if (!on_host) store_.mem().upload(store_.master(), master, staging.size() * sizeof(float));
   if (store_.full_compute()) store_.refresh_compute();  // else the sharding engine derives compute
+}
+
+void GPT::reset_moe_stats() {
+  moe_stats_.assign(size_t(cfg_.n_layer), MoeLayerStats());
+  for (int l = 0; l < cfg_.n_layer; l++)
+    if (cfg_.is_moe_layer(l)) moe_stats_[size_t(l)].load.assign(size_t(cfg_.moe.experts), 0);
 }
 
 void GPT::check_batch(const MicroBatch& mb) const {

@@ -48,10 +48,28 @@ enum class Attention { materialized, flash };
 Attention attention_from_name(const std::string& s);  // throws naming --attention
 const char* attention_name(Attention a);
 
-// Indices of one layer's parameters in the ParamStore.
+// Indices of one MLP's parameters (an expert of a mixture layer) in the ParamStore.
+struct MlpParams {
+  int fc_w = -1, fc_b = -1, proj_w = -1, proj_b = -1;
+};
+
+// Indices of one layer's parameters in the ParamStore. A mixture-of-experts layer (GPTConfig::
+// is_moe_layer) has a router and experts in place of the dense MLP (whose indices stay -1).
 struct LayerParams {
   int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1, ln2_w = -1, ln2_b = -1, fc_w = -1,
       fc_b = -1, fcproj_w = -1, fcproj_b = -1;
+  int router_w = -1;                     // mlp.router.weight (E, C)
+  std::vector<MlpParams> experts;        // mlp.experts.e.{c_fc,c_proj}.{weight,bias}
+  std::vector<MlpParams> shared;         // mlp.shared_experts.s.*
+};
+
+// What a mixture layer's routing did over the forwards since GPT::reset_moe_stats (a recompute's
+// forward is not counted again). `balance` and `z` are sums of N x the micro-batch's value, N its
+// tokens, so balance / tokens is the token-weighted mean.
+struct MoeLayerStats {
+  std::vector<int64_t> load;  // (E) assignments per expert, before capacity
+  int64_t assignments = 0, dropped = 0, tokens = 0;
+  double balance = 0, z = 0;
 };
 
 // One micro-batch as the model sees it: all (B,T) int32 on the host.
@@ -168,6 +186,13 @@ class GPT {
   const PhaseTimes& times() const { return times_; }
   void reset_times() { times_ = PhaseTimes(); }
 
+  // Mixture of experts (moe/). The routing statistics by layer (a dense layer's are empty).
+  const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
+  void reset_moe_stats();
+  // Layer l's routing bias (balance = bias; E zeros until updated). Not a parameter: it has no
+  // gradient, the trainer updates it after each step and keeps it in checkpoints.
+  std::vector<float>& moe_bias(int l) { return moe_bias_[size_t(l)]; }
+
   void set_arena(Arena* a) { arena_ = a; }
   void set_ctx(const ops::Ctx& c) { ctx_ = c; }
   const LayerParams& layer(int l) const { return layers_[size_t(l)]; }
@@ -193,6 +218,8 @@ class GPT {
   StagePlan plan_;
   std::vector<LayerParams> layers_;  // by global layer index (entries of layers not held are -1)
   std::vector<int> layer_units_;     // by global layer index; -1 when not held
+  std::vector<std::vector<float>> moe_bias_;   // by global layer index (empty: dense)
+  std::vector<MoeLayerStats> moe_stats_;        // by global layer index
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   int emb_unit_ = -1, pos_unit_ = -1, final_unit_ = -1;
   Recompute recompute_ = Recompute::none;

@@ -43,7 +43,7 @@ int classifier_rows(Device device, int N, int Vp, size_t elem_bytes) {
 }
 
 template <class S>
-void Pass<S>::alloc_layer(LayerActs& a, bool with_att) {
+void Pass<S>::alloc_layer(LayerActs& a, bool with_att, bool dense_mlp) {
   const int64_t NCl = int64_t(N_) * Cl_;
   a.ln1 = act(NC_);
   a.ln1_mean = f32(Ns_);
@@ -58,6 +58,7 @@ void Pass<S>::alloc_layer(LayerActs& a, bool with_att) {
   a.ln2 = act(NC_);
   a.ln2_mean = f32(Ns_);
   a.ln2_rstd = f32(Ns_);
+  if (!dense_mlp) return;
   a.fch = act(4 * NCl);
   a.fch_gelu = act(4 * NCl);
 }
@@ -76,6 +77,10 @@ void Pass<S>::layer_forward(int l, const S* x, S* x_next, LayerActs& a, Workspac
   // res2 = x + attention branch, and its LayerNorm, in one pass.
   ops::residual_layernorm_fwd(p(a.res2), p(a.ln2), a.ln2_mean.f32(), a.ln2_rstd.f32(), x, x_next, w(lp.ln2_w),
                               w(lp.ln2_b), Ns, C, c_);
+  if (m_.cfg_.is_moe_layer(l)) {
+    moe_forward(l, x_next, a);  // tp = 1: ln2 holds every row
+    return;
+  }
   const S* ln2 = gathered(ws.ln_all, p(a.ln2));
   ops::matmul_fwd(p(a.fch_gelu), ln2, w(lp.fc_w), w(lp.fc_b), N, C, F, c_, p(a.fch));  // GELU epilogue
   if (!tp_.active()) {
@@ -109,11 +114,17 @@ void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& 
   S* dqkv = defer ? p(defer->d_qkv) : p(ws.dqkv);
   S* dln1 = defer ? p(defer->d_ln1) : p(ws.dln);
   // MLP: x_next = res2 + fcproj(gelu(fc(ln2(res2)))). The first backward applies GELU's derivative.
-  const S* dx_all = gathered(ws.dx_all, dx);
-  if (defer) keep(defer->d_mlp_out, dx_all, all_rows_elems());
-  ops::matmul_bwd(dfc, gw(lp.fcproj_w), gw(lp.fcproj_b), dx_all, p(a.fch_gelu), w(lp.fcproj_w), N, F, C, c_,
-                  p(a.fch));
-  column_parallel_bwd(dln2, gw(lp.fc_w), gw(lp.fc_b), dfc, p(a.ln2), w(lp.fc_w), F, ws);
+  const S* dx_all = dx;
+  if (m_.cfg_.is_moe_layer(l)) {
+    MT_CHECK(!defer, "a mixture-of-experts layer under zb1's split backward");  // MoE refuses pp so far
+    moe_backward(l, dx, a, ws);
+  } else {
+    dx_all = gathered(ws.dx_all, dx);
+    if (defer) keep(defer->d_mlp_out, dx_all, all_rows_elems());
+    ops::matmul_bwd(dfc, gw(lp.fcproj_w), gw(lp.fcproj_b), dx_all, p(a.fch_gelu), w(lp.fcproj_w), N, F, C, c_,
+                    p(a.fch));
+    column_parallel_bwd(dln2, gw(lp.fc_w), gw(lp.fc_b), dfc, p(a.ln2), w(lp.fc_w), F, ws);
+  }
   // dres2 = residual path (already in dx) + LayerNorm path, accumulated by the LayerNorm backward.
   ops::layernorm_bwd(dx, defer ? ln_dw : g(lp.ln2_w), defer ? ln_dw + C : g(lp.ln2_b), dln2, p(a.res2),
                      w(lp.ln2_w), a.ln2_mean.f32(), a.ln2_rstd.f32(), Ns, C, true, c_);
@@ -236,7 +247,7 @@ void Pass<S>::last_logits(const S* lnf, float* out) {
 
 // The members model/gpt_stage.cpp calls, for each storage type.
 #define MT_PASS_LAYER_MEMBERS(S)                                                                                    \
-  template void Pass<S>::alloc_layer(LayerActs&, bool);                                                             \
+  template void Pass<S>::alloc_layer(LayerActs&, bool, bool);                                                       \
   template void Pass<S>::layer_forward(int, const S*, S*, LayerActs&, Workspace&, const int32_t*);                \
   template void Pass<S>::layer_backward(int, S*, const S*, LayerActs&, Workspace&, const int32_t*, LayerGrads*);  \
   template void Pass<S>::layer_weight_backward(int, const S*, const LayerActs&, const LayerGrads&, Workspace&);    \

@@ -7,9 +7,22 @@
 #include <vector>
 
 #include "model/gpt.h"
+#include "moe/dispatch.h"
+#include "moe/router.h"
 #include "runtime/check.h"
 
 namespace mt::model {
+
+// What a mixture layer's forward keeps for its backward (model/gpt_moe.cpp): the routing and the
+// dispatch plan (host vectors), the router's fp32 input (a 16-bit run), the permuted rows, the
+// experts' hidden states and outputs, and each shared expert's hidden states. M = kept assignments.
+struct MoeActs {
+  moe::Routing routing;
+  moe::DispatchPlan plan;
+  Buffer x32;                              // (N,C) fp32 router input (empty when S is float)
+  Buffer rows, h_pre, h, out;              // (M,C), (M,4C), (M,4C), (M,C)
+  std::vector<Buffer> shared_pre, shared_h;  // (N,4C) each
+};
 
 // The activations of one layer that backward reads. att (materialized) or lse (flash) is only
 // allocated when it is kept.
@@ -21,7 +34,8 @@ struct LayerActs {
   Buffer atty;                     // (N,Cl) attention output before the projection
   Buffer res2;                     // (Ns,C) residual after attention
   Buffer ln2, ln2_mean, ln2_rstd;  // (Ns,C), (Ns), (Ns)
-  Buffer fch, fch_gelu;            // (N,4C/P) each: before and after GELU
+  Buffer fch, fch_gelu;            // (N,4C/P) each: before and after GELU (a dense MLP)
+  std::shared_ptr<MoeActs> moe;    // a mixture layer's state (model/gpt_moe.cpp)
   bool allocated() const { return bool(ln1); }
 };
 
@@ -134,7 +148,8 @@ class Pass {
                            Workspace& ws);
   // A row-parallel bias is added by one rank, so that the sum over tp holds it once.
   const S* bias_once(int i) const { return tp_.rank() == 0 ? w(i) : nullptr; }
-  void alloc_layer(LayerActs& a, bool with_att);
+  // dense_mlp: the layer's MLP is dense (a mixture layer keeps MoeActs instead of fch, fch_gelu).
+  void alloc_layer(LayerActs& a, bool with_att, bool dense_mlp = true);
 
   // The weight entry i as the ops read it, in S.
   const S* w(int i) const {
@@ -146,6 +161,11 @@ class Pass {
   void acquire(int u, bool grads) { m_.acquire(u, grads); }
   float* g(int i) const { return s_.grad(i); }
 
+  // A mixture layer's MLP (model/gpt_moe.cpp): x_next = res2 + shared experts + the gate-weighted
+  // routed experts of ln2; its backward leaves dL/d ln2 in ws.dln and adds the weights' gradients,
+  // the router's including the load-balancing and z-losses.
+  void moe_forward(int l, S* x_next, LayerActs& a);
+  void moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws);
   void layer_forward(int l, const S* x, S* x_next, LayerActs& a, Workspace& ws, const int32_t* doc);
   // defer != nullptr (zb1's B_input): the input gradient only, the op outputs' gradients kept in it.
   void layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& ws, const int32_t* doc,
@@ -175,6 +195,9 @@ class Pass {
   const int B_, T_, C_, NH_, N_, P_, Ns_, Cl_, NHl_;
   const int64_t NC_;  // Ns x C: the residual stream held here
   const bool flash_;
+  // Set by backward: a layer forward run there (full recompute) leaves the routing statistics alone.
+  bool in_backward_ = false;
+  float dloss_ = 0;  // the pass's loss weight (the load-balancing and z-losses are weighted alike)
 };
 
 

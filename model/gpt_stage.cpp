@@ -109,6 +109,7 @@ template <class S>
 void Pass<S>::forward(StageState& st, Buffer input, GPT::Mode mode, float* last_logits_out) {
   const auto t_start = clock_type::now();
   const int n = st.l1 - st.l0;
+  dloss_ = st.dloss;
   MT_CHECK(mode != GPT::Mode::last_logits || !tp_.active(), "sampling runs on one rank (tp = 1)");
   if (st.train && m_.phase_hook_) m_.phase_hook_("forward");
   device_inputs(st);
@@ -131,7 +132,7 @@ void Pass<S>::forward(StageState& st, Buffer input, GPT::Mode mode, float* last_
   for (int i = 0; i < n; i++) {
     const int l = st.l0 + i;
     LayerActs& a = st.keep_layer ? st.acts[size_t(i)] : scratch;
-    if (st.keep_layer) alloc_layer(a, st.keep_att);
+    if (st.keep_layer) alloc_layer(a, st.keep_att, !m_.cfg_.is_moe_layer(l));
     st.xs[size_t(i) + 1] = act(NC_);
     if (!st.keep_att) borrow_att(a);
     acquire(m_.layer_unit(l), false);
@@ -195,6 +196,8 @@ void Pass<S>::backward(StageState& st, Buffer dy, bool split) {
   const auto t_start = clock_type::now();
   const int n = st.l1 - st.l0, fin = m_.final_unit_;
   MT_CHECK(st.train, "stage backward after an eval forward");
+  in_backward_ = true;
+  dloss_ = st.dloss;
   if (m_.phase_hook_) m_.phase_hook_("backward");
   LayerActs scratch;
   Workspace ws;

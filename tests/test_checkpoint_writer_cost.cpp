@@ -6,6 +6,7 @@
 // rank 1 has saved too, so it is in flight for as long as the test holds rank 1 back.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -116,10 +117,17 @@ TEST(CheckpointWriterCost, NormalPriorityWriterAndSyncSavesAreNotIdle) {
   fs::remove_all(dir);
 }
 
-// Rank 1 saves each step `delay` after rank 0 (on its own thread), so each of rank 0's async saves
-// waits about `delay` for the previous commit, far longer than the CPU time of writing this tiny state.
-void rank1_lags(SimulatedJob& job, const State& s, int steps, std::chrono::milliseconds delay) {
+// Rank 1 lags one save behind rank 0, on its own thread: it saves step k `delay` after rank 0 has
+// entered its save of step k + 1 (`entered` counts rank 0's save calls), so that save waits at least
+// `delay` for step k's commit, far longer than the CPU time of writing this tiny state, however the
+// threads are scheduled. A synchronous save of step k cannot return until rank 1 has saved k too:
+// when rank 0 enters no further save within a second, rank 1 goes ahead.
+void rank1_lags(SimulatedJob& job, const State& s, int steps, const std::atomic<int>& entered,
+                std::chrono::milliseconds delay) {
   for (int step = 1; step <= steps; step++) {
+    const auto t0 = Clock::now();
+    while (entered < step + 1 && !(entered >= step && Clock::now() - t0 > std::chrono::seconds(1)))
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::this_thread::sleep_for(delay);
     job.ranks[1]->save(s.request(step, 1, 2));
   }
@@ -136,9 +144,11 @@ TEST(CheckpointWriterCost, SavesThatKeepWaitingTurnSynchronous) {
     o.sync_fallback = fallback;
     SimulatedJob job(2, o);
     Checkpointer& r0 = *job.ranks[0];
-    std::thread lagging([&] { rank1_lags(job, s, 4, std::chrono::milliseconds(300)); });
+    std::atomic<int> entered{0};
+    std::thread lagging([&] { rank1_lags(job, s, 4, entered, std::chrono::milliseconds(300)); });
     std::vector<Checkpointer::SaveStats> stats;
     for (int step = 1; step <= 4; step++) {
+      entered = step;
       r0.save(s.request(step, 0, 2));
       // A save this rank made synchronous has completed when save() returns.
       if (r0.fell_back()) stats.push_back(*r0.last_completed());

@@ -12,6 +12,7 @@
 #include "data/shard.h"
 #include "runtime/check.h"
 #include "train/trainer.h"
+#include "tests/test_train_util.h"
 #include "tests/test_util.h"
 
 namespace mt::train {
@@ -19,21 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A learnable corpus: documents that count upwards from a random start modulo `vocab - 1` (the last
-// id is the end-of-text token), so next-token prediction is easy and the loss must fall fast.
-std::string write_counting_shard(const std::string& dir, int vocab, int docs, uint64_t seed) {
-  data::ShardBuilder b(uint32_t(vocab), uint32_t(vocab - 1));
-  std::mt19937_64 rng(seed);
-  for (int d = 0; d < docs; d++) {
-    std::vector<int32_t> doc(size_t(8 + rng() % 40));
-    int32_t x = int32_t(rng() % uint64_t(vocab - 1));
-    for (auto& t : doc) t = x = (x + 1) % (vocab - 1);
-    b.add_document(doc);
-  }
-  const std::string path = dir + "/counting.bin";
-  b.write(path);
-  return path;
-}
+using testing::write_counting_shard;
 
 TrainOptions tiny_options(const std::string& data, const std::string& out) {
   return parse_train_options({"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32",

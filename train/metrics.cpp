@@ -73,7 +73,7 @@ double hardware_flops_per_token(const model::GPTConfig& cfg, int T, model::Recom
   const double C = cfg.n_embd, L = cfg.n_layer;
   double f = cfg.flops_per_token(T);
   const double attn_fwd = 4.0 * L * C * T;  // Q K^T and P V
-  if (r == model::Recompute::full) f += 2.0 * (12.0 * L * C * C) + attn_fwd;
+  if (r == model::Recompute::full) f += 2.0 * double(cfg.layer_matmul_params()) + attn_fwd;
   if (a == model::Attention::flash) {
     // The flash backward recomputes what it did not store. The CPU's recomputes Q K^T once
     // (kernels/cpu/flash_attention.cpp). The GPU's runs two kernels so that no sum needs atomics

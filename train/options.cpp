@@ -48,13 +48,22 @@ struct OptionEntry {
 // The parser's table, in the order the help lists it (within each group).
 const std::vector<OptionEntry>& option_table() {
   static const std::vector<OptionEntry> table = {
-      {"model", [](TrainOptions& o, auto&, auto& v) { o.model_preset = v; o.model = model::GPTConfig::preset(v); }, "model", "preset: tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl (dimensions below override it)"},
+      {"model", [](TrainOptions& o, auto&, auto& v) { o.model_preset = v; o.model = model::GPTConfig::preset(v); }, "model", "preset: tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny-moe, gpt2-moe (dimensions and moe.* below override it)"},
       {"model.preset", [](TrainOptions& o, auto&, auto& v) { o.model_preset = v; o.model = model::GPTConfig::preset(v); }, "model", "same as model"},
       {"model.vocab_size", [](TrainOptions& o, auto& k, auto& v) { o.model.vocab_size = parse_int(k, v); }, "model", "vocabulary size (token ids the embedding holds)"},
       {"model.block_size", [](TrainOptions& o, auto& k, auto& v) { o.model.block_size = parse_int(k, v); }, "model", "longest context the model has positions for"},
       {"model.n_layer", [](TrainOptions& o, auto& k, auto& v) { o.model.n_layer = parse_int(k, v); }, "model", "transformer blocks"},
       {"model.n_head", [](TrainOptions& o, auto& k, auto& v) { o.model.n_head = parse_int(k, v); }, "model", "attention heads per block"},
       {"model.n_embd", [](TrainOptions& o, auto& k, auto& v) { o.model.n_embd = parse_int(k, v); }, "model", "width of the residual stream"},
+      {"moe.experts", [](TrainOptions& o, auto& k, auto& v) { o.model.moe.experts = parse_int(k, v); }, "moe", "experts per mixture layer (0: a dense model)"},
+      {"moe.top_k", [](TrainOptions& o, auto& k, auto& v) { o.model.moe.top_k = parse_int(k, v); }, "moe", "experts each token is routed to"},
+      {"moe.every", [](TrainOptions& o, auto& k, auto& v) { o.model.moe.every = parse_int(k, v); }, "moe", "every N-th layer's MLP is a mixture (layers N-1, 2N-1, ...), the others dense"},
+      {"moe.capacity", [](TrainOptions& o, auto& k, auto& v) { o.model.moe.capacity = parse_number(k, v); }, "moe", "capacity factor: an expert takes at most ceil(F x tokens x top_k / experts) (0: dropless)"},
+      {"moe.balance", [](TrainOptions& o, auto&, auto& v) { o.model.moe.balance = model::moe_balance_from_name(v); }, "moe", "load balancing: aux (Switch loss) | bias (aux-loss-free routing bias) | none"},
+      {"moe.aux_coef", [](TrainOptions& o, auto& k, auto& v) { o.model.moe.aux_coef = parse_number(k, v); }, "moe", "alpha of the load-balancing loss alpha E sum f_i P_i (balance=aux)"},
+      {"moe.z_coef", [](TrainOptions& o, auto& k, auto& v) { o.model.moe.z_coef = parse_number(k, v); }, "moe", "weight of the router z-loss, mean logsumexp(logits)^2"},
+      {"moe.bias_rate", [](TrainOptions& o, auto& k, auto& v) { o.model.moe.bias_rate = parse_number(k, v); }, "moe", "gamma of the routing-bias update after each step (balance=bias)"},
+      {"moe.shared", [](TrainOptions& o, auto& k, auto& v) { o.model.moe.shared = parse_int(k, v); }, "moe", "shared experts every token of a mixture layer uses"},
       {"data.path", [](TrainOptions& o, auto&, auto& v) { o.data.path = v; }, "data", "a token shard file or a dataset directory; 'synthetic' for random tokens (--data)"},
       {"data.val_path", [](TrainOptions& o, auto&, auto& v) { o.data.val_path = v; }, "data", "held-out shards for validation (eval_every)"},
       {"data.mode", [](TrainOptions& o, auto& k, auto& v) {
@@ -154,6 +163,9 @@ const std::map<std::string, Range>& numeric_ranges() {
   static const std::map<std::string, Range> table = {
       {"model.vocab_size", kPositive}, {"model.block_size", kPositive}, {"model.n_layer", kPositive},
       {"model.n_head", kPositive}, {"model.n_embd", kPositive},
+      {"moe.experts", kNonNegative}, {"moe.top_k", kPositive}, {"moe.every", kPositive}, {"moe.capacity", kNonNegative},
+      {"moe.aux_coef", kNonNegative}, {"moe.z_coef", kNonNegative}, {"moe.bias_rate", kNonNegative},
+      {"moe.shared", kNonNegative},
       {"data.prefetch", kNonNegative},
       {"optim.lr", kNonNegative}, {"optim.min_lr_ratio", {0, 1, false, false}}, {"optim.warmup_steps", kNonNegative},
       {"optim.weight_decay", kNonNegative}, {"optim.beta1", {0, 1, false, true}}, {"optim.beta2", {0, 1, false, true}},
@@ -309,6 +321,15 @@ TrainOptions parse_train_options(const std::vector<std::string>& args) {
 void TrainOptions::validate() const {
   check_numbers(to_json(), "");  // every numeric option: finite and in its range
   model.validate();
+  if (model.moe.enabled()) {
+    // The mixture layers run on the CPU backend, on one rank per data-parallel replica, for now.
+    if (device == Device::cuda)
+      fail("moe.experts=%d: mixture-of-experts layers have no CUDA kernels yet (use --device cpu)", model.moe.experts);
+    if (parallel.tp > 1) fail("moe.experts=%d with --tp %d: tensor parallelism of mixture layers is not implemented yet",
+                              model.moe.experts, parallel.tp);
+    if (parallel.pp > 1) fail("moe.experts=%d with --pp %d: pipeline parallelism of mixture layers is not implemented yet",
+                              model.moe.experts, parallel.pp);
+  }
   if (seq_len > model.block_size)
     fail("seq_len %d is longer than the model's context (model.block_size = %d)", seq_len, model.block_size);
   if (!data.mix.empty() && !data.path.empty())
@@ -331,7 +352,16 @@ void TrainOptions::validate() const {
 
 nlohmann::json TrainOptions::to_json() const {
   return {
-      {"model", [&] { auto m = model.to_json(); m["preset"] = model_preset; return m; }()},
+      {"model", [&] {
+         auto m = model.to_json();
+         m.erase("moe");  // the mixture's options are keys of their own: moe.*
+         m["preset"] = model_preset;
+         return m;
+       }()},
+      {"moe", {{"experts", model.moe.experts}, {"top_k", model.moe.top_k}, {"every", model.moe.every},
+               {"capacity", model.moe.capacity}, {"balance", model::moe_balance_name(model.moe.balance)},
+               {"aux_coef", model.moe.aux_coef}, {"z_coef", model.moe.z_coef}, {"bias_rate", model.moe.bias_rate},
+               {"shared", model.moe.shared}}},
       {"data", {{"path", data.path}, {"val_path", data.val_path}, {"mode", data.mode}, {"doc_mask", data.doc_mask},
                 {"prefetch", data.prefetch}, {"mix", data.mix}}},
       {"optim", {{"lr", optim.lr}, {"min_lr_ratio", optim.min_lr_ratio}, {"warmup_steps", optim.warmup_steps},

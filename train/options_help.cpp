@@ -43,7 +43,7 @@ std::string show(const nlohmann::json& v) {
 }  // namespace
 
 const std::vector<std::string>& help_groups() {
-  static const std::vector<std::string> g = {"model",      "data",    "batch", "optimizer", "precision", "parallel",
+  static const std::vector<std::string> g = {"model",      "data",    "batch", "optimizer", "precision", "parallel", "moe",
                                              "checkpoint", "logging", "run",   "testing"};
   return g;
 }

@@ -27,8 +27,11 @@ std::string count(double x) {  // 12.3M, 4.56k, 789
 std::string format_run_plan(const RunPlan& p) {
   const int world = p.tp * p.cp * p.pp * p.dp;
   std::string s = "minitrain: plan\n";
-  s += strfmt("  model      %s: %s parameters, %s FLOPs per token (forward + backward)\n", p.model.c_str(),
-              count(double(p.params)).c_str(), count(p.flops_per_token).c_str());
+  const std::string active = p.active_params > 0 && p.active_params != p.params
+                                 ? strfmt(" (%s active per token)", count(double(p.active_params)).c_str())
+                                 : "";
+  s += strfmt("  model      %s: %s parameters%s, %s FLOPs per token (forward + backward)\n", p.model.c_str(),
+              count(double(p.params)).c_str(), active.c_str(), count(p.flops_per_token).c_str());
   s += strfmt("  layout     %s on %d rank%s, ZeRO-%d, device %s\n", layout_name(p.tp, p.cp, p.pp, p.dp).c_str(), world,
               world == 1 ? "" : "s", p.zero, p.device.c_str());
   s += strfmt("  batch      %lld rows x %d tokens = %s tokens per step (batch_size %d x grad_accum %d x dp %d)\n",
@@ -59,6 +62,7 @@ RunPlan make_run_plan(const TrainOptions& o, const parallel::Mesh& mesh, const P
   RunPlan p;
   p.model = o.model_preset;
   p.params = o.model.num_params();
+  p.active_params = o.model.num_active_params();
   p.flops_per_token = flops_per_token;
   p.tp = mesh.tp(), p.cp = mesh.cp(), p.pp = mesh.pp(), p.dp = mesh.dp();
   p.zero = o.parallel.zero;

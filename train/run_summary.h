@@ -25,6 +25,7 @@ namespace mt::train {
 struct RunPlan {
   std::string model;            // preset name
   int64_t params = 0;
+  int64_t active_params = 0;    // used per token (a mixture of experts: top_k of its experts); 0: = params
   double flops_per_token = 0;   // model FLOPs (6N + attention)
   int tp = 1, cp = 1, pp = 1, dp = 1;
   int zero = 0;

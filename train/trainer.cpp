@@ -271,6 +271,7 @@ StepResult Trainer::step() {
   dp_->begin_step();
   reset_group_counters();
   gpt_->reset_times();
+  gpt_->reset_moe_stats();
   double loss_sum = 0;
   const bool gns_from_micro = noise_scale_from_micro();
   // Scalars of this step that stay in the arena's memory until the step is done: on a GPU the host
@@ -341,6 +342,7 @@ StepResult Trainer::step() {
     r.grad_norm = std::sqrt(host.sum_sq) * inv_scale;
     update_noise_scale(r, host.first_sum_sq, inv_scale, valid, valid_local);
   }
+  if (o_.model.moe.enabled()) r.moe = finish_moe_step();
   if (o_.parallel.sdc_every > 0 && step_ % o_.parallel.sdc_every == 0) check_replicas();
   r.t_total = since(t0);
   return r;

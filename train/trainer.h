@@ -34,6 +34,9 @@ struct StepResult {
   double t_grad_wait = 0;     // blocked on gradient reductions after backward (exposed communication)
   double local_grad_sq = 0;   // mean over dp ranks of |per-rank mean gradient|^2 (gradient noise scale)
   long tokens_per_rank = 0;
+  // A mixture-of-experts model: the step's routing over all dp ranks (train/trainer_moe.cpp), null
+  // for a dense one.
+  nlohmann::json moe;
 };
 
 // Gradient noise scale B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018, appendix A): unbiased
@@ -111,6 +114,12 @@ class Trainer {
   void check_replicas();  // silent-data-corruption check across dp replicas
   // Whole tensors of a vector in the optimizer's shard layout (master weights or gradients).
   std::vector<std::vector<float>> global_tensors(const float* shard);
+  // After a step of a mixture-of-experts model: sums the routing statistics over dp, updates the
+  // routing bias (balance = bias) and returns the step's routing metrics (train/trainer_moe.cpp).
+  nlohmann::json finish_moe_step();
+  // The routing biases for a checkpoint's metadata, and back (absent: zero, as a fresh run starts).
+  nlohmann::json moe_bias_json();
+  void restore_moe_bias(const nlohmann::json& meta, const std::string& ckpt_path);
   void reset_group_counters();
   // Per entry: whether this rank counts it in norms (every split entry; a tp replica on tp rank 0; the
   // last stage's copy of the tied wte, a replica over pp, not at all).

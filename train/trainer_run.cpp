@@ -84,6 +84,7 @@ void Trainer::run() {
     std::fputs(format_run_plan(make_run_plan(o_, *mesh_, peak, flops_tok, step_, ckpt_opts_.dir,
                                                train_data_ ? train_data_->num_tokens() : 0, arena_.stats())).c_str(), stderr);
     log.write({{"event", "start"}, {"config", o_.to_json()}, {"params", o_.model.num_params()},
+               {"active_params", o_.model.num_active_params()},
                {"world_size", world_.size()}, {"flops_per_token", flops_tok}, {"peak_flops_per_rank", peak.flops},
                {"peak_label", peak.label}, {"resumed_at", step_}});
   }
@@ -116,6 +117,7 @@ void Trainer::run() {
       j["comm_pp"] = comm_json(group_counters(parallel::MeshDim::pp));
       j["pp"] = pipeline_->step_json();  // after comm_pp: its own gather is not the step's traffic
     }
+    if (!r.moe.is_null()) j["moe"] = r.moe;
     if (gns_.valid()) j["gns"] = {{"b_simple", gns_.b_simple()}, {"g2", gns_.g2()}, {"trace_sigma", gns_.trace_sigma()}};
     if (o_.eval_every > 0 && (step_ % o_.eval_every == 0 || step_ == o_.steps)) {
       const double v = evaluate();
@@ -140,9 +142,14 @@ void Trainer::run() {
     if (writer && (step_ % o_.log_every == 0 || step_ == o_.steps)) {
       const double elapsed = since_run();
       const double eta = elapsed / (step_ - first) * (o_.steps - step_);
-      std::fprintf(stderr, "step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%% | ETA %s%s%s\n",
-                   step_, o_.steps, r.loss, r.lr, r.grad_norm, tok_s, 100 * mfu, format_duration(eta).c_str(),
-                   r.skipped ? " | skipped (fp16 overflow)" : "",
+      const std::string moe =
+          r.moe.is_null() ? ""
+                          : strfmt(" | aux %.4f z %.4f drop %.1f%% imbalance %.2f", r.moe["aux_loss"].get<double>(),
+                                   r.moe["z_loss"].get<double>(), 100 * r.moe["drop_fraction"].get<double>(),
+                                   r.moe["imbalance"].get<double>());
+      std::fprintf(stderr, "step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%%%s | ETA %s%s%s\n",
+                   step_, o_.steps, r.loss, r.lr, r.grad_norm, tok_s, 100 * mfu, moe.c_str(),
+                   format_duration(eta).c_str(), r.skipped ? " | skipped (fp16 overflow)" : "",
                    j.contains("val_loss") ? strfmt(" | val %.4f", j["val_loss"].get<double>()).c_str() : "");
     }
     const std::string diverged = guard.problem(step_, r, scaler_.scale());

@@ -84,6 +84,7 @@ checkpoint::SaveRequest Trainer::checkpoint_request() {
                      {"model", o_.model.to_json()}, {"data", train_data_->state()}, {"seed", o_.seed},
                      {"layout", {{"dp", mesh_->dp()}, {"tp", mesh_->tp()}, {"pp", mesh_->pp()}, {"sp", o_.sequence_parallel()},
                                  {"zero", o_.parallel.zero}}}};
+  if (o_.model.moe.enabled()) req.global_meta["moe_bias"] = moe_bias_json();
   return req;
 }
 
@@ -207,6 +208,7 @@ void Trainer::load_checkpoint(const std::string& path) {
   updates_ = meta.at("updates");
   restore_loss_scale(meta, path);
   train_data_->restore(meta.at("data"));
+  restore_moe_bias(meta, path);
   dp_->publish_params();
   if (world_.rank() == 0) std::fprintf(stderr, "minitrain: resumed from %s (step %d)\n", path.c_str(), step_);
 }

@@ -1,0 +1,35 @@
+// The experts of a mixture layer: E GPT-2 MLPs (c_fc with GELU, c_proj), each applied to its block of
+// the permuted rows (moe/dispatch.h) -- a grouped GEMM run as one GEMM per expert through the op
+// interface (kernels/ops.h), with GELU as the first GEMM's epilogue and its derivative fused into the
+// second's backward, as the dense MLP does. An expert with no rows is skipped (its gradients get
+// nothing added). No collective: on one rank every expert is local.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "moe/dispatch.h"
+
+namespace mt::moe {
+
+// One expert's weights (fc (F, C), fc_b (F), proj (C, F), proj_b (C)) and their fp32 gradients.
+template <class S>
+struct ExpertWeights {
+  const S *fc = nullptr, *fc_b = nullptr, *proj = nullptr, *proj_b = nullptr;
+};
+struct ExpertGrads {
+  float *fc = nullptr, *fc_b = nullptr, *proj = nullptr, *proj_b = nullptr;
+};
+
+// out (M, C), h_pre and h (M, F): for each expert e, rows [offset e, offset e+1) of `in` (M, C)
+// through its MLP: h_pre = in fc^T + fc_b, h = gelu(h_pre), out = h proj^T + proj_b.
+template <class S>
+void experts_forward(S* out, S* h_pre, S* h, const S* in, const DispatchPlan& p,
+                     const std::vector<ExpertWeights<S>>& w, int C, int F, const ops::Ctx& ctx);
+// din (M, C) assigned, dh (M, F) scratch; each expert's gradients accumulated.
+template <class S>
+void experts_backward(S* din, S* dh, const std::vector<ExpertGrads>& g, const S* dout, const S* in, const S* h_pre,
+                      const S* h, const DispatchPlan& p, const std::vector<ExpertWeights<S>>& w, int C, int F,
+                      const ops::Ctx& ctx);
+
+}  // namespace mt::moe

@@ -1,0 +1,202 @@
+// A GPT with mixture-of-experts layers: parameters named per expert, the whole model's gradient
+// (cross-entropy plus the load-balancing and z-losses, with and without capacity drops, shared
+// experts, dense and mixture layers mixed) against finite differences, recompute modes bitwise equal
+// and counting each forward once, and 16-bit runs close to fp32.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "model/gpt.h"
+#include "tests/test_util.h"
+
+namespace mt::model {
+namespace {
+
+GPTConfig small_moe(double capacity, int shared) {
+  GPTConfig c;
+  c.vocab_size = 61;
+  c.block_size = 16;
+  c.n_layer = 3;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.moe.experts = 4;
+  c.moe.top_k = 2;
+  c.moe.every = 1;
+  c.moe.capacity = capacity;
+  c.moe.shared = shared;
+  c.moe.aux_coef = 0.5;  // large, so that a wrong aux or z gradient shows
+  c.moe.z_coef = 0.05;
+  return c;
+}
+
+struct Model {
+  explicit Model(const GPTConfig& cfg, DType precision = DType::f32) : gpt(cfg, store) {
+    store.finalize(arena, precision);
+    gpt.init_weights(7);
+    gpt.set_arena(&arena);
+  }
+  Arena arena;
+  ParamStore store;
+  GPT gpt;
+};
+
+struct Batch {
+  Batch(int V, std::mt19937_64& rng) {
+    tokens = testing::random_ints(size_t(B * T), 0, V - 1, rng);
+    targets = testing::random_ints(size_t(B * T), 0, V - 1, rng);
+  }
+  MicroBatch mb() const { return MicroBatch{B, T, tokens.data(), targets.data(), nullptr, nullptr}; }
+  const int B = 4, T = 16;
+  std::vector<int32_t> tokens, targets;
+};
+
+// The objective the model differentiates with dloss = 1: the token losses' sum plus, per mixture
+// layer, N (aux_coef A + z_coef Z) (balance = aux). Also each layer's loads, to see routing changes.
+double objective(Model& m, const Batch& b, std::vector<int64_t>* loads) {
+  m.gpt.reset_moe_stats();
+  double j = m.gpt.forward_loss(b.mb());
+  const MoeConfig& mc = m.gpt.config().moe;
+  if (loads) loads->clear();
+  for (const MoeLayerStats& s : m.gpt.moe_stats()) {
+    if (s.load.empty()) continue;
+    j += mc.aux_coef * s.balance + mc.z_coef * s.z;  // balance, z: already N x the value
+    if (loads) loads->insert(loads->end(), s.load.begin(), s.load.end());
+  }
+  return j;
+}
+
+TEST(MoeModel, ParametersAreNamedPerExpertAndCountedAsConfigured) {
+  GPTConfig cfg = GPTConfig::preset("tiny-moe");
+  cfg.moe.shared = 1;
+  ParamStore s;
+  GPT g(cfg, s);
+  const int64_t C = cfg.n_embd;
+  ASSERT_NE(s.find("transformer.h.1.mlp.experts.3.c_fc.weight"), nullptr);
+  EXPECT_EQ(s.find("transformer.h.1.mlp.experts.3.c_fc.weight")->global_shape, (std::vector<int64_t>{4 * C, C}));
+  ASSERT_NE(s.find("transformer.h.1.mlp.router.weight"), nullptr);
+  EXPECT_EQ(s.find("transformer.h.1.mlp.router.weight")->global_shape, (std::vector<int64_t>{4, C}));
+  EXPECT_NE(s.find("transformer.h.3.mlp.shared_experts.0.c_proj.bias"), nullptr);
+  EXPECT_EQ(s.find("transformer.h.1.mlp.c_fc.weight"), nullptr);  // no dense MLP in a mixture layer
+  EXPECT_NE(s.find("transformer.h.0.mlp.c_fc.weight"), nullptr);  // layer 0 is dense (every = 2)
+  EXPECT_EQ(s.find("transformer.h.0.mlp.router.weight"), nullptr);
+  EXPECT_EQ(s.find("transformer.h.1.mlp.experts.4.c_fc.weight"), nullptr);
+  // Totals from the registered tensors: every element (the padded vocabulary rows aside); active
+  // leaves out the experts a token skips; matmul counts the matrices a token multiplies by.
+  int64_t total = 0, idle = 0, matmul = 0;
+  for (const ParamEntry& e : s.entries()) {
+    total += e.numel;
+    const size_t ex = e.name.find("mlp.experts.");
+    const bool skipped = ex != std::string::npos && std::stoi(e.name.substr(ex + 12)) >= cfg.moe.top_k;
+    if (skipped) idle += e.numel;
+    if (e.shape.size() == 2 && e.name != "transformer.wpe.weight" && !skipped) matmul += e.numel;
+  }
+  total -= int64_t(cfg.padded_vocab() - cfg.vocab_size) * C;
+  matmul -= int64_t(cfg.padded_vocab() - cfg.vocab_size) * C;
+  EXPECT_EQ(cfg.num_params(), total);
+  EXPECT_EQ(cfg.num_active_params(), total - idle);
+  EXPECT_EQ(cfg.num_matmul_params(), matmul);
+  EXPECT_LT(cfg.num_active_params(), cfg.num_params());
+  GPTConfig dense = GPTConfig::preset("tiny");
+  EXPECT_EQ(dense.num_active_params(), dense.num_params());
+  EXPECT_DOUBLE_EQ(dense.flops_per_token(64), 6.0 * (4 * 12.0 * 128 * 128 + 512 * 128) + 12.0 * 4 * 128 * 64);
+}
+
+// Directional derivatives along a random direction per tensor, which sums many coordinates' worth of
+// signal against fp32's rounding. A step that changes any routing decision is retried smaller.
+void check_gradient(const GPTConfig& cfg, const char* label) {
+  std::mt19937_64 rng(testing::test_seed());
+  Model m(cfg);
+  // Routers as initialised give nearly uniform probabilities, whose top-k flips under the smallest
+  // step; larger router weights give the choices margins (the gradient is the same function).
+  for (const ParamEntry& e : m.store.entries())
+    if (e.name.find("router") != std::string::npos)
+      for (int64_t i = 0; i < e.numel; i++) m.store.master()[e.offset + i] *= 50.f;
+  Batch b(cfg.vocab_size, rng);
+  m.store.zero_grads();
+  m.gpt.reset_moe_stats();
+  m.gpt.forward_backward(b.mb(), 1.f);
+  const std::vector<float> grads(m.store.grads(), m.store.grads() + m.store.total_numel());
+  std::vector<int64_t> loads0;
+  objective(m, b, &loads0);
+  float* master = m.store.master();
+  int checked = 0;
+  for (const ParamEntry& e : m.store.entries()) {
+    const bool moe = e.name.find("mlp.") != std::string::npos && e.name.find("mlp.c_") == std::string::npos;
+    if (!moe && e.name.find("ln_2.weight") == std::string::npos && e.name.find("attn.c_attn.weight") == std::string::npos)
+      continue;
+    std::vector<float> dir = testing::random_floats(size_t(e.numel), rng);
+    double analytic = 0;
+    for (int64_t i = 0; i < e.numel; i++) analytic += double(grads[size_t(e.offset + i)]) * dir[size_t(i)];
+    std::vector<float> keep(master + e.offset, master + e.offset + e.numel);
+    double fd = NAN;
+    for (double eps = 2e-3; eps > 1e-5 && std::isnan(fd); eps /= 4) {
+      std::vector<int64_t> lp, lm;
+      for (int64_t i = 0; i < e.numel; i++) master[e.offset + i] = keep[size_t(i)] + float(eps) * dir[size_t(i)];
+      const double jp = objective(m, b, &lp);
+      for (int64_t i = 0; i < e.numel; i++) master[e.offset + i] = keep[size_t(i)] - float(eps) * dir[size_t(i)];
+      const double jm = objective(m, b, &lm);
+      std::copy(keep.begin(), keep.end(), master + e.offset);
+      if (lp == loads0 && lm == loads0) fd = (jp - jm) / (2 * eps);
+    }
+    if (std::isnan(fd)) continue;  // every step flipped a routing decision
+    // fp32 forwards: the difference of two losses near 300 carries ~1e-5 of rounding, so an absolute
+    // floor beside the relative bound.
+    EXPECT_NEAR(analytic, fd, 3e-2 * std::fabs(fd) + 3e-3) << label << ": " << e.name;
+    checked++;
+  }
+  const int tensors = cfg.num_moe_layers() * (1 + 4 * (cfg.moe.experts + cfg.moe.shared));
+  EXPECT_GE(checked, tensors) << label;
+}
+
+TEST(MoeModel, WholeModelGradientMatchesFiniteDifferences) {
+  check_gradient(small_moe(0, 0), "dropless");
+  check_gradient(small_moe(0.75, 1), "capacity 0.75, one shared expert");
+  GPTConfig mixed = small_moe(0, 0);
+  mixed.moe.every = 2;  // layer 1 only
+  mixed.moe.top_k = 1;
+  check_gradient(mixed, "top-1 in every other layer");
+}
+
+TEST(MoeModel, RecomputeModesGiveBitwiseEqualGradientsAndCountEachForwardOnce) {
+  std::mt19937_64 rng(testing::test_seed());
+  const GPTConfig cfg = small_moe(0.75, 1);
+  Batch b(cfg.vocab_size, rng);
+  std::vector<std::vector<float>> grads;
+  for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+    Model m(cfg);
+    m.gpt.set_recompute(r);
+    m.store.zero_grads();
+    m.gpt.reset_moe_stats();
+    m.gpt.forward_backward(b.mb(), 1.f / 64);
+    grads.emplace_back(m.store.grads(), m.store.grads() + m.store.total_numel());
+    for (const MoeLayerStats& s : m.gpt.moe_stats()) {
+      EXPECT_EQ(s.tokens, b.B * b.T) << recompute_name(r);
+      EXPECT_EQ(s.assignments, int64_t(b.B) * b.T * cfg.moe.top_k);
+      EXPECT_GT(s.dropped, 0);
+    }
+    EXPECT_EQ(m.arena.stats().live[size_t(MemCategory::activations)], 0u) << "activations leaked";
+  }
+  EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * 4));
+  EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[2].data(), grads[0].size() * 4));
+}
+
+TEST(MoeModel, SixteenBitRunsStayCloseToFp32) {
+  std::mt19937_64 rng(testing::test_seed());
+  const GPTConfig cfg = small_moe(0, 1);
+  Batch b(cfg.vocab_size, rng);
+  Model f(cfg);
+  const double want = f.gpt.forward_loss(b.mb());
+  for (DType t : {DType::bf16, DType::f16}) {
+    Model m(cfg, t);
+    m.store.zero_grads();
+    const double got = m.gpt.forward_backward(b.mb(), 1.f / 64);
+    EXPECT_NEAR(got / 64, want / 64, 0.02) << dtype_name(t);
+    for (int64_t i = 0; i < m.store.total_numel(); i++) ASSERT_TRUE(std::isfinite(m.store.grads()[i])) << dtype_name(t);
+  }
+}
+
+}  // namespace
+}  // namespace mt::model

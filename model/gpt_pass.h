@@ -59,7 +59,9 @@ class Pass {
   Pass(GPT& m, const MicroBatch& mb)
       : m_(m), s_(m.store_), ar_(*m.arena_), c_(m.ctx_), mb_(mb), tp_(m.tp_), B_(mb.B), T_(mb.T), C_(m.cfg_.n_embd),
         NH_(m.cfg_.n_head), N_(mb.B * mb.T), P_(tp_.size()), Ns_(int(tp_.own_rows(N_))), Cl_(C_ / P_),
-        NHl_(NH_ / P_), NC_(int64_t(Ns_) * C_), flash_(m.attention_ == Attention::flash) {}
+        NHl_(NH_ / P_), NC_(int64_t(Ns_) * C_), flash_(m.attention_ == Attention::flash), cp_(m.cp_) {
+    MT_CHECK(flash_ || !cp_.active(), "context parallelism needs attention=flash (ring attention)");
+  }
 
   // Forward of the stage `st` describes (set up by GPT::forward_chunk): from `input` (stage 0: the
   // tokens) to its output, or on the last stage to the losses (train: and the gradient of lnf).
@@ -149,6 +151,7 @@ class Pass {
   const int B_, T_, C_, NH_, N_, P_, Ns_, Cl_, NHl_;
   const int64_t NC_;  // Ns x C: the residual stream held here
   const bool flash_;
+  const parallel::RingAttention& cp_;  // context parallelism: attention over the cp ring
 };
 
 

@@ -36,6 +36,10 @@ class BatchSource {
 // data-parallel rank `dp_rank` of `dp_size`. Fails naming the file on any problem.
 std::unique_ptr<BatchSource> open_batches(const TrainOptions& o, const std::string& split, int dp_rank, int dp_size);
 
+// Context parallelism (--cp): the rows of `inner` each cp rank holds, T/cp tokens each (its 2 zigzag
+// chunks), with global positions and document ids (parallel/ring_attention.h). cp = 1: `inner` itself.
+std::unique_ptr<BatchSource> zigzag_batches(std::unique_ptr<BatchSource> inner, int cp, int cp_rank);
+
 // Fails, naming both datasets and fingerprints, when the validation data records another tokenizer
 // than the training data.
 void check_same_tokenizer(const TrainOptions& o, const BatchSource& train, const BatchSource& val);

@@ -1,0 +1,111 @@
+// Context parallelism (--cp: zigzag chunks of every sequence, ring attention) changes nothing but
+// memory and speed: every layout's loss curve, gradient norm and final weights match a single-rank run
+// of the same global batch, with packed-document masks (documents spanning chunk boundaries); the
+// bytes the cp group sent per step equal ring attention's formula (parallel/ring_attention.h).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "parallel/ring_attention.h"
+#include "tests/mpi/mpi_test_util.h"
+#include "tests/mpi/mpi_train_util.h"
+#include "tests/test_util.h"
+#include "train/trainer.h"
+
+namespace mt::testing {
+namespace {
+
+using train::TrainOptions;
+using train::Trainer;
+
+constexpr int kT = 32;  // seq_len: 2 cp chunks of 8 tokens at cp 2, of 4 at cp 4
+
+struct Layout {
+  int cp = 1, tp = 1, dp = 1, zero = 0, accum = 1;
+  bool doc_mask = true;
+  const char* recompute = "none";
+  std::string str() const {
+    return strfmt("cp=%d tp=%d dp=%d zero=%d accum=%d recompute=%s%s", cp, tp, dp, zero, accum, recompute,
+                  doc_mask ? " doc_mask" : "");
+  }
+};
+
+TrainOptions options(const std::string& data, const Layout& l, int batch, int steps) {
+  TrainOptions o = train::parse_train_options(
+      {"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
+       "model.block_size=" + std::to_string(kT), "seq_len=" + std::to_string(kT), "optim.lr=3e-3",
+       "optim.warmup_steps=3", "data.mode=shuffled", "threads=1", "data.prefetch=0", "data.path=" + data,
+       "attention=flash", std::string("recompute=") + l.recompute,
+       std::string("data.doc_mask=") + (l.doc_mask ? "true" : "false"), "steps=" + std::to_string(steps),
+       "optim.eps=1e-6"});  // as in mpi_tp_test.cpp: keeps never-firing units' weights still
+  o.batch_size = batch;
+  o.grad_accum = l.accum;
+  o.parallel.zero = l.zero;
+  o.parallel.dp = l.dp;
+  o.parallel.tp = l.tp;
+  o.parallel.cp = l.cp;
+  o.parallel.bucket_mb = 0.01;
+  o.validate();
+  return o;
+}
+
+std::vector<Layout> layouts(int W) {
+  std::vector<Layout> out;
+  auto add = [&](Layout l) {
+    if (l.cp * l.tp * l.dp == W) out.push_back(l);
+  };
+  add({.cp = 2});
+  add({.cp = 2, .doc_mask = false});
+  add({.cp = 2, .zero = 1, .accum = 2, .recompute = "full"});
+  add({.cp = 4});
+  add({.cp = 4, .zero = 3, .recompute = "selective"});
+  add({.cp = 2, .dp = 2, .zero = 2});
+  add({.cp = 2, .tp = 2});
+  return out;
+}
+
+// Bytes a rank sends on the cp group per micro-batch (fp32, every layer's forward and backward):
+// ring_attention.h's formula with N_l = B T/cp rows and W = C/tp columns of heads.
+uint64_t cp_bytes_per_micro(const Layout& l, int B, int C, int n_layer) {
+  const uint64_t P = uint64_t(l.cp), Nl = uint64_t(B) * kT / P, kv = Nl * 2 * uint64_t(C / l.tp) * 4;
+  const uint64_t docs = l.doc_mask ? 2 * (P - 1) * Nl * 4 : 0;
+  // Full recompute runs each layer's forward (its ring) once more in backward.
+  const uint64_t fwd = (P - 1) * kv + docs / 2, bwd = (P - 1) * kv + P * kv + docs / 2;
+  return uint64_t(n_layer) * ((std::string(l.recompute) == "full" ? 2 : 1) * fwd + bwd);
+}
+
+TEST(ContextParallel, EveryLayoutMatchesTheSingleRankRun) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  const std::string data = shared_corpus(world);
+  const int B = 2, steps = 10;
+  const std::vector<Layout> ls = layouts(W);
+  if (ls.empty()) GTEST_SKIP() << "no context-parallel layout for " << W << " ranks";
+  for (const Layout& l : ls) {
+    Layout single = l;
+    single.cp = single.tp = single.dp = 1;
+    single.zero = 0;
+    Trainer ref(options(data, single, l.dp * B, steps));
+    const Curve want = train_curve(ref, steps);
+    Trainer t(options(data, l, B, steps), &world);
+    const Curve got = train_curve(t, steps);
+    const double loss_err = max_rel(got.loss, want.loss), norm_err = max_rel(got.norm, want.norm);
+    const double werr = weight_err(got.weights, want.weights);
+    if (world.rank() == 0)
+      std::printf("%s: loss max rel err %.2e, grad norm %.2e, weights %.2e\n", l.str().c_str(), loss_err, norm_err,
+                  werr);
+    EXPECT_LE(loss_err, 1e-5) << l.str();
+    EXPECT_LE(norm_err, 1e-5) << l.str() << ": the norm must count every parameter once";
+    EXPECT_LE(werr, 1e-4) << l.str();
+    // The last step's traffic on the cp group: ring attention's, nothing else.
+    const uint64_t sent = t.group_counters(parallel::MeshDim::cp).total_sent_bytes();
+    EXPECT_EQ(sent, uint64_t(l.accum) * cp_bytes_per_micro(l, B, 32, 2)) << l.str();
+    std::vector<float> flat;
+    for (const auto& w : got.weights) flat.insert(flat.end(), w.begin(), w.end());
+    EXPECT_TRUE(same_on_all_ranks(world, flat.data(), flat.size() * 4)) << "ranks disagree on the weights";
+  }
+}
+
+}  // namespace
+}  // namespace mt::testing

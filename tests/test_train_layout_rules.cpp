@@ -56,7 +56,6 @@ TEST(LayoutRules, EachBadLayoutNamesItsFlagAndNumbers) {
   expect_error([] { parse_train_options(tiny({"--cp", "4", "seq_len=12"})); }, "--cp 4", "2 x cp = 8");
   expect_error([] { parse_train_options(tiny({"--cp", "2", "attention=materialized"})); },
                "--cp 2 needs attention=flash");
-  expect_error([] { parse_train_options(tiny({"--cp", "2", "--pp", "2"})); }, "--cp 2 with --pp 2");
   EXPECT_NO_THROW(parse_train_options(tiny({"--cp", "4"})));  // 16 = 2 x 4 x 2; attention auto -> flash
   EXPECT_EQ(parse_train_options(tiny({"--cp", "2"})).attention_kind(), model::Attention::flash);
   // Rows that do not split are fine without sequence parallelism.

@@ -324,9 +324,6 @@ void TrainOptions::validate() const {
     if (device == Device::cuda)
       fail("--cp %d runs on the CPU backend only so far (ring attention's block kernels have no CUDA twin): drop "
            "--device cuda", parallel.cp);
-    if (parallel.pp > 1)
-      fail("--cp %d with --pp %d is not implemented yet (context parallelism runs with tp and dp)", parallel.cp,
-           parallel.pp);
   }
   check_pipeline_options(*this);
   if (parallel.tp == 1 && parallel.sp == 1)

@@ -22,12 +22,12 @@ using train::Trainer;
 constexpr int kT = 32;  // seq_len: 2 cp chunks of 8 tokens at cp 2, of 4 at cp 4
 
 struct Layout {
-  int cp = 1, tp = 1, dp = 1, zero = 0, accum = 1;
+  int cp = 1, tp = 1, dp = 1, pp = 1, zero = 0, accum = 1;
   bool doc_mask = true;
   const char* recompute = "none";
   std::string str() const {
-    return strfmt("cp=%d tp=%d dp=%d zero=%d accum=%d recompute=%s%s", cp, tp, dp, zero, accum, recompute,
-                  doc_mask ? " doc_mask" : "");
+    return strfmt("cp=%d tp=%d pp=%d dp=%d zero=%d accum=%d recompute=%s%s", cp, tp, pp, dp, zero, accum,
+                  recompute, doc_mask ? " doc_mask" : "");
   }
 };
 
@@ -45,6 +45,7 @@ TrainOptions options(const std::string& data, const Layout& l, int batch, int st
   o.parallel.dp = l.dp;
   o.parallel.tp = l.tp;
   o.parallel.cp = l.cp;
+  o.parallel.pp = l.pp;
   o.parallel.bucket_mb = 0.01;
   o.validate();
   return o;
@@ -53,7 +54,7 @@ TrainOptions options(const std::string& data, const Layout& l, int batch, int st
 std::vector<Layout> layouts(int W) {
   std::vector<Layout> out;
   auto add = [&](Layout l) {
-    if (l.cp * l.tp * l.dp == W) out.push_back(l);
+    if (l.cp * l.tp * l.pp * l.dp == W) out.push_back(l);
   };
   add({.cp = 2});
   add({.cp = 2, .doc_mask = false});
@@ -62,6 +63,9 @@ std::vector<Layout> layouts(int W) {
   add({.cp = 4, .zero = 3, .recompute = "selective"});
   add({.cp = 2, .dp = 2, .zero = 2});
   add({.cp = 2, .tp = 2});
+  add({.cp = 2, .pp = 2, .accum = 2});
+  add({.cp = 2, .tp = 2, .pp = 2, .accum = 2});                  // 8 ranks
+  add({.cp = 2, .tp = 2, .dp = 2, .pp = 2, .zero = 1, .accum = 2});  // all four dimensions: 16 ranks
   return out;
 }
 
@@ -84,7 +88,7 @@ TEST(ContextParallel, EveryLayoutMatchesTheSingleRankRun) {
   if (ls.empty()) GTEST_SKIP() << "no context-parallel layout for " << W << " ranks";
   for (const Layout& l : ls) {
     Layout single = l;
-    single.cp = single.tp = single.dp = 1;
+    single.cp = single.tp = single.dp = single.pp = 1;
     single.zero = 0;
     Trainer ref(options(data, single, l.dp * B, steps));
     const Curve want = train_curve(ref, steps);
@@ -100,7 +104,7 @@ TEST(ContextParallel, EveryLayoutMatchesTheSingleRankRun) {
     EXPECT_LE(werr, 1e-4) << l.str();
     // The last step's traffic on the cp group: ring attention's, nothing else.
     const uint64_t sent = t.group_counters(parallel::MeshDim::cp).total_sent_bytes();
-    EXPECT_EQ(sent, uint64_t(l.accum) * cp_bytes_per_micro(l, B, 32, 2)) << l.str();
+    EXPECT_EQ(sent, uint64_t(l.accum) * cp_bytes_per_micro(l, B, 32, 2 / l.pp)) << l.str();
     std::vector<float> flat;
     for (const auto& w : got.weights) flat.insert(flat.end(), w.begin(), w.end());
     EXPECT_TRUE(same_on_all_ranks(world, flat.data(), flat.size() * 4)) << "ranks disagree on the weights";

@@ -1,12 +1,20 @@
 // Context parallelism (--cp: zigzag chunks of every sequence, ring attention) changes nothing but
 // memory and speed: every layout's loss curve, gradient norm and final weights match a single-rank run
 // of the same global batch, with packed-document masks (documents spanning chunk boundaries); the
-// bytes the cp group sent per step equal ring attention's formula (parallel/ring_attention.h).
+// bytes the cp group sent per step equal ring attention's formula (parallel/ring_attention.h); a state
+// saved under a cp layout stores every element once and resumes under layouts without cp (and under
+// pp2 x dp4 from tp2 x cp2 x pp2) with the uninterrupted run's losses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include "checkpoint/format.h"
+#include "checkpoint/reader.h"
 #include "parallel/ring_attention.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/mpi/mpi_train_util.h"
@@ -108,6 +116,55 @@ TEST(ContextParallel, EveryLayoutMatchesTheSingleRankRun) {
     std::vector<float> flat;
     for (const auto& w : got.weights) flat.insert(flat.end(), w.begin(), w.end());
     EXPECT_TRUE(same_on_all_ranks(world, flat.data(), flat.size() * 4)) << "ranks disagree on the weights";
+  }
+}
+
+// Saved after 5 steps under a cp layout, resumed under others with the same global batch (grad_accum 2):
+// the continued losses are the uninterrupted single-rank run's.
+TEST(ContextParallel, StateSavedUnderCpResumesUnderOtherLayouts) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4 && W != 8) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  const int G = 2 * W, steps = 10;  // rows per micro-batch step over all dp ranks, 2 micro-batches
+  auto rows = [&](const Layout& l) { return G / (l.dp * l.accum); };
+  const Layout single{.accum = 2};
+  Trainer ref(options(data, single, rows(single), steps));
+  const Curve want = train_curve(ref, steps);
+  char root[256] = {};
+  if (world.rank() == 0) std::snprintf(root, sizeof root, "%s", make_temp_dir("mt_cp_state").c_str());
+  world.broadcast(root, sizeof root / 4, DType::i32, 0);
+  const std::string dir(root);
+  const Layout from = W == 2 ? Layout{.cp = 2, .zero = 1, .accum = 2}
+                      : W == 4 ? Layout{.cp = 2, .tp = 2, .accum = 2}
+                               : Layout{.cp = 2, .tp = 2, .pp = 2, .zero = 1, .accum = 2};
+  {
+    Trainer t(options(data, from, rows(from), steps), &world);
+    for (int i = 0; i < 5; i++) t.step();
+    t.save_state(dir + "/a");
+  }
+  world.barrier();
+  {  // Every element stored once: the cp ranks of a replica write one copy between them.
+    const checkpoint::Reader r(dir + "/a/" + checkpoint::step_dir_name(5));
+    int64_t stored = 0, total = 0;
+    for (const checkpoint::FileRecord& f : r.manifest().files)
+      for (const checkpoint::PieceRecord& p : f.pieces) stored += p.flat_end - p.flat_begin;
+    for (const checkpoint::TensorInfo& t : r.tensors()) total += t.numel();
+    EXPECT_EQ(stored, total) << from.str() << ": replicated state written more than once";
+  }
+  std::vector<Layout> to = {{.dp = W, .zero = 3, .accum = 2}, {.accum = 2}};
+  if (W == 8) to.push_back({.dp = 4, .pp = 2, .accum = 2});  // tp2 x cp2 x pp2 -> pp2 x dp4
+  for (const Layout& lo : to) {
+    TrainOptions o = options(data, lo, rows(lo), steps);
+    o.resume = dir + "/a";
+    const bool alone = lo.cp * lo.tp * lo.pp * lo.dp == 1;
+    Trainer t(o, alone ? nullptr : &world);
+    double err = 0;
+    for (int i = 5; i < steps; i++)
+      err = std::max(err, std::fabs(t.step().loss - want.loss[size_t(i)]) / want.loss[size_t(i)]);
+    if (world.rank() == 0)
+      std::printf("resume %s -> %s: max rel loss err %.2e\n", from.str().c_str(), lo.str().c_str(), err);
+    EXPECT_LE(err, 1e-5) << from.str() << " -> " << lo.str();
   }
 }
 

@@ -42,40 +42,53 @@ Comm& RingAttention::comm() const {
 
 namespace {
 
+// Ring attention's buffers: from the run's arena (counted as activations) when it has one, else from an
+// arena of their own.
+class Scratch {
+ public:
+  explicit Scratch(Arena* arena) : ar_(arena ? *arena : own_) {}
+  template <class T>
+  T* take(size_t n) {
+    bufs_.push_back(ar_.alloc_uninitialized(MemCategory::activations, n * sizeof(T)));
+    return static_cast<T*>(bufs_.back().data());
+  }
+
+ private:
+  Arena own_;
+  Arena& ar_;
+  std::vector<Buffer> bufs_;
+};
+
 // One rank's key/value block as it travels: (B,Tl,2C) [k | v] in the storage type, and the document
-// ids of its rows (empty when unmasked).
+// ids of its rows (nullptr when unmasked).
 template <class S>
 struct KvBlock {
-  std::vector<S> kv;
-  std::vector<int32_t> doc;
+  S* kv = nullptr;
+  int32_t* doc = nullptr;
 };
 
 template <class S>
-KvBlock<S> own_block(const S* qkv, const int32_t* doc, int B, int Tl, int C) {
-  KvBlock<S> blk;
-  blk.kv.resize(size_t(B) * Tl * 2 * C);
-  for (int64_t n = 0; n < int64_t(B) * Tl; n++) std::copy_n(qkv + n * 3 * C + C, 2 * C, blk.kv.data() + n * 2 * C);
-  if (doc) blk.doc.assign(doc, doc + int64_t(B) * Tl);
-  return blk;
+KvBlock<S> block_buffers(Scratch& sc, size_t nkv, size_t ndoc, bool with_doc) {
+  return {sc.take<S>(nkv), with_doc ? sc.take<int32_t>(ndoc) : nullptr};
 }
 
 // Starts the transfer of `cur` to the next rank and of the previous rank's block into `next`. The
 // block in hand is only read while it is being sent.
 template <class S>
-std::pair<CommHandle, CommHandle> pass_on(Comm& c, const KvBlock<S>& cur, KvBlock<S>& next) {
+std::pair<CommHandle, CommHandle> pass_on(Comm& c, const KvBlock<S>& cur, KvBlock<S>& next, size_t nkv, size_t ndoc) {
   const int P = c.size(), to = (c.rank() + 1) % P, from = (c.rank() + P - 1) % P;
-  next.kv.resize(cur.kv.size());
-  next.doc.resize(cur.doc.size());
-  CommHandle kv = c.send_recv_async(cur.kv.data(), cur.kv.size(), to, next.kv.data(), next.kv.size(), from,
-                                    dtype_of<S>(), 0);
+  CommHandle kv = c.send_recv_async(cur.kv, nkv, to, next.kv, nkv, from, dtype_of<S>(), 0);
   CommHandle doc;
-  if (!cur.doc.empty())
-    doc = c.send_recv_async(cur.doc.data(), cur.doc.size(), to, next.doc.data(), next.doc.size(), from, DType::i32,
-                            1);
+  if (cur.doc) doc = c.send_recv_async(cur.doc, ndoc, to, next.doc, ndoc, from, DType::i32, 1);
   return {std::move(kv), std::move(doc)};
 }
 
-const int32_t* doc_of(const std::vector<int32_t>& d) { return d.empty() ? nullptr : d.data(); }
+// This rank's own block, copied out of its qkv (B,Tl,3C).
+template <class S>
+void fill_own(KvBlock<S>& blk, const S* qkv, const int32_t* doc, int B, int Tl, int C) {
+  for (int64_t n = 0; n < int64_t(B) * Tl; n++) std::copy_n(qkv + n * 3 * C + C, 2 * C, blk.kv + n * 2 * C);
+  if (doc) std::copy_n(doc, int64_t(B) * Tl, blk.doc);
+}
 
 }  // namespace
 
@@ -86,29 +99,34 @@ RingStats RingAttention::forward(S* out, float* lse, const S* qkv, const int32_t
   const int P = c.size(), r = c.rank();
   RingStats st;
   const std::vector<int32_t> q_pos = Zigzag{Tl * P, P, r}.positions();
-  KvBlock<S> cur = own_block(qkv, doc, B, Tl, C), next;
+  const size_t nkv = size_t(B) * Tl * 2 * C, ndoc = size_t(B) * Tl, no = size_t(B) * Tl * C, nl = size_t(B) * NH * Tl;
+  Scratch sc(arena_);
+  KvBlock<S> cur = block_buffers<S>(sc, nkv, ndoc, doc != nullptr);
+  KvBlock<S> next = block_buffers<S>(sc, nkv, ndoc, doc != nullptr);
+  fill_own(cur, qkv, doc, B, Tl, C);
   // fp32 accumulators: the merged output and lse, and one block's partial result.
-  std::vector<float> O(size_t(B) * Tl * C, 0.f), L(size_t(B) * NH * Tl, -INFINITY), part_o(O.size()),
-      part_l(L.size());
+  float *O = sc.take<float>(no), *L = sc.take<float>(nl), *part_o = sc.take<float>(no), *part_l = sc.take<float>(nl);
+  std::fill(O, O + no, 0.f);
+  std::fill(L, L + nl, -INFINITY);
   for (int s = 0; s < P; s++) {
     const int src = (r - s + P) % P;
     std::pair<CommHandle, CommHandle> flight;
-    if (s + 1 < P) flight = pass_on(c, cur, next);
+    if (s + 1 < P) flight = pass_on(c, cur, next, nkv, ndoc);
     const std::vector<int32_t> k_pos = Zigzag{Tl * P, P, src}.positions();
-    if (ops::attention_block_hidden(q_pos.data(), k_pos.data(), doc, doc_of(cur.doc), B, Tl, Tl)) {
+    if (ops::attention_block_hidden(q_pos.data(), k_pos.data(), doc, cur.doc, B, Tl, Tl)) {
       st.skipped++;
     } else {
-      ops::flash_block_fwd(part_o.data(), part_l.data(), qkv, 3 * C, cur.kv.data(), cur.kv.data() + C, 2 * C,
-                           q_pos.data(), k_pos.data(), doc, doc_of(cur.doc), B, Tl, Tl, C, NH, ctx);
-      ops::attention_merge(O.data(), L.data(), part_o.data(), part_l.data(), B, Tl, C, NH, ctx);
+      ops::flash_block_fwd(part_o, part_l, qkv, 3 * C, cur.kv, cur.kv + C, 2 * C, q_pos.data(), k_pos.data(), doc,
+                           cur.doc, B, Tl, Tl, C, NH, ctx);
+      ops::attention_merge(O, L, part_o, part_l, B, Tl, C, NH, ctx);
       st.computed++;
     }
     flight.first.wait();
     flight.second.wait();
     if (s + 1 < P) std::swap(cur, next);
   }
-  ops::convert(out, O.data(), int64_t(O.size()), ctx);
-  std::copy(L.begin(), L.end(), lse);
+  ops::convert(out, static_cast<const float*>(O), int64_t(no), ctx);
+  std::copy(L, L + nl, lse);
   return st;
 }
 
@@ -119,38 +137,43 @@ RingStats RingAttention::backward(S* dqkv, const S* dout, const S* qkv, const S*
   const int P = c.size(), r = c.rank(), to = (r + 1) % P, from = (r + P - 1) % P;
   RingStats st;
   const std::vector<int32_t> q_pos = Zigzag{Tl * P, P, r}.positions();
-  const size_t nkv = size_t(B) * Tl * 2 * C;
-  std::vector<float> D(size_t(B) * NH * Tl), dq(size_t(B) * Tl * C, 0.f), dkv(nkv, 0.f), dkv_next(nkv);
-  ops::attention_delta(D.data(), dout, out, B, Tl, C, NH, ctx);
-  KvBlock<S> cur = own_block(qkv, doc, B, Tl, C), next;
+  const size_t nkv = size_t(B) * Tl * 2 * C, ndoc = size_t(B) * Tl, nq = size_t(B) * Tl * C;
+  Scratch sc(arena_);
+  float *D = sc.take<float>(size_t(B) * NH * Tl), *dq = sc.take<float>(nq), *dkv = sc.take<float>(nkv),
+        *dkv_next = sc.take<float>(nkv);
+  std::fill(dq, dq + nq, 0.f);
+  std::fill(dkv, dkv + nkv, 0.f);
+  ops::attention_delta(D, dout, out, B, Tl, C, NH, ctx);
+  KvBlock<S> cur = block_buffers<S>(sc, nkv, ndoc, doc != nullptr);
+  KvBlock<S> next = block_buffers<S>(sc, nkv, ndoc, doc != nullptr);
+  fill_own(cur, qkv, doc, B, Tl, C);
   for (int s = 0; s < P; s++) {
     const int src = (r - s + P) % P;
     std::pair<CommHandle, CommHandle> flight;
-    if (s + 1 < P) flight = pass_on(c, cur, next);
+    if (s + 1 < P) flight = pass_on(c, cur, next, nkv, ndoc);
     const std::vector<int32_t> k_pos = Zigzag{Tl * P, P, src}.positions();
-    if (ops::attention_block_hidden(q_pos.data(), k_pos.data(), doc, doc_of(cur.doc), B, Tl, Tl)) {
+    if (ops::attention_block_hidden(q_pos.data(), k_pos.data(), doc, cur.doc, B, Tl, Tl)) {
       st.skipped++;
     } else {
-      ops::flash_block_bwd(dq.data(), dkv.data(), dkv.data() + C, 2 * C, dout, qkv, 3 * C, cur.kv.data(),
-                           cur.kv.data() + C, 2 * C, lse, D.data(), q_pos.data(), k_pos.data(), doc,
-                           doc_of(cur.doc), B, Tl, Tl, C, NH, ctx);
+      ops::flash_block_bwd(dq, dkv, dkv + C, 2 * C, dout, qkv, 3 * C, cur.kv, cur.kv + C, 2 * C, lse, D, q_pos.data(),
+                           k_pos.data(), doc, cur.doc, B, Tl, Tl, C, NH, ctx);
       st.computed++;
     }
     // The block's gradient goes on with it; after the last step it reaches the block's owner, and this
     // rank receives its own.
-    c.send_recv(dkv.data(), nkv, to, dkv_next.data(), nkv, from, DType::f32, 2);
+    c.send_recv(dkv, nkv, to, dkv_next, nkv, from, DType::f32, 2);
     std::swap(dkv, dkv_next);
     flight.first.wait();
     flight.second.wait();
     if (s + 1 < P) std::swap(cur, next);
   }
   // dqkv = [dq | dk | dv], rounded once.
-  std::vector<float> all(size_t(B) * Tl * 3 * C);
+  float* all = sc.take<float>(size_t(B) * Tl * 3 * C);
   for (int64_t n = 0; n < int64_t(B) * Tl; n++) {
-    std::copy_n(dq.data() + n * C, C, all.data() + n * 3 * C);
-    std::copy_n(dkv.data() + n * 2 * C, 2 * C, all.data() + n * 3 * C + C);
+    std::copy_n(dq + n * C, C, all + n * 3 * C);
+    std::copy_n(dkv + n * 2 * C, 2 * C, all + n * 3 * C + C);
   }
-  ops::convert(dqkv, all.data(), int64_t(all.size()), ctx);
+  ops::convert(dqkv, static_cast<const float*>(all), int64_t(size_t(B) * Tl * 3 * C), ctx);
   return st;
 }
 

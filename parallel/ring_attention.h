@@ -27,7 +27,7 @@
 // width of the rank's heads), as the cp communicator's counters book them:
 //   forward   (C-1) N_l 2W b          + (C-1) N_l 4 (document ids, when masked)
 //   backward  (C-1) N_l 2W b + C N_l 2W 4 + (C-1) N_l 4
-// CPU backend only so far (host buffers; the block kernels have no CUDA twin yet).
+// CPU backend only so far (the block kernels have no CUDA twin yet).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -63,7 +63,9 @@ struct RingStats {
 class RingAttention {
  public:
   RingAttention() = default;  // no context parallelism
-  explicit RingAttention(Comm& cp) : comm_(&cp) {}
+  // `scratch`: the arena the ring's buffers come from (counted as activations while a call runs: two
+  // key/value blocks and the fp32 accumulators); nullptr: an arena of the call's own.
+  explicit RingAttention(Comm& cp, Arena* scratch = nullptr) : comm_(&cp), arena_(scratch) {}
   bool active() const { return comm_ && comm_->size() > 1; }
   int size() const { return comm_ ? comm_->size() : 1; }
   int rank() const { return comm_ ? comm_->rank() : 0; }
@@ -82,6 +84,7 @@ class RingAttention {
 
  private:
   Comm* comm_ = nullptr;
+  Arena* arena_ = nullptr;
 };
 
 }  // namespace mt::parallel

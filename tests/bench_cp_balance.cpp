@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
   omp_set_num_threads(1);
   std::mt19937_64 rng(1);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
-  std::printf("| layout | cp | visible pairs per rank (millions) | max/min pairs | fwd+bwd ms per rank | max/min time |\n");
+  std::printf("| layout | cp | visible pairs per rank (millions) | max/min pairs | fwd+bwd ms per rank |"
+              " max/min time |\n");
   std::printf("|---|---|---|---|---|---|\n");
   for (int cp : {2, 4, 8}) {
     if (T % (2 * cp) != 0) continue;
@@ -85,7 +86,8 @@ int main(int argc, char** argv) {
       }
       std::printf("| %s | %d |", zigzag ? "zigzag" : "contiguous", cp);
       for (int r = 0; r < cp; r++) std::printf(" %.2f", pairs[size_t(r)] / 1e6);
-      std::printf(" | %.2f |", *std::max_element(pairs.begin(), pairs.end()) / *std::min_element(pairs.begin(), pairs.end()));
+      const auto [pmin, pmax] = std::minmax_element(pairs.begin(), pairs.end());
+      std::printf(" | %.2f |", *pmax / *pmin);
       for (int r = 0; r < cp; r++) std::printf(" %.0f", ms[size_t(r)]);
       std::printf(" | %.2f |\n", *std::max_element(ms.begin(), ms.end()) / *std::min_element(ms.begin(), ms.end()));
       std::fflush(stdout);

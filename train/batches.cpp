@@ -75,7 +75,8 @@ class ShardBatches final : public BatchSource {
 // 2 chunks of each row; the position in the data is the inner source's.
 class ZigzagBatches final : public BatchSource {
  public:
-  ZigzagBatches(std::unique_ptr<BatchSource> inner, int cp, int rank) : inner_(std::move(inner)), cp_(cp), rank_(rank) {}
+  ZigzagBatches(std::unique_ptr<BatchSource> inner, int cp, int rank)
+      : inner_(std::move(inner)), cp_(cp), rank_(rank) {}
   void next(HostBatch& b) override {
     inner_->next(full_);
     const parallel::Zigzag z{full_.T, cp_, rank_};

@@ -148,7 +148,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   gpt_->set_ctx(ctx_);
   gpt_->set_recompute(o_.recompute);
   gpt_->set_attention(o_.attention_kind());
-  if (mesh_->cp() > 1) gpt_->set_context_parallel(parallel::RingAttention(mesh_->cp_comm()));
+  if (mesh_->cp() > 1) gpt_->set_context_parallel(parallel::RingAttention(mesh_->cp_comm(), &arena_));
   // Every rank initialises the same full weights, then keeps its shard.
   if (!o_.init_from.empty())
     model::import_hf(*gpt_, store_, o_.init_from);

@@ -195,6 +195,12 @@ uint64_t Loader::num_tokens() const {
   return n;
 }
 
+uint64_t Loader::num_docs() const {
+  uint64_t n = 0;
+  for (const auto& d : datasets_) n += d->num_docs();
+  return n;
+}
+
 uint64_t Loader::num_windows() const {
   uint64_t n = 0;
   for (size_t k = 0; k < datasets_.size(); k++) n += sampler_->num_windows(k);

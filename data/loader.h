@@ -80,6 +80,7 @@ class Loader {
   std::string tokenizer_source() const;
   int32_t eot_token() const { return int32_t(datasets_[0]->eot_token()); }
   uint64_t num_tokens() const;   // all datasets of this split
+  uint64_t num_docs() const;     // documents of all datasets of this split
   uint64_t num_windows() const;  // all datasets; one epoch of a single dataset
   uint64_t position() const;     // global samples consumed so far
   uint64_t epoch() const;        // the epoch of dataset 0's stream the next sample comes from

@@ -104,6 +104,38 @@ template <class S>
 void flash_attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* out, const float* lse,
                          const int32_t* doc, int B, int T, int C, int NH, const Ctx& ctx);
 
+// Block attention (ring attention, parallel/ring_attention.h): a query block (B,Tq) meets a key/value
+// block (B,Tk); each row carries its global position in the sequence (q_pos (Tq), k_pos (Tk), the same
+// for every batch row) and, optionally, its document id (q_doc (B,Tq), k_doc (B,Tk): both or neither).
+// Key j is visible to query i iff k_pos[j] <= q_pos[i] and the document ids are equal. q and k, v are
+// head-major rows of stride ldq and ldkv (head h at column h hs): q may be the Q part of a (B,T,3C)
+// qkv (ldq = 3C), k and v a travelling (B,T,2C) block. The CPU backend only, so far.
+//
+// True when no query of the block can see any key of the other in any batch row (exact, by positions
+// and document ids, O(Tq + Tk) per row): ring attention skips the pair. Host arrays.
+bool attention_block_hidden(const int32_t* q_pos, const int32_t* k_pos, const int32_t* q_doc, const int32_t* k_doc,
+                            int B, int Tq, int Tk);
+// out (B,Tq,C) fp32 = the attention of the queries over this block's visible keys, normalised by the
+// block's own sum; lse (B,NH,Tq) its log-sum-exp. A query with no visible key: out 0, lse -inf.
+template <class S>
+void flash_block_fwd(float* out, float* lse, const S* q, int ldq, const S* k, const S* v, int ldkv,
+                     const int32_t* q_pos, const int32_t* k_pos, const int32_t* q_doc, const int32_t* k_doc, int B,
+                     int Tq, int Tk, int C, int NH, const Ctx& ctx);
+// (out, lse) = the merge of (out, lse) and (part_out, part_lse) in fp32: with L = log(e^lse + e^part),
+// out = e^(lse - L) out + e^(part - L) part_out. A side with lse -inf contributes nothing.
+void attention_merge(float* out, float* lse, const float* part_out, const float* part_lse, int B, int T, int C,
+                     int NH, const Ctx& ctx);
+// delta (B,NH,T) = rowsum(dout * out) per head: FlashAttention-2's D, from the final output.
+template <class S>
+void attention_delta(float* delta, const S* dout, const S* out, int B, int T, int C, int NH, const Ctx& ctx);
+// Backward of one block pair with the FINAL lse and delta of the queries: dq (B,Tq,C) += ...,
+// dk, dv (B,Tk, row stride lddkv) += ..., all fp32 (ACCUMULATED over the pairs a rank computes).
+template <class S>
+void flash_block_bwd(float* dq, float* dk, float* dv, int lddkv, const S* dout, const S* q, int ldq, const S* k,
+                     const S* v, int ldkv, const float* lse, const float* delta, const int32_t* q_pos,
+                     const int32_t* k_pos, const int32_t* q_doc, const int32_t* k_doc, int B, int Tq, int Tk, int C,
+                     int NH, const Ctx& ctx);
+
 // out = a + b (out may alias a or b).
 template <class S>
 void add(S* out, const S* a, const S* b, int64_t N, const Ctx& ctx);

@@ -229,6 +229,7 @@ void GPT::check_batch(const MicroBatch& mb) const {
   if (mb.T > cfg_.block_size)
     fail("sequence length %d is longer than the model's context (model.block_size = %d)", mb.T, cfg_.block_size);
   MT_CHECK(mb.tokens != nullptr, "micro-batch without tokens");
+  MT_CHECK(!cp_.active() || mb.positions, "context parallelism: a micro-batch without its global positions");
   const int64_t n = int64_t(mb.B) * mb.T;
   if (tp_.splits_sequence() && n % tp_.size() != 0)
     fail("sequence parallelism: the rows of a micro-batch, B %d x T %d, must be divisible by --tp %d", mb.B, mb.T,

@@ -12,6 +12,9 @@
 // Attention (Attention): `materialized` keeps the (B,NH,T,T) probabilities (subject to Recompute);
 // `flash` never forms them: an online-softmax kernel keeps only each query's log-sum-exp and backward
 // recomputes the probabilities tile by tile (Dao et al. 2022), so selective recompute is implied.
+// Context parallelism (parallel/ring_attention.h): a micro-batch holds this rank's T/cp zigzag rows of
+// each sequence, with their positions and document ids, and the flash path's attention is ring
+// attention over the cp group; everything else in a layer is per token and runs unchanged.
 //
 // Storage: activations and the weights forward/backward read have the store's compute dtype (fp32,
 // bf16 or fp16) on both backends; the model converts each unit's fp32 compute weights into a typed
@@ -35,6 +38,7 @@
 
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "parallel/ring_attention.h"
 #include "parallel/tensor_parallel.h"
 #include "runtime/arena.h"
 #include "runtime/param_store.h"
@@ -159,6 +163,9 @@ class GPT {
   void set_recompute(Recompute r) { recompute_ = r; }
   Recompute recompute() const { return recompute_; }
   void set_attention(Attention a) { attention_ = a; }
+  // Context parallelism: attention runs as ring attention over `cp` (flash only; micro-batches must
+  // carry their positions). Default: none.
+  void set_context_parallel(const parallel::RingAttention& cp) { cp_ = cp; }
   Attention attention() const { return attention_; }
   // Parameter units, in the order of the flat buffers: the embeddings (wte, wpe; under pipeline
   // parallelism wte alone, on the first and the last stage, and wpe as "positions" on the first),
@@ -215,6 +222,7 @@ class GPT {
   GPTConfig cfg_;
   ParamStore& store_;
   parallel::TensorParallel tp_;
+  parallel::RingAttention cp_;
   StagePlan plan_;
   std::vector<LayerParams> layers_;  // by global layer index (entries of layers not held are -1)
   std::vector<int> layer_units_;     // by global layer index; -1 when not held

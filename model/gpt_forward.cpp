@@ -70,7 +70,8 @@ void Pass<S>::layer_forward(int l, const S* x, S* x_next, LayerActs& a, Workspac
   ops::layernorm_fwd(p(a.ln1), a.ln1_mean.f32(), a.ln1_rstd.f32(), x, w(lp.ln1_w), w(lp.ln1_b), Ns, C, c_);
   const S* ln1 = gathered(ws.ln_all, p(a.ln1));
   ops::matmul_fwd(p(a.qkv), ln1, w(lp.qkv_w), w(lp.qkv_b), N, C, 3 * Cl, c_);
-  if (flash_) ops::flash_attention_fwd(p(a.atty), a.lse.f32(), p(a.qkv), doc, B_, T_, Cl, NHl_, c_);
+  if (cp_.active()) cp_.forward(p(a.atty), a.lse.f32(), p(a.qkv), doc, B_, T_, Cl, NHl_, c_);
+  else if (flash_) ops::flash_attention_fwd(p(a.atty), a.lse.f32(), p(a.qkv), doc, B_, T_, Cl, NHl_, c_);
   else ops::attention_fwd(p(a.atty), p(a.att), p(a.qkv), doc, B_, T_, Cl, NHl_, c_);
   ops::matmul_fwd(partial_out(ws, x_next), p(a.atty), w(lp.proj_w), bias_once(lp.proj_b), N, Cl, C, c_);
   sum_partial(x_next, ws);
@@ -132,7 +133,9 @@ void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& 
   dx_all = gathered(ws.dx_all, dx);
   if (defer) keep(defer->d_attn_out, dx_all, all_rows_elems());
   ops::matmul_bwd(p(ws.datty), gw(lp.proj_w), gw(lp.proj_b), dx_all, p(a.atty), w(lp.proj_w), N, Cl, C, c_);
-  if (flash_) {
+  if (cp_.active()) {
+    cp_.backward(dqkv, p(ws.datty), p(a.qkv), p(a.atty), a.lse.f32(), doc, B_, T_, Cl, NHl_, c_);
+  } else if (flash_) {
     ops::flash_attention_bwd(dqkv, ws.att_scratch.f32(), p(ws.datty), p(a.qkv), p(a.atty), a.lse.f32(), doc, B_, T_,
                              Cl, NHl_, c_);
   } else {

@@ -89,7 +89,9 @@ class Pass {
   Pass(GPT& m, const MicroBatch& mb)
       : m_(m), s_(m.store_), ar_(*m.arena_), c_(m.ctx_), mb_(mb), tp_(m.tp_), B_(mb.B), T_(mb.T), C_(m.cfg_.n_embd),
         NH_(m.cfg_.n_head), N_(mb.B * mb.T), P_(tp_.size()), Ns_(int(tp_.own_rows(N_))), Cl_(C_ / P_),
-        NHl_(NH_ / P_), NC_(int64_t(Ns_) * C_), flash_(m.attention_ == Attention::flash) {}
+        NHl_(NH_ / P_), NC_(int64_t(Ns_) * C_), flash_(m.attention_ == Attention::flash), cp_(m.cp_) {
+    MT_CHECK(flash_ || !cp_.active(), "context parallelism needs attention=flash (ring attention)");
+  }
 
   // Forward of the stage `st` describes (set up by GPT::forward_chunk): from `input` (stage 0: the
   // tokens) to its output, or on the last stage to the losses (train: and the gradient of lnf).
@@ -198,6 +200,7 @@ class Pass {
   // Set by backward: a layer forward run there (full recompute) leaves the routing statistics alone.
   bool in_backward_ = false;
   float dloss_ = 0;  // the pass's loss weight (the load-balancing and z-losses are weighted alike)
+  const parallel::RingAttention& cp_;  // context parallelism: attention over the cp ring
 };
 
 

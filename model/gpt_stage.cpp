@@ -110,7 +110,7 @@ void Pass<S>::forward(StageState& st, Buffer input, GPT::Mode mode, float* last_
   const auto t_start = clock_type::now();
   const int n = st.l1 - st.l0;
   dloss_ = st.dloss;
-  MT_CHECK(mode != GPT::Mode::last_logits || !tp_.active(), "sampling runs on one rank (tp = 1)");
+  MT_CHECK(mode != GPT::Mode::last_logits || (!tp_.active() && !cp_.active()), "sampling runs on one rank (tp = cp = 1)");
   if (st.train && m_.phase_hook_) m_.phase_hook_("forward");
   device_inputs(st);
   st.xs.resize(size_t(n) + 1);  // residual stream: xs[i] is layer l0 + i's input

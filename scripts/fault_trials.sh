@@ -6,13 +6,16 @@
 # kind is printed at the end, and the exit status is 1 if anything else happened
 # (tests/integration/fault_campaign.sh says what each kind expects).
 # Usage: scripts/fault_trials.sh [--trials N] [--seed S] [--keep DIR]   (default 4 trials, seed from the clock)
-#        scripts/fault_trials.sh --kills-only N [seed]   kill and ENOSPC trials only (tests/integration/fault_test.sh)
+#        scripts/fault_trials.sh --kills-only N [seed] [--np R layout flags...]   kill and ENOSPC trials only
+#          (tests/integration/fault_test.sh), e.g. on all four dimensions:
+#          scripts/fault_trials.sh --kills-only 10 7 --np 16 --tp 2 --cp 2 --pp 2 data.doc_mask=true
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/deps.sh"
 "$root/scripts/build.sh"
 mt="${MT_BUILD_DIR:-$root/build}/minitrain"
 if [[ ${1:-} == --kills-only ]]; then
-  exec bash "$root/tests/integration/fault_test.sh" "$mt" "$root/scripts/supervise" "${2:-10}" "${3:-$(date +%s)}"
+  exec bash "$root/tests/integration/fault_test.sh" "$mt" "$root/scripts/supervise" "${2:-10}" "${3:-$(date +%s)}" \
+    "${@:4}"
 fi
 exec bash "$root/tests/integration/fault_campaign.sh" "$mt" "$root/scripts/supervise" "$@"

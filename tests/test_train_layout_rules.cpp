@@ -1,7 +1,7 @@
 // The layout rules: a tensor-parallel layout the model cannot be split for, a world that is not the
 // product of the flags, sequence parallelism without tensor parallelism, rows that do not split over
-// the sequence-parallel ranks: each fails with one line naming the flag and the numbers, before
-// anything is written.
+// the sequence-parallel ranks, a sequence that does not cut into 2 cp chunks, cp with materialized
+// attention: each fails with one line naming the flag and the numbers, before anything is written.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -50,6 +50,14 @@ TEST(LayoutRules, EachBadLayoutNamesItsFlagAndNumbers) {
   expect_error([] { parse_train_options(tiny({"--tp", "0"})); }, "parallel.tp");
   expect_error([] { parse_train_options(tiny({"--pp", "3"})); }, "--pp 3", "2 layers");
   expect_error([] { parse_train_options(tiny({"tp.sp=maybe"})); }, "tp.sp");
+  // Context parallelism: 2 cp chunks per sequence, ring attention (flash) on the CPU.
+  expect_error([] { parse_train_options(tiny({"--cp", "2", "seq_len=14", "model.block_size=16"})); },
+               "--cp 2: seq_len 14 must be divisible by 2 x cp = 4");
+  expect_error([] { parse_train_options(tiny({"--cp", "4", "seq_len=12"})); }, "--cp 4", "2 x cp = 8");
+  expect_error([] { parse_train_options(tiny({"--cp", "2", "attention=materialized"})); },
+               "--cp 2 needs attention=flash");
+  EXPECT_NO_THROW(parse_train_options(tiny({"--cp", "4"})));  // 16 = 2 x 4 x 2; attention auto -> flash
+  EXPECT_EQ(parse_train_options(tiny({"--cp", "2"})).attention_kind(), model::Attention::flash);
   // Rows that do not split are fine without sequence parallelism.
   EXPECT_NO_THROW(parse_train_options(tiny({"--tp", "2", "batch_size=1", "seq_len=15", "tp.sp=false"})));
   EXPECT_NO_THROW(parse_train_options(tiny({"--tp", "4"})));

@@ -29,6 +29,9 @@ TEST(RunPlan, NamesLayoutBatchAndOutputs) {
   p.data = "data/x";
   p.data_tokens = 102400;
   EXPECT_TRUE(has(format_run_plan(p), "data/x: 102.40k tokens; these steps read 0.50 epochs of it")) << format_run_plan(p);
+  p.data_docs = 1500;
+  EXPECT_TRUE(has(format_run_plan(p), "data/x: 102.40k tokens in 1.50k documents; these steps read 0.50 epochs"))
+      << format_run_plan(p);
   EXPECT_FALSE(has(format_run_plan(p), "memory")) << "nothing allocated: no memory line";
   p.memory[int(MemCategory::params)] = 2 << 20;
   p.memory[int(MemCategory::optimizer)] = 4 << 20;

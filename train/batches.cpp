@@ -3,6 +3,7 @@
 #include <random>
 
 #include "data/loader.h"
+#include "parallel/ring_attention.h"
 #include "runtime/check.h"
 
 namespace mt::train {
@@ -63,9 +64,55 @@ class ShardBatches final : public BatchSource {
   std::string tokenizer_fingerprint() const override { return loader_.tokenizer_fingerprint(); }
   std::string tokenizer_source() const override { return loader_.tokenizer_source(); }
   uint64_t num_tokens() const override { return loader_.num_tokens(); }
+  uint64_t num_docs() const override { return loader_.num_docs(); }
 
  private:
   data::Loader loader_;
+};
+
+// Context parallelism: this rank's zigzag rows of every batch of `inner` (parallel/ring_attention.h),
+// with their positions (the loader's, which restart at each document, or the index in the sequence)
+// and document ids. Every rank of a cp group reads the same batches (the same dp rank) and keeps its
+// 2 chunks of each row; the position in the data is the inner source's.
+class ZigzagBatches final : public BatchSource {
+ public:
+  ZigzagBatches(std::unique_ptr<BatchSource> inner, int cp, int rank)
+      : inner_(std::move(inner)), cp_(cp), rank_(rank) {}
+  void next(HostBatch& b) override {
+    inner_->next(full_);
+    const parallel::Zigzag z{full_.T, cp_, rank_};
+    Zigzag::check(full_.T, cp_);
+    const int B = full_.B, Tl = z.local_len();
+    b.resize(B, Tl, true);
+    z.take(b.inputs.data(), full_.inputs.data(), B, 1);
+    z.take(b.targets.data(), full_.targets.data(), B, 1);
+    if (full_.positions.empty()) {
+      for (int r = 0; r < B; r++)
+        for (int t = 0; t < Tl; t++) b.positions[size_t(r) * size_t(Tl) + size_t(t)] = z.position(t);
+    } else {
+      z.take(b.positions.data(), full_.positions.data(), B, 1);
+    }
+    if (full_.doc_ids.empty()) b.doc_ids.clear();
+    else z.take(b.doc_ids.data(), full_.doc_ids.data(), B, 1);
+    b.row_dataset = full_.row_dataset;
+    b.row_epoch = full_.row_epoch;
+    b.row_window = full_.row_window;
+  }
+  nlohmann::json state() const override { return inner_->state(); }
+  void restore(const nlohmann::json& s) override { inner_->restore(s); }
+  double wait_seconds() const override { return inner_->wait_seconds(); }
+  int vocab_size() const override { return inner_->vocab_size(); }
+  void rewind() override { inner_->rewind(); }
+  std::string tokenizer_fingerprint() const override { return inner_->tokenizer_fingerprint(); }
+  std::string tokenizer_source() const override { return inner_->tokenizer_source(); }
+  uint64_t num_tokens() const override { return inner_->num_tokens(); }
+  uint64_t num_docs() const override { return inner_->num_docs(); }
+
+ private:
+  using Zigzag = parallel::Zigzag;
+  std::unique_ptr<BatchSource> inner_;
+  int cp_, rank_;
+  HostBatch full_;
 };
 
 }  // namespace
@@ -102,6 +149,11 @@ void check_same_tokenizer(const TrainOptions& o, const BatchSource& train, const
        "differently: validation data must share the training data's tokenizer",
        o.data.val_path.empty() ? "the validation split" : "data.val_path", val.tokenizer_source().c_str(), b.c_str(),
        train.tokenizer_source().c_str(), a.c_str());
+}
+
+std::unique_ptr<BatchSource> zigzag_batches(std::unique_ptr<BatchSource> inner, int cp, int cp_rank) {
+  if (cp == 1) return inner;
+  return std::make_unique<ZigzagBatches>(std::move(inner), cp, cp_rank);
 }
 
 }  // namespace mt::train

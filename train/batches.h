@@ -30,11 +30,16 @@ class BatchSource {
   virtual std::string tokenizer_fingerprint() const { return ""; }
   virtual std::string tokenizer_source() const { return ""; }
   virtual uint64_t num_tokens() const { return 0; }  // tokens in the data (0: endless, synthetic)
+  virtual uint64_t num_docs() const { return 0; }    // documents in it (0: not known)
 };
 
 // Opens the training (split = "train") or validation ("val") stream described by the options, for
 // data-parallel rank `dp_rank` of `dp_size`. Fails naming the file on any problem.
 std::unique_ptr<BatchSource> open_batches(const TrainOptions& o, const std::string& split, int dp_rank, int dp_size);
+
+// Context parallelism (--cp): the rows of `inner` each cp rank holds, T/cp tokens each (its 2 zigzag
+// chunks), with global positions and document ids (parallel/ring_attention.h). cp = 1: `inner` itself.
+std::unique_ptr<BatchSource> zigzag_batches(std::unique_ptr<BatchSource> inner, int cp, int cp_rank);
 
 // Fails, naming both datasets and fingerprints, when the validation data records another tokenizer
 // than the training data.

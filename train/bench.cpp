@@ -96,9 +96,14 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
       std::fprintf(stderr, "bench: step %d/%d %.3f s%s\n", i + 1, o.steps, r.t_total, i < warmup ? " (warm-up)" : "");
   }
   // Bytes each group sent in the last step (before the blocking measurement below adds its own).
-  parallel::Comm& dp = tr.mesh().dp_comm();
+  // The gradient group: dp, or cp x dp under context parallelism (its replicas reduce together).
+  const parallel::Mesh& mesh = tr.mesh();
+  parallel::Comm& dp = mesh.cp() > 1 ? mesh.cp_dp_comm() : mesh.dp_comm();
+  const char* dp_name = mesh.cp() > 1 ? "cp x dp" : "dp";
   const parallel::CommCounters dp_bytes = tr.group_counters(parallel::MeshDim::dp);
   const parallel::CommCounters tp_bytes = tr.group_counters(parallel::MeshDim::tp);
+  const parallel::CommCounters pp_bytes = tr.group_counters(parallel::MeshDim::pp);
+  const parallel::CommCounters cp_bytes = tr.group_counters(parallel::MeshDim::cp);
   // Without overlap: the same gradient reduction, blocking, after everything else has finished.
   std::vector<double> waits, blocking;
   for (const StepResult& r : rs) waits.push_back(r.t_grad_wait);
@@ -176,13 +181,15 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
     }
     std::printf("| %-22s | %s |\n", (std::string("bytes/step/rank ") + group).c_str(), cells.empty() ? "0" : cells.c_str());
   };
-  if (dp.size() > 1) bytes_row("dp", dp_bytes);
-  if (tr.mesh().tp() > 1) bytes_row("tp", tp_bytes);
+  if (dp.size() > 1) bytes_row(dp_name, dp_bytes);
+  if (mesh.tp() > 1) bytes_row("tp", tp_bytes);
+  if (mesh.pp() > 1) bytes_row("pp", pp_bytes);
+  if (mesh.cp() > 1) bytes_row("cp", cp_bytes);  // ring attention
   if (dp.size() > 1) {
     std::sort(waits.begin(), waits.end());
     std::sort(blocking.begin(), blocking.end());
-    std::printf("| %-22s | dp=%d zero=%d: %.1f ms exposed after backward (median) |\n", "grad comm wait", dp.size(),
-                o.parallel.zero, 1e3 * waits[waits.size() / 2]);
+    std::printf("| %-22s | %s=%d zero=%d: %.1f ms exposed after backward (median) |\n", "grad comm wait", dp_name,
+                dp.size(), o.parallel.zero, 1e3 * waits[waits.size() / 2]);
     std::printf("| %-22s | %.1f ms for the same reduction with nothing to overlap (median of 3) |\n",
                 "grad comm blocking", 1e3 * blocking[1]);
   }

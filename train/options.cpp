@@ -10,6 +10,7 @@
 
 #include "checkpoint/checkpointer.h"
 #include "parallel/pipeline_schedule.h"
+#include "parallel/ring_attention.h"
 #include "runtime/check.h"
 #include "train/pipeline.h"
 
@@ -97,7 +98,7 @@ const std::vector<OptionEntry>& option_table() {
       {"parallel.dp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.dp = parse_int(k, v); }, "parallel", "data-parallel ranks (0: world size / (tp x pp x cp)); also dp=, --dp"},
       {"parallel.tp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.tp = parse_int(k, v); }, "parallel", "tensor-parallel ranks; also tp=, --tp"},
       {"parallel.pp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp = parse_int(k, v); }, "parallel", "pipeline stages; also pp=, --pp"},
-      {"parallel.cp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.cp = parse_int(k, v); }, "parallel", "context-parallel ranks (not implemented: 1); also cp=, --cp"},
+      {"parallel.cp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.cp = parse_int(k, v); }, "parallel", "context-parallel ranks: ring attention over zigzag chunks of each sequence (seq_len % 2 cp == 0; CPU, attention=flash); also cp=, --cp"},
       {"parallel.sp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sp = v == "auto" ? -1 : int(to_bool(k, v)); }, "parallel", "sequence parallelism with tp: auto | true | false"},
       {"tp.sp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sp = v == "auto" ? -1 : int(to_bool(k, v)); }, "parallel", "same as parallel.sp"},
       {"parallel.zero", [](TrainOptions& o, auto& k, auto& v) { o.parallel.zero = parse_int(k, v); }, "parallel", "ZeRO stage 0-3 (shard optimizer, gradients, parameters); also zero="},
@@ -329,13 +330,25 @@ void TrainOptions::validate() const {
                               model.moe.experts, parallel.tp);
     if (parallel.pp > 1) fail("moe.experts=%d with --pp %d: pipeline parallelism of mixture layers is not implemented yet",
                               model.moe.experts, parallel.pp);
+    // The routing statistics are summed over dp; under cp each replica's tokens are spread over cp too.
+    if (parallel.cp > 1) fail("moe.experts=%d with --cp %d: context parallelism of mixture layers is not implemented yet",
+                              model.moe.experts, parallel.cp);
   }
   if (seq_len > model.block_size)
     fail("seq_len %d is longer than the model's context (model.block_size = %d)", seq_len, model.block_size);
   if (!data.mix.empty() && !data.path.empty())
     fail("data.path=%s and data.mix=%s are both set: data.mix names every training dataset (drop data.path, or "
          "add it to the mix)", data.path.c_str(), data.mix.c_str());
-  if (parallel.cp != 1) fail("--cp %d: context parallelism is not implemented yet (cp = 1)", parallel.cp);
+  if (parallel.cp > 1) {
+    // Context parallelism: ring attention (parallel/ring_attention.h) over zigzag chunks of the sequence.
+    parallel::Zigzag::check(seq_len, parallel.cp);
+    if (attention_kind() != model::Attention::flash)
+      fail("--cp %d needs attention=flash (or auto): ring attention merges flash blocks by their log-sum-exp, and "
+           "attention=materialized would keep the whole T x T probabilities on every rank", parallel.cp);
+    if (device == Device::cuda)
+      fail("--cp %d runs on the CPU backend only so far (ring attention's block kernels have no CUDA twin): drop "
+           "--device cuda", parallel.cp);
+  }
   check_pipeline_options(*this);
   if (parallel.tp == 1 && parallel.sp == 1)
     fail("tp.sp=true needs tensor parallelism: sequence parallelism splits the sequence over --tp ranks (got --tp 1)");
@@ -389,7 +402,9 @@ nlohmann::json TrainOptions::to_json() const {
 }
 
 model::Attention TrainOptions::attention_kind() const {
-  if (attention == "auto") return device == Device::cuda ? model::Attention::flash : model::Attention::materialized;
+  // auto: flash on cuda and under context parallelism (ring attention), materialized on the CPU otherwise.
+  if (attention == "auto")
+    return device == Device::cuda || parallel.cp > 1 ? model::Attention::flash : model::Attention::materialized;
   return model::attention_from_name(attention);
 }
 

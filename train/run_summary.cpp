@@ -42,8 +42,10 @@ std::string format_run_plan(const RunPlan& p) {
               count(p.flops_per_token * double(p.global_tokens()) * (p.steps - p.first_step)).c_str());
   const double run_tokens = double(p.global_tokens()) * (p.steps - p.first_step);
   if (p.data_tokens > 0)
-    s += strfmt("  data       %s: %s tokens; these steps read %.2f epochs of it\n", p.data.c_str(),
-                count(double(p.data_tokens)).c_str(), run_tokens / double(p.data_tokens));
+    s += strfmt("  data       %s: %s tokens%s; these steps read %.2f epochs of it\n", p.data.c_str(),
+                count(double(p.data_tokens)).c_str(),
+                p.data_docs ? strfmt(" in %s documents", count(double(p.data_docs)).c_str()).c_str() : "",
+                run_tokens / double(p.data_tokens));
   else
     s += strfmt("  data       %s\n", p.data.empty() ? "(none)" : p.data.c_str());
   s += strfmt("  precision  %s, recompute %s, attention %s\n", p.precision.c_str(), p.recompute.c_str(),

@@ -34,6 +34,7 @@ struct RunPlan {
   std::string precision, recompute, attention, device;
   std::string data;             // data.path or data.mix
   uint64_t data_tokens = 0;     // tokens in the training data (0: endless, synthetic)
+  uint64_t data_docs = 0;       // documents in it (0: not known)
   std::array<size_t, kNumMemCategories> memory{};  // rank 0's memory allocated before the first step
   double peak_flops = 0;        // per rank, for MFU
   std::string peak_label;

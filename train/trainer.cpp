@@ -73,6 +73,9 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   mesh_ = std::make_unique<parallel::Mesh>(parallel::resolve_layout(layout, world_.size()), world_,
                                            arena_.device() == Device::cpu ? &arena_ : nullptr);
   parallel::Comm& dp = mesh_->dp_comm();
+  // The ranks that hold replicas of the same parameters and reduce their gradients together: dp, or
+  // dp x cp under context parallelism (the cp ranks of a replica see different tokens of its rows).
+  parallel::Comm& reps = replicas();
   ckpt_opts_.dir = o_.ckpt.dir.empty() ? (std::filesystem::path(o_.out_dir) / "checkpoints").string() : o_.ckpt.dir;
   ckpt_opts_.keep = o_.ckpt.keep;
   ckpt_opts_.async = o_.ckpt.async;
@@ -106,12 +109,14 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
 #endif
     ctx_.timer = op_timer_.get();
   }
-  train_data_ = open_batches(o_, "train", dp.rank(), dp.size());
+  // The cp ranks of a dp replica read the same rows and keep their zigzag chunks of them.
+  const int cp_rank = mesh_->coord(parallel::MeshDim::cp);
+  train_data_ = zigzag_batches(open_batches(o_, "train", dp.rank(), dp.size()), mesh_->cp(), cp_rank);
   if (train_data_->vocab_size() > o_.model.vocab_size)
     fail("data '%s' uses a vocabulary of %d tokens but model.vocab_size is %d",
          (o_.data.mix.empty() ? o_.data.path : o_.data.mix).c_str(), train_data_->vocab_size(), o_.model.vocab_size);
   if (o_.eval_every > 0) {
-    val_data_ = open_batches(o_, "val", dp.rank(), dp.size());
+    val_data_ = zigzag_batches(open_batches(o_, "val", dp.rank(), dp.size()), mesh_->cp(), cp_rank);
     if (val_data_->vocab_size() > o_.model.vocab_size)
       fail("validation data '%s' uses a vocabulary of %d tokens but model.vocab_size is %d",
            (o_.data.val_path.empty() ? o_.data.path : o_.data.val_path).c_str(), val_data_->vocab_size(),
@@ -138,11 +143,12 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   // Pipeline parallelism: this rank registers and runs only its stages' layers (train/pipeline.h).
   const model::StagePlan plan = mesh_->pp() > 1 ? stage_plan(o_, mesh_->coord(parallel::MeshDim::pp)) : model::StagePlan();
   gpt_ = std::make_unique<model::GPT>(o_.model, store_, tp_, plan);
-  store_.finalize(arena_, o_.precision, dp.size(), parallel::storage_for_zero(o_.parallel.zero));
+  store_.finalize(arena_, o_.precision, reps.size(), parallel::storage_for_zero(o_.parallel.zero));
   gpt_->set_arena(&arena_);
   gpt_->set_ctx(ctx_);
   gpt_->set_recompute(o_.recompute);
   gpt_->set_attention(o_.attention_kind());
+  if (mesh_->cp() > 1) gpt_->set_context_parallel(parallel::RingAttention(mesh_->cp_comm(), &arena_));
   // Every rank initialises the same full weights, then keeps its shard.
   if (!o_.init_from.empty())
     model::import_hf(*gpt_, store_, o_.init_from);
@@ -158,7 +164,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   if (o_.device == Device::cuda && (dp.size() > 1 || o_.parallel.zero != 0))
     dp_device_comm_ = std::make_unique<parallel::NcclComm>(dp, static_cast<cudaStream_t>(ctx_.stream), "dp.nccl");
 #endif
-  dp_ = std::make_unique<parallel::DataParallel>(store_, dp, arena_, dpo, ctx_, dp_device_comm_.get());
+  dp_ = std::make_unique<parallel::DataParallel>(store_, reps, arena_, dpo, ctx_, dp_device_comm_.get());
   if (tp_.active()) {
     // Partial gradients (sequence-parallel LayerNorms, positions) are summed over tp, then reduced
     // over dp.
@@ -201,14 +207,15 @@ parallel::CommCounters Trainer::group_counters(parallel::MeshDim d) const {
   const parallel::Comm* device = d == parallel::MeshDim::dp ? dp_device_comm_.get()
                                  : d == parallel::MeshDim::tp ? tp_device_comm_.get()
                                                               : nullptr;
-  parallel::CommCounters c = mesh_->comm(d).counters();
+  parallel::CommCounters c = d == parallel::MeshDim::dp ? replicas().counters() : mesh_->comm(d).counters();
   if (device) c += device->counters();
   return c;
 }
 
 void Trainer::reset_group_counters() {
   for (parallel::Comm* c :
-       {&mesh_->dp_comm(), &mesh_->tp_comm(), &mesh_->pp_comm(), dp_device_comm_.get(), tp_device_comm_.get()})
+       {&mesh_->dp_comm(), &mesh_->tp_comm(), &mesh_->pp_comm(), &mesh_->cp_comm(), &mesh_->cp_dp_comm(),
+        dp_device_comm_.get(), tp_device_comm_.get()})
     if (c) c->reset_counters();
 }
 
@@ -217,7 +224,7 @@ void Trainer::reset_group_counters() {
 // against the whole batch's; several: each rank's own gradient against the reduced one.
 void Trainer::update_noise_scale(StepResult& r, double first_sum_sq, double inv_scale, int32_t valid,
                                  int32_t valid_local) {
-  parallel::Comm& dp = mesh_->dp_comm();
+  parallel::Comm& dp = replicas();
   if (noise_scale_from_micro()) {
     const int valid0 = valid_targets(micro_[0]);
     const double to_mean = double(valid) / double(valid0) * inv_scale;
@@ -248,7 +255,7 @@ std::vector<char> Trainer::counted_entries() const {
 
 StepResult Trainer::step() {
   StepResult r;
-  parallel::Comm& dp = mesh_->dp_comm();
+  parallel::Comm& dp = replicas();  // every token once: the dp replicas' rows, each cut over cp
   const auto t0 = clock_type::now();
   const double wait0 = train_data_->wait_seconds();
   int32_t valid_local = 0;
@@ -360,7 +367,7 @@ double Trainer::evaluate() {
     sum += pipeline_ ? pipeline_->forward_loss(b) : gpt_->forward_loss(view(b));
     valid += valid_targets(b);
   }
-  parallel::Comm& dp = mesh_->dp_comm();
+  parallel::Comm& dp = replicas();
   dp.all_reduce(&valid, 1, DType::i32, parallel::ReduceOp::sum);
   sum = parallel::all_reduce_sum_double(dp, sum);
   if (pipeline_) sum = parallel::all_reduce_sum_double(mesh_->pp_comm(), sum);  // the last stage's
@@ -377,7 +384,7 @@ void Trainer::check_replicas() {
   // What every data-parallel replica must hold identically: the full compute parameters (stages
   // 0-2; ZeRO-3 replicates nothing across dp, so there is nothing to compare).
   if (o_.parallel.zero == 3) return;
-  parallel::Comm& dp = mesh_->dp_comm();
+  parallel::Comm& dp = replicas();
   if (dp.size() == 1) return;  // one replica: nothing to compare
   const size_t bytes = store_.compute_bytes(store_.total_numel());
   std::vector<unsigned char> host;  // the parameters as host bytes (downloaded from a device)
@@ -410,7 +417,8 @@ void Trainer::check_replicas() {
     throw parallel::CollectiveError(strfmt(
         "silent data corruption check failed after step %d: the parameters of data-parallel rank %d (world rank "
         "%d) differ from the other replicas",
-        step_, bad[0], mesh_->group_ranks(parallel::MeshDim::dp)[size_t(bad[0])]));
+        step_, bad[0],
+        (mesh_->cp() > 1 ? mesh_->cp_dp_group_ranks() : mesh_->group_ranks(parallel::MeshDim::dp))[size_t(bad[0])]));
 }
 
 }  // namespace mt::train

@@ -100,7 +100,8 @@ class Trainer {
   const TrainOptions& options() const { return o_; }
   parallel::Mesh& mesh() { return *mesh_; }
   // What a group's ranks exchanged since the step began (its host communicator and, on GPUs, the
-  // NCCL one beside it): the dp and tp groups so far.
+  // NCCL one beside it): the dp and tp groups so far; under context parallelism `dp` is the cp x dp
+  // group the gradients are reduced over, and `cp` the ring attention's traffic.
   parallel::CommCounters group_counters(parallel::MeshDim d) const;
   parallel::DataParallel& data_parallel() { return *dp_; }
   const NoiseScale& noise_scale() const { return gns_; }
@@ -111,7 +112,10 @@ class Trainer {
   void set_batch_hook(std::function<void(size_t, HostBatch&)> hook) { batch_hook_ = std::move(hook); }
 
  private:
-  void check_replicas();  // silent-data-corruption check across dp replicas
+  void check_replicas();  // silent-data-corruption check across dp (x cp) replicas
+  // The ranks holding replicas of this rank's parameters: the dp group, or the cp x dp group under
+  // context parallelism (gradients, loss, token counts and ZeRO shards are over it).
+  parallel::Comm& replicas() const { return mesh_->cp() > 1 ? mesh_->cp_dp_comm() : mesh_->dp_comm(); }
   // Whole tensors of a vector in the optimizer's shard layout (master weights or gradients).
   std::vector<std::vector<float>> global_tensors(const float* shard);
   // After a step of a mixture-of-experts model: sums the routing statistics over dp, updates the
@@ -147,11 +151,11 @@ class Trainer {
   void arm_fault_injection();
   void check_fault_fired();
   // With one rank, the noise scale compares the first micro-batch's gradient with the whole batch's.
-  // (Not under tensor parallelism: there the first micro-batch's sequence-parallel gradients are still
-  // partial sums over tp.)
+  // (Not under tensor or context parallelism: there the first micro-batch's gradients are still partial
+  // sums over tp or cp.)
   bool noise_scale_from_micro() const {
     return mesh_->dp_comm().size() == 1 && micro_.size() > 1 && store_.full_grads() && !tp_.active() &&
-           mesh_->pp() == 1;
+           mesh_->pp() == 1 && mesh_->cp() == 1;
   }
   void update_noise_scale(StepResult& r, double first_sum_sq, double inv_scale, int32_t valid, int32_t valid_local);
   void fault(const char* phase) { checkpoint::fault_point(ckpt_opts_, world_.rank(), step_ + 1, phase); }

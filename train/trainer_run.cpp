@@ -79,10 +79,11 @@ void Trainer::run() {
   const double flops_tok = o_.model.flops_per_token(o_.seq_len);
   const double hw_flops_tok = hardware_flops_per_token(o_.model, o_.seq_len, o_.recompute, o_.attention_kind(), o_.device);
   const double world_peak = peak.flops * world_.size();
-  parallel::Comm& dp = mesh_->dp_comm();
   if (writer) {
-    std::fputs(format_run_plan(make_run_plan(o_, *mesh_, peak, flops_tok, step_, ckpt_opts_.dir,
-                                               train_data_ ? train_data_->num_tokens() : 0, arena_.stats())).c_str(), stderr);
+    RunPlan plan = make_run_plan(o_, *mesh_, peak, flops_tok, step_, ckpt_opts_.dir,
+                                 train_data_ ? train_data_->num_tokens() : 0, arena_.stats());
+    plan.data_docs = train_data_ ? train_data_->num_docs() : 0;
+    std::fputs(format_run_plan(plan).c_str(), stderr);
     log.write({{"event", "start"}, {"config", o_.to_json()}, {"params", o_.model.num_params()},
                {"active_params", o_.model.num_active_params()},
                {"world_size", world_.size()}, {"flops_per_token", flops_tok}, {"peak_flops_per_rank", peak.flops},
@@ -111,8 +112,9 @@ void Trainer::run() {
     totals.add_step(step_, r, mfu, hfu, arena_.stats());
     j["grad_norm"] = std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json();
     if (scaler_.enabled()) j["loss_scale"] = scaler_.scale();
-    if (dp.size() > 1) j["comm_dp"] = comm_json(group_counters(parallel::MeshDim::dp));
+    if (replicas().size() > 1) j["comm_dp"] = comm_json(group_counters(parallel::MeshDim::dp));
     if (mesh_->tp() > 1) j["comm_tp"] = comm_json(group_counters(parallel::MeshDim::tp));
+    if (mesh_->cp() > 1) j["comm_cp"] = comm_json(group_counters(parallel::MeshDim::cp));  // ring attention
     if (pipeline_) {
       j["comm_pp"] = comm_json(group_counters(parallel::MeshDim::pp));
       j["pp"] = pipeline_->step_json();  // after comm_pp: its own gather is not the step's traffic

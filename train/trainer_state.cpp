@@ -61,7 +61,7 @@ checkpoint::SaveRequest Trainer::checkpoint_request() {
   // ZeRO-0 replicates the whole state on every dp rank, and a replicated entry is the same on every
   // tp rank (and the tied wte on the first and last pp rank): the first replica writes it.
   const int pp_rank = mesh_->coord(parallel::MeshDim::pp);
-  const bool dp_writes = o_.parallel.zero > 0 || mesh_->dp_comm().rank() == 0;
+  const bool dp_writes = o_.parallel.zero > 0 || replicas().rank() == 0;
   if (dp_writes) {
     const float* bufs[] = {dp_->master_shard(), adam_->m(), adam_->v()};
     for_each_shard_part(store_, dp_->segments(), [&](const ParamEntry& e, int64_t lb, int64_t le, int64_t at) {
@@ -82,7 +82,7 @@ checkpoint::SaveRequest Trainer::checkpoint_request() {
                      {"precision", dtype_name(o_.precision)},
                      {"global_batch", mesh_->dp() * o_.batch_size * o_.grad_accum},
                      {"model", o_.model.to_json()}, {"data", train_data_->state()}, {"seed", o_.seed},
-                     {"layout", {{"dp", mesh_->dp()}, {"tp", mesh_->tp()}, {"pp", mesh_->pp()}, {"sp", o_.sequence_parallel()},
+                     {"layout", {{"dp", mesh_->dp()}, {"tp", mesh_->tp()}, {"pp", mesh_->pp()}, {"cp", mesh_->cp()}, {"sp", o_.sequence_parallel()},
                                  {"zero", o_.parallel.zero}}}};
   if (o_.model.moe.enabled()) req.global_meta["moe_bias"] = moe_bias_json();
   return req;

@@ -54,6 +54,22 @@ void flash_attention_fwd(S* out, acc_t<S>* lse, const S* qkv, const int32_t* doc
 template <class S>
 void flash_attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv, const S* out,
                          const acc_t<S>* lse, const int32_t* doc, int B, int T_, int C, int NH);
+// Block attention, ring attention's kernel (kernels/cpu/flash_attention_block.cpp; ops.h documents it).
+bool attention_block_hidden(const int32_t* q_pos, const int32_t* k_pos, const int32_t* q_doc, const int32_t* k_doc,
+                            int B, int Tq, int Tk);
+template <class S>
+void flash_block_fwd(acc_t<S>* out, acc_t<S>* lse, const S* q, int ldq, const S* k, const S* v, int ldkv,
+                     const int32_t* q_pos, const int32_t* k_pos, const int32_t* q_doc, const int32_t* k_doc, int B,
+                     int Tq, int Tk, int C, int NH);
+template <class A>
+void attention_merge(A* out, A* lse, const A* part_out, const A* part_lse, int B, int T, int C, int NH);
+template <class S>
+void attention_delta(acc_t<S>* delta, const S* dout, const S* out, int B, int T, int C, int NH);
+template <class S>
+void flash_block_bwd(acc_t<S>* dq, acc_t<S>* dk, acc_t<S>* dv, int lddkv, const S* dout, const S* q, int ldq,
+                     const S* k, const S* v, int ldkv, const acc_t<S>* lse, const acc_t<S>* delta,
+                     const int32_t* q_pos, const int32_t* k_pos, const int32_t* q_doc, const int32_t* k_doc, int B,
+                     int Tq, int Tk, int C, int NH);
 template <class S>
 void add(S* out, const S* a, const S* b, int64_t N);
 template <class S>

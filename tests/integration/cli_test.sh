@@ -168,7 +168,8 @@ if command -v mpirun >/dev/null; then
     fi
   }
   bad_mpi "product is not the world size" "world has 3 ranks" -np 3 "$mt" train "${common[@]}" --dp 2 out_dir="$work/never"
-  bad_mpi "unsupported dimension" "--cp 2" -np 2 "$mt" train "${common[@]}" --cp 2 out_dir="$work/never"
+  bad_mpi "seq_len not divisible by 2 cp" "--cp 2: seq_len 30 must be divisible by 2 x cp = 4" -np 2 "$mt" train "${common[@]}" --cp 2 seq_len=30 out_dir="$work/never"
+  bad_mpi "cp with materialized attention" "--cp 2 needs attention=flash" -np 2 "$mt" train "${common[@]}" --cp 2 attention=materialized out_dir="$work/never"
   bad_mpi "more pipeline stages than layers" "--pp 4" -np 4 "$mt" train "${common[@]}" --pp 4 out_dir="$work/never"
   bad_mpi "heads not divisible by tp" "4 attention heads" -np 3 "$mt" train "${common[@]}" --tp 3 out_dir="$work/never"
   bad_mpi "sequence parallelism without tp" "tp.sp=true" -np 2 "$mt" train "${common[@]}" tp.sp=true out_dir="$work/never"
@@ -209,6 +210,39 @@ PY
   then pass "tp=2 x dp=2 follows the single-rank losses"; else fail "tp=2 x dp=2 follows the single-rank losses"; fi
   out=$("$mt" sample --model "$work/tp2/model.safetensors" --tokenizer "$work/data/tokenizer.json" --text "document" \
         --tokens 8 --seed 3 2>&1) && [[ "$out" == document* ]] && pass "sample a tp-trained model" || fail "sample tp: $out"
+fi
+
+# Context parallelism end to end: cp=2 (zigzag chunks, ring attention) with packed-document masks follows
+# the single-rank run, logs the ring's bytes per step, and its final checkpoint exports weights that sample.
+if command -v mpirun >/dev/null; then
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 "${mpi[@]}" -np 2 "$mt" train "${common[@]}" \
+      data.mode=shuffled data.doc_mask=true steps=4 --cp 2 out_dir="$work/cp2" 2>/dev/null || fail "train cp=2"
+  "$mt" train "${common[@]}" data.mode=shuffled data.doc_mask=true attention=flash steps=4 out_dir="$work/cp1" \
+      2>/dev/null || fail "train cp=1"
+  if "$py" - "$work/cp1/metrics.jsonl" "$work/cp2/metrics.jsonl" <<'PY'
+import json, sys
+runs = [[json.loads(l) for l in open(p)] for p in sys.argv[1:]]
+a, b = ([j["loss"] for j in r if "loss" in j] for r in runs)
+assert len(a) == len(b) == 4, (a, b)
+assert max(abs(x - y) / abs(x) for x, y in zip(a, b)) < 1e-5, (a, b)
+assert all(j["comm_cp"]["send"]["sent_bytes"] > 0 for j in runs[1] if "loss" in j)
+PY
+  then pass "cp=2 follows the single-rank losses"; else fail "cp=2 follows the single-rank losses"; fi
+  out=$("$mt" sample --model "$work/cp2/model.safetensors" --tokenizer "$work/data/tokenizer.json" --text "document" \
+        --tokens 8 --seed 3 2>&1) && [[ "$out" == document* ]] && pass "sample a cp-trained model" || fail "sample cp: $out"
+fi
+
+# All four dimensions in one bench: tp2 x cp2 x pp2 x dp2 on 16 ranks prints the bytes of each group.
+if command -v mpirun >/dev/null; then
+  out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 "${mpi[@]}" -np 16 "$mt" bench model=tiny \
+        model.n_layer=2 seq_len=64 batch_size=2 threads=1 --tp 2 --cp 2 --pp 2 --dp 2 2>/dev/null)
+  if [[ "$out" == *"dp=2 pp=2 cp=2 tp=2"* && "$out" == *"bytes/step/rank cp x dp | all_reduce"* \
+        && "$out" == *"bytes/step/rank tp "* && "$out" == *"bytes/step/rank pp "*"send"* \
+        && "$out" == *"bytes/step/rank cp "*"| send 128.0 KiB (4 calls)"* ]]; then
+    pass "bench on tp2 x cp2 x pp2 x dp2 prints the bytes per group"
+  else
+    fail "bench on tp2 x cp2 x pp2 x dp2: $out"
+  fi
 fi
 
 echo "cli_test: $fails failure(s)"

@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
-# Kill-and-resume, proven bitwise. A 4-rank run (ZeRO-1, async checkpoints every 2 steps) is killed
-# (SIGKILL) on a seeded random rank at a phase: forward, backward, optimizer, checkpoint staging,
+# Kill-and-resume, proven bitwise. A 4-rank run (--np N: N ranks; ZeRO-1, async checkpoints every 2
+# steps) is killed (SIGKILL) on a seeded random rank at a phase: forward, backward, optimizer, checkpoint staging,
 # checkpoint write, before commit, after commit — or its checkpoint write fails with ENOSPC. The
 # supervisor relaunches it with resume=auto. The final parameters and AdamW moments (exported from
 # the last checkpoint) and the loss of every step must equal the uninterrupted run's, bit for bit.
-# Usage: fault_test.sh <minitrain> <supervise> [trials] [seed] [layout flags...]
+# Usage: fault_test.sh <minitrain> <supervise> [trials] [seed] [--np N] [layout flags...]
 #   without trials: every phase once; with trials: that many kills at random phases and steps.
-#   Layout flags (e.g. --tp 2: tensor-parallel pairs, tp=2 x dp=2) are added to every run.
+#   --np N: ranks (default 4). Layout flags (e.g. --tp 2: tensor-parallel pairs, tp=2 x dp=2; or
+#   --tp 2 --cp 2 --pp 2 with --np 8) are added to every run.
 set -u
 mt=$1
 supervise=$2
 trials=${3:-0}
 seed=${4:-$RANDOM}
 layout=("${@:5}")
+np=4
+if [[ ${layout[0]:-} == --np ]]; then
+  np=${layout[1]}
+  layout=("${layout[@]:2}")
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-mpi=(mpirun --oversubscribe --mca btl self,vader --mca pml ob1 -np 4)
-echo "fault_test: seed $seed, layout: --zero 1 ${layout[*]}"
+mpi=(mpirun --oversubscribe --mca btl self,vader --mca pml ob1 -np "$np")
+echo "fault_test: seed $seed, $np ranks, layout: --zero 1 ${layout[*]}"
 
 for i in $(seq 1 300); do printf 'fault %d tolerance %d needs %d checkpoints.\n%%\n' "$i" $((i * 7 % 13)) $((i % 5)); done \
   > "$work/corpus.txt"
@@ -60,7 +66,7 @@ ok=0
 n=0
 for phase in "${plan[@]}"; do
   n=$((n + 1))
-  pick 4
+  pick "$np"
   rank=$picked
   case $phase in  # checkpoint phases happen in the saves after steps 2, 4, 6; compute phases in steps 1-8
     staging|write|before_commit|after_commit|enospc) pick 3; step=$((2 * (1 + picked))) ;;

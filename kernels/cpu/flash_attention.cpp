@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/flash_tile.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/load_store.h"
 #include "kernels/cpu/vec_math.h"
@@ -46,8 +47,8 @@ namespace mt::cpu {
 
 namespace {
 
-constexpr int kBr = 64;  // query rows per tile
-constexpr int kBc = 64;  // key/value rows per tile
+using flash::kBc;
+using flash::kBr;
 
 // May query i see key j?
 inline bool allowed(int i, int j, const int32_t* doc) { return j <= i && (!doc || doc[i] == doc[j]); }
@@ -87,32 +88,8 @@ void flash_attention_fwd(S* out, acc_t<S>* lse, const S* qkv, const int32_t* doc
           load_rows(K.data(), base + int64_t(j0) * ld + C, ld, bc, hs);
           load_rows(V.data(), base + int64_t(j0) * ld + 2 * C, ld, bc, hs);
           gemm<A>(false, true, br, bc, hs, scale, Q.data(), hs, K.data(), hs, A(0), P.data(), kBc);
-          // Online softmax, row by row: rescale what the row has so far to the new max.
-          for (int r = 0; r < br; r++) {
-            const int i = i0 + r;
-            A* p = P.data() + size_t(r) * kBc;
-            A mx = neg_inf;
-            for (int c = 0; c < bc; c++) {
-              if (!allowed(i, j0 + c, d)) p[c] = neg_inf;
-              mx = std::max(mx, p[c]);
-            }
-            const A m_new = std::max(m[size_t(r)], mx);
-            if (m_new == neg_inf) {  // nothing visible to this row yet
-              std::fill(p, p + bc, A(0));
-              continue;
-            }
-            const A corr = m[size_t(r)] == neg_inf ? A(0) : exp_fast(A(m[size_t(r)] - m_new));
-            A rowsum = A(0);
-            for (int c = 0; c < bc; c++) {
-              p[c] = p[c] == neg_inf ? A(0) : exp_fast(A(p[c] - m_new));
-              rowsum += p[c];
-            }
-            l[size_t(r)] = corr * l[size_t(r)] + rowsum;
-            m[size_t(r)] = m_new;
-            A* orow = O.data() + size_t(r) * hs;
-            for (int c = 0; c < hs; c++) orow[c] *= corr;
-          }
-          gemm<A>(false, false, br, hs, bc, A(1), P.data(), kBc, V.data(), hs, A(1), O.data(), hs);
+          flash::forward_tile(P.data(), V.data(), br, bc, hs, m.data(), l.data(), O.data(),
+                              [&](int r, int c) { return allowed(i0 + r, j0 + c, d); });
         }
         for (int r = 0; r < br; r++) {
           const A inv = A(1) / l[size_t(r)];
@@ -168,22 +145,9 @@ void flash_attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv
           load_rows(Q.data(), base + int64_t(i0) * ld, ld, br, hs);
           load_rows(dO.data(), go + int64_t(i0) * C, C, br, hs);
           gemm<A>(false, true, br, bc, hs, scale, Q.data(), hs, K.data(), hs, A(0), P.data(), kBc);
-          for (int r = 0; r < br; r++) {
-            const int i = i0 + r;
-            A* p = P.data() + size_t(r) * kBc;
-            for (int c = 0; c < bc; c++) p[c] = allowed(i, j0 + c, d) ? exp_fast(A(p[c] - L[i])) : A(0);
-          }
-          gemm<A>(true, false, bc, hs, br, A(1), P.data(), kBc, dO.data(), hs, A(1), dV.data(), hs);
-          gemm<A>(false, true, br, bc, hs, A(1), dO.data(), hs, V.data(), hs, A(0), dS.data(), kBc);
-          for (int r = 0; r < br; r++) {
-            const A Di = D[i0 + r];
-            const A* p = P.data() + size_t(r) * kBc;
-            A* g = dS.data() + size_t(r) * kBc;
-            for (int c = 0; c < bc; c++) g[c] = p[c] * (g[c] - Di);
-          }
-          gemm<A>(false, false, br, hs, bc, scale, dS.data(), kBc, K.data(), hs, A(1), dQ.data() + size_t(i0) * hs,
-                  hs);
-          gemm<A>(true, false, bc, hs, br, scale, dS.data(), kBc, Q.data(), hs, A(1), dK.data(), hs);
+          flash::backward_tile(P.data(), dS.data(), Q.data(), dO.data(), K.data(), V.data(), L + i0, D + i0, br, bc,
+                               hs, scale, dQ.data() + size_t(i0) * hs, hs, dK.data(), dV.data(), hs,
+                               [&](int r, int c) { return allowed(i0 + r, j0 + c, d); });
         }
         S* dst = dqkv + qoff + int64_t(j0) * ld;
         store_rows(dst + C, ld, dK.data(), bc, hs);

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/flash_tile.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/load_store.h"
 #include "kernels/cpu/vec_math.h"
@@ -38,8 +39,8 @@ namespace mt::cpu {
 
 namespace {
 
-constexpr int kBr = 64;  // query rows per tile
-constexpr int kBc = 64;  // key/value rows per tile
+using flash::kBc;
+using flash::kBr;
 
 // The range of positions and (per batch row) of document ids of a tile of rows.
 struct TileRange {
@@ -131,31 +132,9 @@ void flash_block_fwd(acc_t<S>* out, acc_t<S>* lse, const S* q, int ldq, const S*
           load_rows(K.data(), kb + int64_t(j0) * ldkv, ldkv, bc, hs);
           load_rows(V.data(), vb + int64_t(j0) * ldkv, ldkv, bc, hs);
           gemm<A>(false, true, br, bc, hs, scale, Q.data(), hs, K.data(), hs, A(0), P.data(), kBc);
-          for (int r = 0; r < br; r++) {
-            const int i = i0 + r;
-            A* p = P.data() + size_t(r) * kBc;
-            A mx = neg_inf;
-            for (int c = 0; c < bc; c++) {
-              if (!visible(q_pos[i], k_pos[j0 + c], qd, kd, i, j0 + c)) p[c] = neg_inf;
-              mx = std::max(mx, p[c]);
-            }
-            const A m_new = std::max(m[size_t(r)], mx);
-            if (m_new == neg_inf) {  // nothing visible to this row yet
-              std::fill(p, p + bc, A(0));
-              continue;
-            }
-            const A corr = m[size_t(r)] == neg_inf ? A(0) : exp_fast(A(m[size_t(r)] - m_new));
-            A rowsum = A(0);
-            for (int c = 0; c < bc; c++) {
-              p[c] = p[c] == neg_inf ? A(0) : exp_fast(A(p[c] - m_new));
-              rowsum += p[c];
-            }
-            l[size_t(r)] = corr * l[size_t(r)] + rowsum;
-            m[size_t(r)] = m_new;
-            A* orow = O.data() + size_t(r) * hs;
-            for (int c = 0; c < hs; c++) orow[c] *= corr;
-          }
-          gemm<A>(false, false, br, hs, bc, A(1), P.data(), kBc, V.data(), hs, A(1), O.data(), hs);
+          flash::forward_tile(P.data(), V.data(), br, bc, hs, m.data(), l.data(), O.data(), [&](int r, int c) {
+            return visible(q_pos[i0 + r], k_pos[j0 + c], qd, kd, i0 + r, j0 + c);
+          });
         }
         for (int r = 0; r < br; r++) {
           A* dst = o + int64_t(i0 + r) * C;
@@ -257,26 +236,13 @@ void flash_block_bwd(acc_t<S>* dq, acc_t<S>* dk, acc_t<S>* dv, int lddkv, const 
           load_rows(Q.data(), qb + int64_t(i0) * ldq, ldq, br, hs);
           load_rows(dO.data(), go + int64_t(i0) * C, C, br, hs);
           gemm<A>(false, true, br, bc, hs, scale, Q.data(), hs, K.data(), hs, A(0), P.data(), kBc);
-          for (int r = 0; r < br; r++) {
-            const int i = i0 + r;
-            A* p = P.data() + size_t(r) * kBc;
-            // A query that sees no key anywhere has lse -inf and no gradient.
-            for (int c = 0; c < bc; c++)
-              p[c] = visible(q_pos[i], k_pos[j0 + c], qd, kd, i, j0 + c) && L[i] != A(-INFINITY)
-                         ? exp_fast(A(p[c] - L[i]))
-                         : A(0);
-          }
-          gemm<A>(true, false, bc, hs, br, A(1), P.data(), kBc, dO.data(), hs, A(1), dvb + int64_t(j0) * lddkv, lddkv);
-          gemm<A>(false, true, br, bc, hs, A(1), dO.data(), hs, V.data(), hs, A(0), dS.data(), kBc);
-          for (int r = 0; r < br; r++) {
-            const A Di = D[i0 + r];
-            const A* p = P.data() + size_t(r) * kBc;
-            A* g = dS.data() + size_t(r) * kBc;
-            for (int c = 0; c < bc; c++) g[c] = p[c] * (g[c] - Di);
-          }
-          gemm<A>(false, false, br, hs, bc, scale, dS.data(), kBc, K.data(), hs, A(1), dqb + int64_t(i0) * C, C);
-          gemm<A>(true, false, bc, hs, br, scale, dS.data(), kBc, Q.data(), hs, A(1), dkb + int64_t(j0) * lddkv,
-                  lddkv);
+          // A query that sees no key anywhere has lse -inf and no gradient.
+          flash::backward_tile(P.data(), dS.data(), Q.data(), dO.data(), K.data(), V.data(), L + i0, D + i0, br, bc,
+                               hs, scale, dqb + int64_t(i0) * C, C, dkb + int64_t(j0) * lddkv,
+                               dvb + int64_t(j0) * lddkv, lddkv, [&](int r, int c) {
+                                 return visible(q_pos[i0 + r], k_pos[j0 + c], qd, kd, i0 + r, j0 + c) &&
+                                        L[i0 + r] != A(-INFINITY);
+                               });
         }
       }
     }

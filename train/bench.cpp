@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/check.h"
+#include "train/run_summary.h"
 #include "train/trainer.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
@@ -147,8 +148,9 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   std::printf("| %-22s | B=%d T=%d accum=%d %s recompute=%s attention=%s threads=%d |\n", "config", o.batch_size,
               o.seq_len, o.grad_accum, dtype_name(o.precision), model::recompute_name(o.recompute),
               model::attention_name(o.attention_kind()), threads);
-  std::printf("| %-22s | %s sp=%d zero=%d (world %d) |\n", "layout", tr.mesh().layout_str().c_str(),
-              int(o.sequence_parallel()), o.parallel.zero, world ? world->size() : 1);
+  std::printf("| %-22s | %s, sp %s, zero %d (world %d) |\n", "layout",
+              layout_name(mesh.tp(), mesh.cp(), mesh.pp(), mesh.dp()).c_str(), o.sequence_parallel() ? "on" : "off",
+              o.parallel.zero, world ? world->size() : 1);
   std::printf("| %-22s | %.1f |\n", "tokens/s (median)", tok_s);
   std::printf("| %-22s | %.1f |\n", "ms/step (median)", 1e3 * median);
   std::printf("| %-22s | %.1f%% |\n", "MFU", 100 * mfu);

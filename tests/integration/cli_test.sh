@@ -236,7 +236,7 @@ fi
 if command -v mpirun >/dev/null; then
   out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 "${mpi[@]}" -np 16 "$mt" bench model=tiny \
         model.n_layer=2 seq_len=64 batch_size=2 threads=1 --tp 2 --cp 2 --pp 2 --dp 2 2>/dev/null)
-  if [[ "$out" == *"dp=2 pp=2 cp=2 tp=2"* && "$out" == *"bytes/step/rank cp x dp | all_reduce"* \
+  if [[ "$out" == *"TP(2)-CP(2)-PP(2)-DP(2), sp "* && "$out" == *"bytes/step/rank cp x dp | all_reduce"* \
         && "$out" == *"bytes/step/rank tp "* && "$out" == *"bytes/step/rank pp "*"send"* \
         && "$out" == *"bytes/step/rank cp "*"| send 128.0 KiB (4 calls)"* ]]; then
     pass "bench on tp2 x cp2 x pp2 x dp2 prints the bytes per group"

@@ -111,7 +111,7 @@ const std::vector<OptionEntry>& option_table() {
          parallel::parse_schedule_kind(v);  // fails naming pp.schedule
          o.parallel.pp_schedule = v; }, "parallel", "pipeline schedule: gpipe | 1f1b | interleaved | zb1"},
       {"pp.virtual", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp_virtual = parse_int(k, v); }, "parallel", "model chunks per pipeline rank (interleaved: 2 or more)"},
-      {"pp.layers", [](TrainOptions& o, auto&, auto& v) { o.parallel.pp_layers = v; }, "parallel", "layers per stage, e.g. 3,3,2,4 ('': even split)"},
+      {"pp.layers", [](TrainOptions& o, auto&, auto& v) { o.parallel.pp_layers = v; }, "parallel", "layers per stage, e.g. 3,3,2,4 ('': balanced by FLOPs, the classifier counted; even under interleaved)"},
       {"batch_size", [](TrainOptions& o, auto& k, auto& v) { o.batch_size = parse_int(k, v); }, "batch", "rows per micro-batch per data-parallel rank (B)"},
       {"global_batch", [](TrainOptions& o, auto& k, auto& v) { o.global_batch = parse_int(k, v); }, "batch", "rows per optimizer step over all ranks (0: B x dp x grad_accum)"},
       {"seq_len", [](TrainOptions& o, auto& k, auto& v) { o.seq_len = parse_int(k, v); }, "batch", "tokens per row (T), at most model.block_size"},

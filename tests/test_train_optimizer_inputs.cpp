@@ -14,6 +14,7 @@
 #include "checkpoint/reader.h"
 #include "data/shard.h"
 #include "train/trainer.h"
+#include "tests/test_train_util.h"
 #include "tests/test_util.h"
 
 namespace mt::train {
@@ -21,25 +22,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Documents counting upwards from a random start (the last id is the end-of-text token).
-std::string write_counting_shard(const std::string& dir) {
-  data::ShardBuilder b(64, 63);
-  std::mt19937_64 rng(testing::test_seed());
-  for (int d = 0; d < 200; d++) {
-    std::vector<int32_t> doc(size_t(8 + rng() % 40));
-    int32_t x = int32_t(rng() % 63);
-    for (auto& t : doc) t = x = (x + 1) % 63;
-    b.add_document(doc);
-  }
-  b.write(dir + "/counting.bin");
-  return dir + "/counting.bin";
-}
-
 class OptimizerInputs : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = testing::make_temp_dir("mt_optim_inputs");
-    data_ = write_counting_shard(dir_);
+    data_ = testing::write_counting_shard(dir_, 64, 200, testing::test_seed());
   }
   void TearDown() override { fs::remove_all(dir_); }
 

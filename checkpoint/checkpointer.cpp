@@ -202,7 +202,8 @@ bool Checkpointer::agree_on_step(int64_t step, bool want_sync) {
 // votes for synchronous saves.
 bool Checkpointer::wants_fallback(double stall) {
   if (!o_.async || !o_.sync_fallback || fell_back_) return false;
-  const double write_cpu = last_completed() ? last_completed()->writer_cpu_s : 0.0;
+  const std::optional<SaveStats> previous = last_completed();
+  const double write_cpu = previous ? previous->writer_cpu_s : 0.0;
   waits_in_a_row_ = stall > kFallbackMinWaitS && stall > kFallbackFactor * write_cpu ? waits_in_a_row_ + 1 : 0;
   return waits_in_a_row_ >= kFallbackAfter;
 }

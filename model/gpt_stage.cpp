@@ -222,8 +222,10 @@ void Pass<S>::backward(StageState& st, Buffer dy, bool split) {
   ws.att_scratch = f32(flash_ ? lse_elems() : att_elems());
   ws.dln = act(NC_);
   ws.datty = act(NCl);
-  ws.dqkv = act(3 * NCl);
-  ws.dfc = act(4 * NCl);
+  if (!split) {  // under split each layer's own LayerGrads take these gradients
+    ws.dqkv = act(3 * NCl);
+    ws.dfc = act(4 * NCl);
+  }
   if (!st.keep_layer) ws.xnext = act(NC_);
   if (split) {
     // W reads each layer's input (xs), activations and the gradients kept here; under full

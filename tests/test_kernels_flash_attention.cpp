@@ -124,16 +124,7 @@ TEST(FlashAttention, BackwardMatchesFiniteDifferencesInDouble) {
       std::vector<double> dqkv(qkv.size(), std::numeric_limits<double>::quiet_NaN()), scratch(lse.size());
       flash_attention_bwd<double>(dqkv.data(), scratch.data(), R.data(), qkv.data(), out.data(), lse.data(), doc, B,
                                   T, C, NH);
-      std::vector<double> numeric(qkv.size());
-      for (size_t i = 0; i < qkv.size(); i++) {
-        const double x0 = qkv[i];
-        qkv[i] = x0 + kFdStep;
-        const double lp = loss();
-        qkv[i] = x0 - kFdStep;
-        const double lm = loss();
-        qkv[i] = x0;
-        numeric[i] = (lp - lm) / (2 * kFdStep);
-      }
+      const std::vector<double> numeric = mt::testing::central_differences(loss, qkv, kFdStep);
       EXPECT_LT(mt::testing::max_rel_error(dqkv.data(), numeric.data(), dqkv.size(), 1e-8), kFdTol);
     }
   }

@@ -264,19 +264,7 @@ TEST(FlashBlock, BackwardMatchesFiniteDifferencesInDouble) {
   flash_block_bwd<double>(dq.data(), dkv.data(), dkv.data() + C, 2 * C, R.data(), q.data(), C, kv.data(),
                           kv.data() + C, 2 * C, lse.data(), D.data(), qp.data(), kp.data(), qd.data(), kd.data(), B,
                           Tq, Tk, C, NH);
-  auto numeric = [&](std::vector<double>& x) {
-    std::vector<double> g(x.size());
-    for (size_t i = 0; i < x.size(); i++) {
-      const double x0 = x[i];
-      x[i] = x0 + kFdStep;
-      const double lp = loss();
-      x[i] = x0 - kFdStep;
-      const double lm = loss();
-      x[i] = x0;
-      g[i] = (lp - lm) / (2 * kFdStep);
-    }
-    return g;
-  };
+  auto numeric = [&](std::vector<double>& x) { return mt::testing::central_differences(loss, x, kFdStep); };
   const auto nq = numeric(q), nkv = numeric(kv);
   EXPECT_LT(mt::testing::max_rel_error(dq.data(), nq.data(), dq.size(), 1e-8), kFdTol);
   EXPECT_LT(mt::testing::max_rel_error(dkv.data(), nkv.data(), dkv.size(), 1e-8), kFdTol);

@@ -37,17 +37,7 @@ const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // dL/dx for every element of x by central differences; loss() reads x.
 Vec numeric_grad(const std::function<double()>& loss, Vec& x) {
-  Vec g(x.size());
-  for (size_t i = 0; i < x.size(); i++) {
-    const double x0 = x[i];
-    x[i] = x0 + kFdStep;
-    const double lp = loss();
-    x[i] = x0 - kFdStep;
-    const double lm = loss();
-    x[i] = x0;
-    g[i] = (lp - lm) / (2 * kFdStep);
-  }
-  return g;
+  return mt::testing::central_differences(loss, x, kFdStep);
 }
 
 double dot(const Vec& a, const Vec& b) {

@@ -1,6 +1,7 @@
 // Small helpers shared by the unit tests: seeded random fills and error measures.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,6 +23,21 @@ double max_rel_error(const double* a, const double* b, size_t n, double floor = 
 // Packed-document ids for a (B, T) batch: per row 0, 1, 2, ... in runs of random length up to T/3,
 // the first run at least two tokens long (so some token attends to more than itself).
 std::vector<int32_t> random_doc_ids(int B, int T, std::mt19937_64& rng);
+
+// dL/dx for every element of x by central differences with step h; loss() reads x (restored after).
+inline std::vector<double> central_differences(const std::function<double()>& loss, std::vector<double>& x, double h) {
+  std::vector<double> g(x.size());
+  for (size_t i = 0; i < x.size(); i++) {
+    const double x0 = x[i];
+    x[i] = x0 + h;
+    const double lp = loss();
+    x[i] = x0 - h;
+    const double lm = loss();
+    x[i] = x0;
+    g[i] = (lp - lm) / (2 * h);
+  }
+  return g;
+}
 
 // A fresh empty directory under the system temp dir, removed by the caller if wanted.
 std::string make_temp_dir(const std::string& prefix);

@@ -58,25 +58,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 mpi=(timeout 300 mpirun --oversubscribe --mca btl self,vader --mca pml ob1 -np 4)
 echo "fault_campaign: $trials trial(s), seed $seed"
 
-for i in $(seq 1 300); do printf 'fault %d tolerance %d needs %d checkpoints.\n%%\n' "$i" $((i * 7 % 13)) $((i % 5)); done \
-  > "$work/corpus.txt"
-"$mt" data prepare --input "$work/corpus.txt" --out "$work/data" --splitter fortune --vocab 300 >/dev/null 2>&1 \
-  || { echo "FAIL data prepare"; exit 1; }
-common=(model=tiny model.vocab_size=300 model.n_layer=2 model.n_embd=32 model.n_head=4 model.block_size=32
-        seq_len=32 batch_size=2 steps=8 save_every=2 data.path="$work/data" data.mode=shuffled threads=1
-        log_every=100 --zero 1)
-
-final_state() {  # <run dir>: exports its newest checkpoint (params + moments) to <run dir>/final.safetensors
-  "$mt" ckpt export "$1/checkpoints/latest" "$1/final.safetensors" --all >/dev/null 2>&1
-}
-losses() {  # the last record of each step
-  "$py" -c 'import json,sys
-last={}
-for l in open(sys.argv[1]):
-    j=json.loads(l)
-    if "loss" in j: last[j["step"]]=repr(j["loss"])
-for s in sorted(last): print(s, last[s])' "$1"
-}
+# shellcheck source=tests/integration/fault_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/fault_common.sh"
+fault_setup
 bitwise() {  # <run dir>: its final state and losses equal the reference's
   final_state "$1" && cmp -s "$work/ref/final.safetensors" "$1/final.safetensors" \
     && diff <(losses "$work/ref/metrics.jsonl") <(losses "$1/metrics.jsonl") >/dev/null

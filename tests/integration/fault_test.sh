@@ -25,26 +25,9 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 mpi=(mpirun --oversubscribe --mca btl self,vader --mca pml ob1 -np "$np")
 echo "fault_test: seed $seed, $np ranks, layout: --zero 1 ${layout[*]}"
 
-for i in $(seq 1 300); do printf 'fault %d tolerance %d needs %d checkpoints.\n%%\n' "$i" $((i * 7 % 13)) $((i % 5)); done \
-  > "$work/corpus.txt"
-"$mt" data prepare --input "$work/corpus.txt" --out "$work/data" --splitter fortune --vocab 300 >/dev/null 2>&1 \
-  || { echo "FAIL data prepare"; exit 1; }
-common=(model=tiny model.vocab_size=300 model.n_layer=2 model.n_embd=32 model.n_head=4 model.block_size=32
-        seq_len=32 batch_size=2 steps=8 save_every=2 data.path="$work/data" data.mode=shuffled threads=1
-        log_every=100 --zero 1 "${layout[@]}")
-
-final_state() {  # <run dir> -> <run dir>/final.safetensors (params + moments of the newest checkpoint)
-  "$mt" ckpt export "$(readlink -f "$1/checkpoints/latest")" "$1/final.safetensors" --all >/dev/null 2>&1 ||
-    "$mt" ckpt export "$1/checkpoints/$(cat "$1/checkpoints/latest" 2>/dev/null)" "$1/final.safetensors" --all
-}
-losses() {  # the last record of each step
-  /usr/bin/python3 -c 'import json,sys
-last={}
-for l in open(sys.argv[1]):
-    j=json.loads(l)
-    if "loss" in j: last[j["step"]]=repr(j["loss"])
-for s in sorted(last): print(s, last[s])' "$1"
-}
+# shellcheck source=tests/integration/fault_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/fault_common.sh"
+fault_setup "${layout[@]}"
 
 "${mpi[@]}" "$mt" train "${common[@]}" out_dir="$work/ref" 2>/dev/null || { echo "FAIL reference run"; exit 1; }
 final_state "$work/ref" || { echo "FAIL export reference"; exit 1; }

@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 
 constexpr const char* kUsage =
     "usage: minitrain ckpt ls <dir>\n"
-    "       minitrain ckpt verify <checkpoint or root>...\n"
+    "       minitrain ckpt verify <checkpoint, root or root/latest>...\n"
     "       minitrain ckpt export <checkpoint, root or root/latest> <out.safetensors> [--all]\n"
     "       minitrain ckpt bench --dir D [--mb N] [--saves K] [--interval S]\n";
 
@@ -102,6 +102,14 @@ int cmd_verify(const std::vector<std::string>& args) {
         targets.push_back("");
       }
       for (auto it = all.rbegin(); it != all.rend(); ++it) targets.push_back(it->path);
+    } else if (base_name(a) == kLatestName && !io::is_dir(a)) {
+      // ROOT/latest: the checkpoint it names.
+      try {
+        targets.push_back(resolve_checkpoint(a));
+      } catch (const Error& e) {
+        std::printf("FAILED %s: %s\n", a.c_str(), e.what());
+        targets.push_back("");
+      }
     } else {
       targets.push_back(a);
     }

@@ -1,7 +1,8 @@
 // `minitrain ckpt ...`: the checkpoint tools that need no model.
 //   ls <dir>                 the checkpoints under a root: step, ranks, size, commit time, status
 //                            (each verified: "ok, verified" or "DAMAGED: <why>")
-//   verify <path>...         full verification of a checkpoint, or of every checkpoint under a root
+//   verify <path>...         full verification of a checkpoint, of every checkpoint under a root, or
+//                            of the one a root's `latest` file names
 //   bench --dir D [--mb N] [--saves K] [--interval S]
 //                            synchronous vs asynchronous save (copy at save(), and deferred
 //                            snapshot) of N MB of fp32 state, S seconds of "training" apart:

@@ -3,7 +3,7 @@
 # in fp32 with the same thread count. Prints both tables and a summary line with the ratio.
 # Usage: scripts/bench_vs_torch.sh [preset] [B] [T] [steps] [warmup]   (default: gpt2 4 256 3 1)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$(realpath "$0")")/.." && pwd)
 preset=${1:-gpt2} B=${2:-4} T=${3:-256} steps=${4:-3} warmup=${5:-1}
 threads=$(nproc)
 "$root/scripts/deps.sh" --with-torch

@@ -10,7 +10,7 @@
 #          (tests/integration/fault_test.sh), e.g. on all four dimensions:
 #          scripts/fault_trials.sh --kills-only 10 7 --np 16 --tp 2 --cp 2 --pp 2 data.doc_mask=true
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$(realpath "$0")")/.." && pwd)
 "$root/scripts/deps.sh"
 "$root/scripts/build.sh"
 mt="${MT_BUILD_DIR:-$root/build}/minitrain"

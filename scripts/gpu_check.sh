@@ -18,7 +18,7 @@
 # The full log goes to FILE, else to $OUT/gpu_check.log when the environment names an output
 # directory OUT, else to <build dir>/gpu_check.log. Exit status 0 only if every check passed.
 set -uo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$(realpath "$0")")/.." && pwd)
 build=$root/build-gpu
 bare=0
 tests=1

@@ -8,7 +8,7 @@
 # .deps/ for whatever the system itself does not provide.
 # Run it where Debian's archive is reachable: scripts/gpu_deps.sh [--no-tests]
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$(realpath "$0")")/.." && pwd)
 deps=$root/.deps
 
 pkgs=(nlohmann-json3-dev libicu-dev libicu72)

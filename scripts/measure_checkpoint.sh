@@ -15,7 +15,7 @@
 # Usage: scripts/measure_checkpoint.sh [--preset gpt2] [--layers 4] [--batch 4] [--seq 128] [--steps 20]
 #          [--every 5,1] [--repeats 3] [--threads 2] [--configs none,sync,async,async-always,async-normal]
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$(realpath "$0")")/.." && pwd)
 preset=gpt2 layers=4 B=4 T=128 steps=20 every=5,1 repeats=3 threads=2 configs=none,sync,async,async-always,async-normal
 while [[ $# -gt 0 ]]; do
   [[ $# -ge 2 ]] || { echo "measure_checkpoint: $1 needs a value" >&2; exit 2; }

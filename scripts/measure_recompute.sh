@@ -3,7 +3,7 @@
 # trained on the default corpus so the data-wait share of the step is measured in the same runs.
 # Prints one table. Usage: scripts/measure_recompute.sh [preset] [B] [T] [steps]   (default gpt2 4 256 2)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$(realpath "$0")")/.." && pwd)
 preset=${1:-gpt2} B=${2:-4} T=${3:-256} steps=${4:-2}
 mt="${MT_BUILD_DIR:-$root/build}/minitrain"
 data="$root/data_cache/fortunes"

@@ -5,7 +5,7 @@
 # fraction at a few steps, side by side. Prints one table.
 # Usage: scripts/moe_balance.sh [steps] [capacity] [extra key=value ...]   (default 200 1.25)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$(realpath "$0")")/.." && pwd)
 steps=${1:-200} capacity=${2:-1.25}
 shift $(( $# > 2 ? 2 : $# ))
 mt="${MT_BUILD_DIR:-$root/build}/minitrain"

@@ -15,7 +15,7 @@
 # Usage: [schedules="1f1b zb1"] scripts/pp_bubble.sh [minitrain] [steps] [warm]   (default build-nocuda/minitrain 6 2,
 #        every schedule)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$(realpath "$0")")/.." && pwd)
 mt=${1:-$root/build-nocuda/minitrain}
 steps=${2:-6}
 warm=${3:-2}

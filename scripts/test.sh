@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds (CUDA targets too when nvcc is present,
 # so CUDA code is compiled and linked even without a GPU), and runs every ctest entry.
-# GPU-labelled tests report as skipped without a device.
+# GPU-labelled tests report as skipped without a device. Extra arguments go to ctest (e.g. -R mpi_).
+# MT_QUICK=1 installs and builds, then lists the tests instead of running them (the README's test
+# runs this command from inside the suite); MT_BUILD_DIR names the build directory (default build/).
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$(realpath "$0")")/.." && pwd)
 "$root/scripts/deps.sh"
 "$root/scripts/build.sh"
 build=${MT_BUILD_DIR:-$root/build}
 cd "$build"
-ctest --output-on-failure -j "$(nproc)" --timeout 600 "$@"
+if [[ "${MT_QUICK:-0}" == 1 ]]; then
+  ctest -N "$@"
+else
+  ctest --output-on-failure -j "$(nproc)" --timeout 600 "$@"
+fi

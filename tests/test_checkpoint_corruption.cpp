@@ -72,6 +72,9 @@ struct TwoCheckpoints {
     std::string path = newest;
     char* argv[] = {verify_cmd, path.data()};
     EXPECT_EQ(ckpt_cli(2, argv), 1);
+    std::string latest = dir + "/latest";  // names the damaged newest
+    char* latest_argv[] = {verify_cmd, latest.data()};
+    EXPECT_EQ(ckpt_cli(2, latest_argv), 1);
   }
 };
 
@@ -89,6 +92,11 @@ TEST(CheckpointCorruption, IntactCheckpointsVerifyAndTheNewestIsChosen) {
   EXPECT_EQ(ckpt_cli(2, ls_argv), 0);
   char* verify_argv[] = {verify_cmd, c.dir.data()};  // a root: every checkpoint under it
   EXPECT_EQ(ckpt_cli(2, verify_argv), 0);
+  std::string latest = c.dir + "/latest", missing = c.dir + "/nothing/latest";
+  char* latest_argv[] = {verify_cmd, latest.data()};  // the checkpoint the root's latest file names
+  EXPECT_EQ(ckpt_cli(2, latest_argv), 0);
+  char* missing_argv[] = {verify_cmd, missing.data()};
+  EXPECT_EQ(ckpt_cli(2, missing_argv), 1);
   char* usage_argv[] = {verify_cmd};
   EXPECT_EQ(ckpt_cli(1, usage_argv), 2);
 }

@@ -33,7 +33,7 @@ const char* kUsage =
     "  bench   time training steps on synthetic tokens and print a table\n"
     "  sample  generate tokens from a trained model.safetensors\n"
     "  selftest  check every CUDA op against its CPU twin (--device cuda [--seed S])\n"
-    "  ckpt    ls <root> | verify <checkpoint> | export <checkpoint or root> <out.safetensors> [--all]\n"
+    "  ckpt    ls <root> | verify <checkpoint, root or root/latest> | export <checkpoint or root> <out.safetensors> [--all]\n"
     "  data    prepare | inspect token shards\n"
     "  plan    pp=P grad_accum=M pp.schedule=gpipe|1f1b|interleaved|zb1 [pp.virtual=V]: the pipeline\n"
     "          schedule as a time x rank grid, its simulated bubble next to the formula\n";

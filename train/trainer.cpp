@@ -169,11 +169,12 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
     // Partial gradients (sequence-parallel LayerNorms, positions) are summed over tp, then reduced
     // over dp.
     tp_grads_ = std::make_unique<parallel::TensorParallelGrads>(store_, tp_, *dp_);
-    dp_->set_counted_entries(counted_entries());
     gpt_->set_unit_hooks(tp_grads_.get());
   } else {
     gpt_->set_unit_hooks(dp_.get());
   }
+  // The noise scale's per-rank norm: each parameter once over tp and pp, the tied copies left out.
+  if (tp_.active() || mesh_->pp() > 1) dp_->set_counted_entries(noise_scale_entries());
   if (mesh_->pp() > 1) pipeline_ = std::make_unique<Pipeline>(o_, mesh_->pp_comm(), *gpt_, store_, *dp_, arena_);
   adam_ = std::make_unique<AdamW>(o_.optim, store_, dp_->segments(), arena_);
   step_scalars_ = arena_.alloc(MemCategory::optimizer, sizeof(StepScalars));
@@ -230,19 +231,34 @@ void Trainer::update_noise_scale(StepResult& r, double first_sum_sq, double inv_
     const double to_mean = double(valid) / double(valid0) * inv_scale;
     r.local_grad_sq = first_sum_sq * to_mean * to_mean;
     gns_.update(r.local_grad_sq, r.grad_norm * r.grad_norm, double(valid0), double(valid));
-  } else if (dp.size() > 1 && mesh_->pp() == 1 && dp_->stats().local_grad_sq_valid && valid_local > 0) {
-    // This rank's own gradient, rescaled to the mean over its tokens, averaged over ranks. Under
-    // tensor parallelism a data-parallel replica's gradient is spread over its tp ranks: summed there.
+  } else if (dp.size() > 1 && dp_->stats().local_grad_sq_valid && valid_local > 0) {
+    // This rank's own gradient, rescaled to the mean over its tokens, averaged over ranks. A
+    // data-parallel replica's gradient is spread over its tp and pp ranks: summed there.
     const double to_mean = double(valid) / double(valid_local) * inv_scale;
     double local = dp_->local_grad_sq();
     if (tp_.active()) local = parallel::all_reduce_sum_double(tp_.comm(), local);
+    if (pipeline_) local = parallel::all_reduce_sum_double(mesh_->pp_comm(), local);
     r.local_grad_sq = parallel::all_reduce_sum_double(dp, local * to_mean * to_mean) / dp.size();
-    // Both norms over the same parameters (the embeddings are left out when they went as rows).
+    // Both norms over the same parameters: the embeddings are left out when they went as rows, and
+    // under pp the tied wte (a rank's own gradient of it is two parts, on the first and last stages).
     const int first = dp_->stats().local_grad_sq_first_unit;
-    const double g2_big = first == 0 ? r.grad_norm * r.grad_norm
-                                     : dp_->grad_sum_squares(first) * inv_scale * inv_scale;
+    double g2_big = r.grad_norm * r.grad_norm;
+    if (pipeline_) {
+      double s = dp_->grad_sum_squares(noise_scale_entries());
+      if (tp_.active()) s = parallel::all_reduce_sum_double(tp_.comm(), s);
+      g2_big = parallel::all_reduce_sum_double(mesh_->pp_comm(), s) * inv_scale * inv_scale;
+    } else if (first != 0) {
+      g2_big = dp_->grad_sum_squares(first) * inv_scale * inv_scale;
+    }
     gns_.update(r.local_grad_sq, g2_big, double(valid) / dp.size(), double(valid));
   }
+}
+
+std::vector<char> Trainer::noise_scale_entries() const {
+  std::vector<char> counted = counted_entries();
+  for (size_t i = 0; i < counted.size(); i++)
+    if (store_.entry(int(i)).replicated & kAxisPp) counted[i] = 0;
+  return counted;
 }
 
 std::vector<char> Trainer::counted_entries() const {

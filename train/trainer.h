@@ -158,6 +158,8 @@ class Trainer {
            mesh_->pp() == 1 && mesh_->cp() == 1;
   }
   void update_noise_scale(StepResult& r, double first_sum_sq, double inv_scale, int32_t valid, int32_t valid_local);
+  // The entries both noise-scale norms cover: counted_entries() less the pipeline's tied copies.
+  std::vector<char> noise_scale_entries() const;
   void fault(const char* phase) { checkpoint::fault_point(ckpt_opts_, world_.rank(), step_ + 1, phase); }
 
   TrainOptions o_;

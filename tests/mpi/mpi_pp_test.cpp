@@ -13,9 +13,11 @@
 
 #include "checkpoint/format.h"
 #include "checkpoint/reader.h"
+#include "model/gpt.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/mpi/mpi_train_util.h"
 #include "tests/test_util.h"
+#include "train/batches.h"
 #include "train/trainer.h"
 
 namespace mt::testing {
@@ -358,6 +360,73 @@ TEST(PipelineParallel, ResumesAcrossPipelineLayouts) {
                   i < 3 ? "pp 1" : i < 6 ? pp4.str().c_str() : pp2.str().c_str(), got[i], want.loss[i]);
       EXPECT_LE(std::fabs(got[i] - want.loss[i]) / want.loss[i], 1e-5) << "step " << i + 1;
     }
+  }
+}
+
+// The gradient noise scale under a pipeline: each dp replica's own gradient is spread over its
+// stages (and tp ranks), and its gradient of the tied wte is two parts (first and last stage), so
+// both norms leave wte out. Checked against a whole model, apart from the trainer, that runs each
+// replica's micro-batches (read from the same loader): the per-replica |g|^2 and the estimator's two
+// sums after the first step, over every parameter but wte.
+TEST(PipelineParallel, NoiseScaleCoversEveryParameterButTheTiedEmbedding) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  std::vector<Layout> ls;
+  if (W == 4) ls = {{.pp = 2, .dp = 2, .accum = 2}, {.pp = 2, .dp = 2, .zero = 1, .accum = 4, .schedule = "zb1"}};
+  if (W == 8) ls = {{.pp = 2, .tp = 2, .dp = 2, .zero = 1, .accum = 2}};
+  if (ls.empty()) GTEST_SKIP() << "pp2 x dp2 (x tp2) only";
+  const std::string data = shared_corpus(world);
+  for (const Layout& l : ls) {
+    const TrainOptions o = options(data, l, 2, 1);
+    Trainer t(o, &world);
+    const int D = l.dp;
+    Arena arena;
+    ParamStore store;
+    model::GPT gpt(o.model, store);
+    store.finalize(arena, DType::f32);
+    gpt.init_weights(o.seed);
+    gpt.set_arena(&arena);
+    auto sum_squares_but_wte = [&] {
+      double s = 0;
+      for (const ParamEntry& e : store.entries())
+        if (e.name != "transformer.wte.weight")
+          for (int64_t k = 0; k < e.numel; k++) s += double(store.grads()[e.offset + k]) * store.grads()[e.offset + k];
+      return s;
+    };
+    // Each replica's micro-batches, its own mean gradient, then the whole batch's.
+    std::vector<std::vector<HostBatch>> micro(static_cast<size_t>(D));
+    int total = 0;
+    std::vector<int> valid(static_cast<size_t>(D), 0);
+    for (int r = 0; r < D; r++) {
+      std::unique_ptr<train::BatchSource> src = train::open_batches(o, "train", r, D);
+      micro[size_t(r)].resize(size_t(l.accum));
+      for (HostBatch& b : micro[size_t(r)]) {
+        src->next(b);
+        valid[size_t(r)] += train::valid_targets(b);
+      }
+      total += valid[size_t(r)];
+    }
+    double own = 0;
+    for (int r = 0; r < D; r++) {
+      store.zero_grads();
+      for (const HostBatch& b : micro[size_t(r)]) gpt.forward_backward(train::view(b), 1.f / float(valid[size_t(r)]));
+      own += sum_squares_but_wte() / D;
+    }
+    store.zero_grads();
+    for (int r = 0; r < D; r++)
+      for (const HostBatch& b : micro[size_t(r)]) gpt.forward_backward(train::view(b), 1.f / float(total));
+    train::NoiseScale want;
+    want.update(own, sum_squares_but_wte(), double(total) / D, double(total));
+    const double got = t.step().local_grad_sq;
+    const train::NoiseScale& ns = t.noise_scale();
+    const double g2 = std::fabs(ns.g2() - want.g2()) / std::fabs(want.g2());
+    const double tr = std::fabs(ns.trace_sigma() - want.trace_sigma()) / std::fabs(want.trace_sigma());
+    if (world.rank() == 0)
+      std::printf("%s: per-replica |g|^2 %.6g vs %.6g; |G|^2 rel err %.2e, tr(Sigma) %.2e\n", l.str().c_str(), got,
+                  own, g2, tr);
+    EXPECT_NEAR(got, own, 1e-5 * own) << l.str();
+    EXPECT_LE(g2, 1e-4) << l.str();
+    EXPECT_LE(tr, 1e-4) << l.str();
   }
 }
 

@@ -218,14 +218,6 @@ void convert(D* out, const S* in, int64_t N, const Ctx& ctx) {
 
 // Ring attention's block kernels exist on the CPU backend only, so far; the FLOPs booked are those of
 // every (query, key) pair of the block (the masked ones included).
-#define MT_CPU_ONLY(flops, bytes, cpu_call)                                                               \
-  do {                                                                                                  \
-    MT_CHECK(ctx.device == Device::cpu, "%s: block attention (--cp > 1) runs on the CPU backend only, so far", \
-             __func__);                                                                                 \
-    const OpScope mt_op_scope_(ctx, __func__, flops, bytes);                                            \
-    return cpu_call;                                                                                    \
-  } while (0)
-
 bool attention_block_hidden(const int32_t* q_pos, const int32_t* k_pos, const int32_t* q_doc, const int32_t* k_doc,
                             int B, int Tq, int Tk) {
   return cpu::attention_block_hidden(q_pos, k_pos, q_doc, k_doc, B, Tq, Tk);
@@ -236,18 +228,22 @@ void flash_block_fwd(float* out, float* lse, const S* q, int ldq, const S* k, co
                      const int32_t* q_pos, const int32_t* k_pos, const int32_t* q_doc, const int32_t* k_doc, int B,
                      int Tq, int Tk, int C, int NH, const Ctx& ctx) {
   const double flops = 4.0 * B * double(Tq) * Tk * C, bytes = (double(Tq) + 2.0 * Tk) * B * C * sizeof(S);
-  MT_CPU_ONLY(flops, bytes,
-              cpu::flash_block_fwd<S>(out, lse, q, ldq, k, v, ldkv, q_pos, k_pos, q_doc, k_doc, B, Tq, Tk, C, NH));
+  MT_DISPATCH_COST(flops, bytes,
+                   cpu::flash_block_fwd<S>(out, lse, q, ldq, k, v, ldkv, q_pos, k_pos, q_doc, k_doc, B, Tq, Tk, C, NH),
+                   cuda::flash_block_fwd<S>(out, lse, q, ldq, k, v, ldkv, q_pos, k_pos, q_doc, k_doc, B, Tq, Tk, C, NH,
+                                            ctx));
 }
 
 void attention_merge(float* out, float* lse, const float* part_out, const float* part_lse, int B, int T, int C,
                      int NH, const Ctx& ctx) {
-  MT_CPU_ONLY(0.0, 16.0 * B * T * C, cpu::attention_merge<float>(out, lse, part_out, part_lse, B, T, C, NH));
+  MT_DISPATCH_COST(0.0, 16.0 * B * T * C, cpu::attention_merge<float>(out, lse, part_out, part_lse, B, T, C, NH),
+                   cuda::attention_merge(out, lse, part_out, part_lse, B, T, C, NH, ctx));
 }
 
 template <class S>
 void attention_delta(float* delta, const S* dout, const S* out, int B, int T, int C, int NH, const Ctx& ctx) {
-  MT_CPU_ONLY(2.0 * B * T * C, 2.0 * B * T * C * sizeof(S), cpu::attention_delta<S>(delta, dout, out, B, T, C, NH));
+  MT_DISPATCH_COST(2.0 * B * T * C, 2.0 * B * T * C * sizeof(S), cpu::attention_delta<S>(delta, dout, out, B, T, C, NH),
+                   cuda::attention_delta<S>(delta, dout, out, B, T, C, NH, ctx));
 }
 
 template <class S>
@@ -256,11 +252,12 @@ void flash_block_bwd(float* dq, float* dk, float* dv, int lddkv, const S* dout, 
                      const int32_t* k_pos, const int32_t* q_doc, const int32_t* k_doc, int B, int Tq, int Tk, int C,
                      int NH, const Ctx& ctx) {
   const double flops = 10.0 * B * double(Tq) * Tk * C, bytes = (double(Tq) + 2.0 * Tk) * B * C * (sizeof(S) + 8.0);
-  MT_CPU_ONLY(flops, bytes,
-              cpu::flash_block_bwd<S>(dq, dk, dv, lddkv, dout, q, ldq, k, v, ldkv, lse, delta, q_pos, k_pos, q_doc,
-                                      k_doc, B, Tq, Tk, C, NH));
+  MT_DISPATCH_COST(flops, bytes,
+                   cpu::flash_block_bwd<S>(dq, dk, dv, lddkv, dout, q, ldq, k, v, ldkv, lse, delta, q_pos, k_pos, q_doc,
+                                           k_doc, B, Tq, Tk, C, NH),
+                   cuda::flash_block_bwd<S>(dq, dk, dv, lddkv, dout, q, ldq, k, v, ldkv, lse, delta, q_pos, k_pos,
+                                            q_doc, k_doc, B, Tq, Tk, C, NH, ctx));
 }
-#undef MT_CPU_ONLY
 
 #define MT_BLOCK_OPS_INSTANTIATE(S)                                                                              \
   template void flash_block_fwd<S>(float*, float*, const S*, int, const S*, const S*, int, const int32_t*,       \

@@ -109,7 +109,9 @@ void flash_attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, c
 // for every batch row) and, optionally, its document id (q_doc (B,Tq), k_doc (B,Tk): both or neither).
 // Key j is visible to query i iff k_pos[j] <= q_pos[i] and the document ids are equal. q and k, v are
 // head-major rows of stride ldq and ldkv (head h at column h hs): q may be the Q part of a (B,T,3C)
-// qkv (ldq = 3C), k and v a travelling (B,T,2C) block. The CPU backend only, so far.
+// qkv (ldq = 3C), k and v a travelling (B,T,2C) block. Both backends: on CUDA (kernels/cuda/flash_block.cu,
+// proven on the warp emulator) positions and ids are device arrays; ring attention does not run on
+// GPUs yet (--cp with --device cuda is refused), so only the kernels are there.
 //
 // True when no query of the block can see any key of the other in any batch row (exact, by positions
 // and document ids, O(Tq + Tk) per row): ring attention skips the pair. Host arrays.

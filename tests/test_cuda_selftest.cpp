@@ -85,7 +85,7 @@ TEST(Selftest, HasOneCheckForEveryOpOfTheInterfaceAndATrainingStep) {
   const std::vector<std::string> ops = {
       "encoder_fwd",   "encoder_bwd",   "layernorm_fwd",       "residual_layernorm_fwd", "layernorm_bwd",
       "matmul_fwd",    "matmul_bwd",    "gelu_fwd",            "gelu_bwd",               "attention_fwd",
-      "attention_bwd", "tensor_core_fragments", "flash_attention_fwd", "flash_attention_bwd", "add",
+      "attention_bwd", "tensor_core_fragments", "flash_attention_fwd", "flash_attention_bwd", "flash_block", "add",
       "softmax_xent",
       "convert",       "scale",         "adamw",               "sum_squares",            "round_to",
       "all_finite",    "train_step"};

@@ -1,7 +1,8 @@
 // The attention checks of `minitrain selftest`: the materialised path (attention_fwd/bwd) and the flash
 // path (flash_attention_fwd/bwd), each against its CPU twin, causal and document-masked, in f32, bf16
 // and (at the small shapes) f16. Each backward is compared on its own: both backends start from the
-// CPU forward's saved tensors (att, or out and lse). Before the flash checks, the tensor-core fragment
+// CPU forward's saved tensors (att, or out and lse); ring attention's block kernels on zigzag pairs.
+// Before the flash checks, the tensor-core fragment
 // probe (kernels/cuda/fragment_probe_kernels.cuh) compares the instructions the tensor-core flash
 // kernels stand on with the PTX ISA's fragment tables, bit for bit.
 #include <string>
@@ -144,6 +145,83 @@ void flash_attention_bwd_check(Checker& c) {
   }
 }
 
+// Ring attention's block kernels (kernels/cuda/flash_block.cu) on zigzag pairs of a cp=2 split (chunk
+// c; rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2): rank 0's own pair (the diagonal), and rank
+// 0's queries over rank 1's keys, where chunk 0's queries see nothing (lse -inf). Forward, the merge
+// of the two partial results, delta, and the backward adding to nonzero dq, dk, dv; all outputs fp32.
+struct BlockShape { int B, chunk, C, NH; bool docs, big; };
+const BlockShape kBlockShapes[] = {{2, 37, 40, 5, true, false}, {1, 512, 768, 12, true, true}};
+
+template <class S>
+void flash_block_check(Checker& c) {
+  for (const BlockShape& s : kBlockShapes) {
+    if (!runs_at<S>(s.big)) continue;
+    c.at<S>(strfmt("B=%d zigzag cp=2 chunk=%d C=%d NH=%d%s", s.B, s.chunk, s.C, s.NH, s.docs ? " docs" : ""));
+    const int T = 4 * s.chunk, Tb = 2 * s.chunk, C = s.C, NH = s.NH;
+    const std::vector<int32_t> seq_doc = random_docs(c, s.B, T);
+    std::vector<int32_t> pos[2], doc[2];  // per rank: positions, and ids (B, Tb)
+    for (int r = 0; r < 2; r++) {
+      for (int part : {r, 3 - r})
+        for (int t = 0; t < s.chunk; t++) pos[r].push_back(part * s.chunk + t);
+      for (int b = 0; b < s.B; b++)
+        for (int32_t p : pos[r]) doc[r].push_back(seq_doc[size_t(b) * T + p]);
+    }
+    const auto q = c.values<S>(size_t(s.B) * Tb * 3 * C, -2.f, 2.f);  // rank 0's qkv
+    const auto kv = c.values<S>(size_t(s.B) * Tb * 2 * C, -2.f, 2.f);  // rank 1's travelling block
+    const auto dout = c.values<S>(size_t(s.B) * Tb * C);
+    const size_t n = size_t(s.B) * Tb * C, nl = size_t(s.B) * NH * Tb;
+    DeviceArray<S> d_q(q), d_kv(kv), d_dout(dout);
+    DeviceArray<int32_t> d_pos0(pos[0]), d_pos1(pos[1]), d_doc0(doc[0]), d_doc1(doc[1]);
+    const int32_t* qd = s.docs ? doc[0].data() : nullptr;
+    const int32_t* kd = s.docs ? doc[1].data() : nullptr;
+    const int32_t* d_qd = s.docs ? d_doc0.get() : nullptr;
+    const int32_t* d_kd = s.docs ? d_doc1.get() : nullptr;
+    // Rank 0's step 0 (its own keys, the K and V of its qkv) and step 1 (rank 1's block), merged.
+    std::vector<float> out(n), lse(nl), part(n), part_lse(nl);
+    cpu::flash_block_fwd<S>(out.data(), lse.data(), q.data(), 3 * C, q.data() + C, q.data() + 2 * C, 3 * C,
+                            pos[0].data(), pos[0].data(), qd, qd, s.B, Tb, Tb, C, NH);
+    cpu::flash_block_fwd<S>(part.data(), part_lse.data(), q.data(), 3 * C, kv.data(), kv.data() + C, 2 * C,
+                            pos[0].data(), pos[1].data(), qd, kd, s.B, Tb, Tb, C, NH);
+    DeviceArray<float> d_out(c.floats(n)), d_lse(c.floats(nl)), d_part(c.floats(n)), d_part_lse(c.floats(nl));
+    ops::flash_block_fwd(d_out.get(), d_lse.get(), d_q.get(), 3 * C, d_q.get() + C, d_q.get() + 2 * C, 3 * C,
+                         d_pos0.get(), d_pos0.get(), d_qd, d_qd, s.B, Tb, Tb, C, NH, kGpu);
+    ops::flash_block_fwd(d_part.get(), d_part_lse.get(), d_q.get(), 3 * C, d_kv.get(), d_kv.get() + C, 2 * C,
+                         d_pos0.get(), d_pos1.get(), d_qd, d_kd, s.B, Tb, Tb, C, NH, kGpu);
+    c.rel("out (diagonal)", d_out.host(), out, tol::kFlashFwd.f32);
+    c.rel("out (other rank)", d_part.host(), part, tol::kFlashFwd.f32);
+    std::vector<float> got_plse = d_part_lse.host();
+    size_t wrong_hidden = 0;  // queries that see nothing of the block: lse exactly -inf, on both sides
+    for (size_t i = 0; i < nl; i++) {
+      wrong_hidden += (got_plse[i] == -INFINITY) != (part_lse[i] == -INFINITY);
+      if (part_lse[i] == -INFINITY) got_plse[i] = part_lse[i] = 0.f;
+    }
+    c.count("lse -inf rows differ", wrong_hidden);
+    c.rel("lse (other rank)", got_plse, part_lse, tol::kFlashLse.f32);
+    cpu::attention_merge<float>(out.data(), lse.data(), part.data(), part_lse.data(), s.B, Tb, C, NH);
+    ops::attention_merge(d_out.get(), d_lse.get(), d_part.get(), d_part_lse.get(), s.B, Tb, C, NH, kGpu);
+    c.rel("merged out", d_out.host(), out, tol::kFlashFwd.f32);
+    c.rel("merged lse", d_lse.host(), lse, tol::kFlashLse.f32);
+    // Backward of the other rank's pair with the merged (final) lse; delta from the rounded output.
+    const std::vector<S> out_s = to_storage<S>(out);
+    std::vector<float> delta(nl);
+    cpu::attention_delta<S>(delta.data(), dout.data(), out_s.data(), s.B, Tb, C, NH);
+    DeviceArray<S> d_out_s(out_s);
+    DeviceArray<float> d_delta(c.floats(nl));
+    ops::attention_delta(d_delta.get(), d_dout.get(), d_out_s.get(), s.B, Tb, C, NH, kGpu);
+    c.rel("delta", d_delta.host(), delta, tol::kFlashBwd.f32);
+    std::vector<float> dq = c.floats(n), dkv = c.floats(size_t(s.B) * Tb * 2 * C);
+    DeviceArray<float> d_dq(dq), d_dkv(dkv), d_final_lse(lse), d_delta_ref(delta);
+    cpu::flash_block_bwd<S>(dq.data(), dkv.data(), dkv.data() + C, 2 * C, dout.data(), q.data(), 3 * C, kv.data(),
+                            kv.data() + C, 2 * C, lse.data(), delta.data(), pos[0].data(), pos[1].data(), qd, kd, s.B,
+                            Tb, Tb, C, NH);
+    ops::flash_block_bwd(d_dq.get(), d_dkv.get(), d_dkv.get() + C, 2 * C, d_dout.get(), d_q.get(), 3 * C, d_kv.get(),
+                         d_kv.get() + C, 2 * C, d_final_lse.get(), d_delta_ref.get(), d_pos0.get(), d_pos1.get(), d_qd,
+                         d_kd, s.B, Tb, Tb, C, NH, kGpu);
+    c.rel("dq (added)", d_dq.host(), dq, tol::kFlashBwd.f32);
+    c.rel("dk, dv (added)", d_dkv.host(), dkv, tol::kFlashBwd.f32);
+  }
+}
+
 template <class S>
 void tensor_core_fragments_check(Checker& c) {
   c.at<S>("one warp, 16 x 16 tiles");
@@ -173,6 +251,7 @@ MT_TYPED_ATTENTION_CHECK(attention_fwd)
 MT_TYPED_ATTENTION_CHECK(attention_bwd)
 MT_TYPED_ATTENTION_CHECK(flash_attention_fwd)
 MT_TYPED_ATTENTION_CHECK(flash_attention_bwd)
+MT_TYPED_ATTENTION_CHECK(flash_block)
 #undef MT_TYPED_ATTENTION_CHECK
 
 }  // namespace mt::train::selftest_detail

@@ -98,6 +98,7 @@ void check_attention_fwd(Checker& c);
 void check_attention_bwd(Checker& c);
 void check_flash_attention_fwd(Checker& c);
 void check_flash_attention_bwd(Checker& c);
+void check_flash_block(Checker& c);
 // One training step of a small GPT on both backends, fp32 and bf16 (selftest_train_check.cpp).
 void check_train_step(Checker& c);
 

@@ -26,7 +26,7 @@
 #define MT_SELFTEST_CHECKS(X)                                                                                    \
   X(encoder_fwd) X(encoder_bwd) X(layernorm_fwd) X(residual_layernorm_fwd) X(layernorm_bwd) X(matmul_fwd)        \
   X(matmul_bwd) X(gelu_fwd) X(gelu_bwd) X(attention_fwd) X(attention_bwd) X(tensor_core_fragments)              \
-  X(flash_attention_fwd) X(flash_attention_bwd) X(add) X(softmax_xent) X(convert) X(scale) X(adamw) X(sum_squares) X(round_to)          \
+  X(flash_attention_fwd) X(flash_attention_bwd) X(flash_block) X(add) X(softmax_xent) X(convert) X(scale) X(adamw) X(sum_squares) X(round_to)          \
   X(all_finite) X(train_step)
 
 namespace mt::train {

@@ -51,6 +51,20 @@ void flash_attention_fwd(S* out, float* lse, const S* qkv, const int32_t* doc, i
 template <class S>
 void flash_attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* out, const float* lse,
                          const int32_t* doc, int B, int T, int C, int NH, const ops::Ctx& ctx);
+// Block attention (ops.h; flash_block.cu): positions and document ids in device memory.
+template <class S>
+void flash_block_fwd(float* out, float* lse, const S* q, int ldq, const S* k, const S* v, int ldkv,
+                     const int32_t* q_pos, const int32_t* k_pos, const int32_t* q_doc, const int32_t* k_doc, int B,
+                     int Tq, int Tk, int C, int NH, const ops::Ctx& ctx);
+void attention_merge(float* out, float* lse, const float* part_out, const float* part_lse, int B, int T, int C,
+                     int NH, const ops::Ctx& ctx);
+template <class S>
+void attention_delta(float* delta, const S* dout, const S* out, int B, int T, int C, int NH, const ops::Ctx& ctx);
+template <class S>
+void flash_block_bwd(float* dq, float* dk, float* dv, int lddkv, const S* dout, const S* q, int ldq, const S* k,
+                     const S* v, int ldkv, const float* lse, const float* delta, const int32_t* q_pos,
+                     const int32_t* k_pos, const int32_t* q_doc, const int32_t* k_doc, int B, int Tq, int Tk, int C,
+                     int NH, const ops::Ctx& ctx);
 // Whether flash attention in storage type t at head size hs runs the tensor-core kernels on the
 // current device (for 16-byte aligned tensors), rather than the fp32 SIMT ones.
 bool flash_attention_on_tensor_cores(DType t, int hs, bool backward);

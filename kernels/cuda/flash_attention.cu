@@ -33,24 +33,13 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/flash_attention_kernels.cuh"
 #include "kernels/cuda/flash_attention_mma.cuh"
+#include "kernels/cuda/shared_memory.cuh"
 #include "kernels/cuda/storage.cuh"
 
 namespace mt::cuda {
 namespace {
 
 using namespace flash_attention_kernels;
-
-// Opts the kernel in to `bytes` of dynamic shared memory (beyond the default 48 KiB), checking the
-// device allows that much per block.
-template <class Kernel>
-void prepare_smem(Kernel kernel, size_t bytes, const char* op) {
-  int dev = 0, optin = 0;
-  MT_CUDA_CHECK(cudaGetDevice(&dev));
-  MT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  MT_CHECK(bytes <= size_t(optin), "%s: needs %zu bytes of shared memory per block, the device allows %d", op,
-           bytes, optin);
-  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
 
 struct FlashShape {
   int B, T, C, NH, hs;
@@ -70,7 +59,7 @@ FlashShape check_shape(int B, int T, int C, int NH, const char* op) {
 template <class D, int ND>
 void launch_fwd(D* out, float* lse, const D* qkv, const int32_t* doc, const FlashShape& s, cudaStream_t stream) {
   const LaunchShape l = fwd_shape(s.B, s.T, s.NH, s.hs);
-  prepare_smem(flash_fwd_kernel<D, ND>, l.smem, "flash_attention_fwd");
+  opt_in_shared_memory(flash_fwd_kernel<D, ND>, l.smem, "flash_attention_fwd");
   flash_fwd_kernel<D, ND><<<l.grid, l.block, l.smem, stream>>>(out, lse, qkv, doc, s.T, s.C, s.NH, s.scale());
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -79,11 +68,11 @@ template <class D, int ND>
 void launch_bwd(D* dqkv, const D* dout, const D* qkv, const float* lse, const float* dsum, const int32_t* doc,
                 const FlashShape& s, cudaStream_t stream) {
   const LaunchShape lkv = dkdv_shape(s.B, s.T, s.NH, s.hs), lq = dq_shape(s.B, s.T, s.NH, s.hs);
-  prepare_smem(flash_bwd_dkdv_kernel<D, ND>, lkv.smem, "flash_attention_bwd");
+  opt_in_shared_memory(flash_bwd_dkdv_kernel<D, ND>, lkv.smem, "flash_attention_bwd");
   flash_bwd_dkdv_kernel<D, ND><<<lkv.grid, lkv.block, lkv.smem, stream>>>(dqkv, dout, qkv, lse, dsum, doc, s.T, s.C,
                                                                           s.NH, s.scale());
   MT_CUDA_CHECK_LAUNCH();
-  prepare_smem(flash_bwd_dq_kernel<D, ND>, lq.smem, "flash_attention_bwd");
+  opt_in_shared_memory(flash_bwd_dq_kernel<D, ND>, lq.smem, "flash_attention_bwd");
   flash_bwd_dq_kernel<D, ND><<<lq.grid, lq.block, lq.smem, stream>>>(dqkv, dout, qkv, lse, dsum, doc, s.T, s.C, s.NH,
                                                                      s.scale());
   MT_CUDA_CHECK_LAUNCH();

@@ -30,6 +30,7 @@
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/flash_attention_mma.cuh"
 #include "kernels/cuda/flash_attention_mma_kernels.cuh"
+#include "kernels/cuda/shared_memory.cuh"
 #include "kernels/cuda/storage.cuh"
 
 namespace mt::cuda::flash_mma {
@@ -37,17 +38,10 @@ namespace {
 
 using namespace kernels;
 
-// Opts the kernel in to more than the default 48 KiB of dynamic shared memory where it needs that.
-template <class Kernel>
-void prepare_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return;
-  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
-
 template <class D, int HS>
 void launch_fwd(D* out, float* lse, const D* qkv, const int32_t* doc, int B, int T, int C, int NH, cudaStream_t st) {
   const LaunchShape ls = fwd_shape<D, HS>(B, T, NH);
-  prepare_smem(fwd_kernel<D, HS>, ls.smem);
+  opt_in_shared_memory(fwd_kernel<D, HS>, ls.smem, "flash attention (tensor cores)");
   const float scale_log2 = kLog2e / std::sqrt(float(HS));
   fwd_kernel<D, HS><<<ls.grid, ls.block, ls.smem, st>>>(out, lse, qkv, doc, T, C, NH, scale_log2);
   MT_CUDA_CHECK_LAUNCH();
@@ -58,10 +52,10 @@ void launch_bwd(D* dqkv, const D* dout, const D* qkv, const float* lse, const fl
                 int T, int C, int NH, cudaStream_t st) {
   const LaunchShape ls = bwd_shape<D, HS>(B, T, NH);
   const float scale = 1.f / std::sqrt(float(HS)), scale_log2 = kLog2e * scale;
-  prepare_smem(dkdv_kernel<D, HS>, ls.smem);
+  opt_in_shared_memory(dkdv_kernel<D, HS>, ls.smem, "flash attention (tensor cores)");
   dkdv_kernel<D, HS><<<ls.grid, ls.block, ls.smem, st>>>(dqkv, dout, qkv, lse, dsum, doc, T, C, NH, scale, scale_log2);
   MT_CUDA_CHECK_LAUNCH();
-  prepare_smem(dq_kernel<D, HS>, ls.smem);
+  opt_in_shared_memory(dq_kernel<D, HS>, ls.smem, "flash attention (tensor cores)");
   dq_kernel<D, HS><<<ls.grid, ls.block, ls.smem, st>>>(dqkv, dout, qkv, lse, dsum, doc, T, C, NH, scale, scale_log2);
   MT_CUDA_CHECK_LAUNCH();
 }

@@ -17,14 +17,17 @@ namespace {
 // Brackets one op with the Ctx's timer, if it has one (kernels/op_timer.h).
 class OpScope {
  public:
-  OpScope(const Ctx& ctx, const char* op, double flops, double bytes) : timer_(ctx.timer) {
+  OpScope(const Ctx& ctx, const char* op, double flops, double bytes)
+      : timer_(ctx.timer), trace_(ctx.trace && ctx.trace->recording() ? ctx.trace : nullptr), lane_(ctx.trace_lane),
+        op_(op) {
     if (timer_) timer_->begin(op, flops, bytes);
+    if (trace_) begin_ = Trace::Clock::now();
   }
   ~OpScope() {
-    if (!timer_) return;
     try {
-      timer_->end();
-    } catch (...) {  // a failed mark loses a timing, not the op's result
+      if (trace_) trace_->add(op_, "op", lane_, begin_, Trace::Clock::now());
+      if (timer_) timer_->end();
+    } catch (...) {  // a failed mark loses a timing (or a span), not the op's result
     }
   }
   OpScope(const OpScope&) = delete;
@@ -32,6 +35,10 @@ class OpScope {
 
  private:
   OpTimer* timer_;
+  Trace* trace_;
+  int lane_;
+  const char* op_;
+  Trace::Clock::time_point begin_;
 };
 
 // Model FLOPs of causal attention over (B, NH, T) with head size hs: 2 products (Q K^T, P V) of

@@ -19,6 +19,7 @@
 #include "runtime/dtype.h"
 #include "runtime/storage.h"
 #include "runtime/tensor.h"
+#include "runtime/trace.h"
 
 namespace mt::ops {
 
@@ -28,6 +29,8 @@ struct Ctx {
   Device device = Device::cpu;
   void* stream = nullptr;    // cudaStream_t on the CUDA backend
   OpTimer* timer = nullptr;  // profiling runs: every op is timed (kernels/op_timer.h)
+  Trace* trace = nullptr;    // trace=1 runs: every op is a span on lane trace_lane while recording
+  int trace_lane = 0;
 };
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[pos[b,t],:]; pos == nullptr means pos[b,t] = t.

@@ -105,7 +105,52 @@ Comm::Comm(int rank, int size, Device device, std::string name)
   MT_CHECK(size >= 1 && rank >= 0 && rank < size, "communicator '%s': rank %d of size %d", name_.c_str(), rank, size);
 }
 
+namespace {
+
+// An op in flight whose span (issue -> completion seen by the caller) goes to the trace when it ends.
+class TracedOp : public PendingOp {
+ public:
+  TracedOp(CommHandle inner, Trace* trace, int lane, const char* what, uint64_t bytes, Trace::Clock::time_point issued)
+      : inner_(std::move(inner)), trace_(trace), lane_(lane), what_(what), bytes_(bytes), issued_(issued) {}
+  bool test() override {
+    if (!inner_.test()) return false;
+    record();
+    return true;
+  }
+  void wait() override {
+    inner_.wait();
+    record();
+  }
+
+ private:
+  void record() {
+    if (recorded_) return;
+    recorded_ = true;
+    trace_->add(what_, "comm", lane_, issued_, Trace::Clock::now(), "{\"bytes\": " + std::to_string(bytes_) + "}");
+  }
+  CommHandle inner_;
+  Trace* trace_;
+  int lane_;
+  const char* what_;
+  uint64_t bytes_;
+  Trace::Clock::time_point issued_;
+  bool recorded_ = false;
+};
+
+}  // namespace
+
+void Comm::set_trace(Trace* trace) {
+  trace_ = trace;
+  if (trace_) trace_lane_ = trace_->lane("comm " + name_);
+}
+
+CommHandle Comm::traced(const char* what, uint64_t bytes, CommHandle h) {
+  if (!trace_ || !trace_->recording() || h.done()) return h;
+  return CommHandle(std::make_unique<TracedOp>(std::move(h), trace_, trace_lane_, what, bytes, issued_));
+}
+
 void Comm::tally(CommOp op, uint64_t payload, uint64_t sent) {
+  if (trace_ && trace_->recording()) issued_ = Trace::Clock::now();  // the op's span starts here
   CommOpCount& c = counters_[op];
   c.calls++;
   c.payload_bytes += payload;
@@ -132,7 +177,7 @@ CommHandle Comm::all_reduce_async(void* buf, size_t count, DType t, ReduceOp op)
   size_t b = dtype_size(t);
   tally(CommOp::all_reduce, uint64_t(count) * b, all_reduce_sent_bytes(count, b, size_, rank_));
   if (count == 0) return {};
-  return do_all_reduce(buf, count, t, op);
+  return traced("all_reduce", uint64_t(count) * b, do_all_reduce(buf, count, t, op));
 }
 
 void Comm::reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) {
@@ -145,7 +190,7 @@ CommHandle Comm::reduce_scatter_async(const void* send, void* recv, size_t recv_
   uint64_t b = dtype_size(t);
   tally(CommOp::reduce_scatter, uint64_t(size_) * recv_count * b, uint64_t(size_ - 1) * recv_count * b);
   if (recv_count == 0) return {};
-  return do_reduce_scatter(send, recv, recv_count, t, op);
+  return traced("reduce_scatter", uint64_t(size_) * recv_count * b, do_reduce_scatter(send, recv, recv_count, t, op));
 }
 
 void Comm::all_gather(const void* send, void* recv, size_t send_count, DType t) {
@@ -157,7 +202,7 @@ CommHandle Comm::all_gather_async(const void* send, void* recv, size_t send_coun
   uint64_t b = dtype_size(t);
   tally(CommOp::all_gather, uint64_t(size_) * send_count * b, uint64_t(size_ - 1) * send_count * b);
   if (send_count == 0) return {};
-  return do_all_gather(send, recv, send_count, t);
+  return traced("all_gather", uint64_t(size_) * send_count * b, do_all_gather(send, recv, send_count, t));
 }
 
 void Comm::all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
@@ -177,7 +222,7 @@ CommHandle Comm::all_to_all_v_async(const void* send, std::span<const size_t> se
   }
   tally(CommOp::all_to_all, total * b, others * b);
   // Never skipped when this rank moves nothing: the peers may still send to or expect from it.
-  return do_all_to_all_v(send, send_counts, recv, recv_counts, t);
+  return traced("all_to_all_v", total * b, do_all_to_all_v(send, send_counts, recv, recv_counts, t));
 }
 
 void Comm::broadcast(void* buf, size_t count, DType t, int root) { broadcast_async(buf, count, t, root).wait(); }
@@ -188,7 +233,7 @@ CommHandle Comm::broadcast_async(void* buf, size_t count, DType t, int root) {
   size_t b = dtype_size(t);
   tally(CommOp::broadcast, uint64_t(count) * b, broadcast_sent_bytes(count, b, size_, rank_, root));
   if (count == 0) return {};
-  return do_broadcast(buf, count, t, root);
+  return traced("broadcast", uint64_t(count) * b, do_broadcast(buf, count, t, root));
 }
 
 void Comm::send(const void* buf, size_t count, DType t, int peer, int tag) {
@@ -225,7 +270,8 @@ CommHandle Comm::send_recv_async(const void* send_buf, size_t send_count, int ds
     tally(CommOp::recv, recv_count * b, 0);
   }
   if (dst < 0 && src < 0) return {};
-  return do_send_recv(send_buf, send_count, dst, recv_buf, recv_count, src, t, tag);
+  const char* what = dst >= 0 && src >= 0 ? "send_recv" : dst >= 0 ? "send" : "recv";
+  return traced(what, (send_count + recv_count) * b, do_send_recv(send_buf, send_count, dst, recv_buf, recv_count, src, t, tag));
 }
 
 void Comm::barrier() {

@@ -51,6 +51,7 @@
 #include "runtime/check.h"
 #include "runtime/dtype.h"
 #include "runtime/tensor.h"
+#include "runtime/trace.h"
 
 namespace mt::parallel {
 
@@ -199,6 +200,10 @@ class Comm {
   // MemCategory::comm; it must outlive the communicator); nullptr: as this communicator does.
   std::unique_ptr<Comm> split(int color, int key, const std::string& name, Arena* scratch = nullptr);
 
+  // Every op from now on is a span on the trace's lane "comm <name>" while it records (nullptr: none).
+  // Not inherited by split communicators.
+  void set_trace(Trace* trace);
+
  protected:
   Comm(int rank, int size, Device device, std::string name);
 
@@ -217,6 +222,7 @@ class Comm {
 
  private:
   void tally(CommOp op, uint64_t payload, uint64_t sent);
+  CommHandle traced(const char* what, uint64_t bytes, CommHandle h);
   void check_reduce(DType t, ReduceOp op, const char* what) const;
   void check_peer(int peer, const char* what) const;
 
@@ -225,6 +231,9 @@ class Comm {
   Device device_;
   std::string name_;
   CommCounters counters_;
+  Trace* trace_ = nullptr;
+  int trace_lane_ = 0;
+  Trace::Clock::time_point issued_{};
 };
 
 }  // namespace mt::parallel

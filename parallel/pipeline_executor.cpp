@@ -13,6 +13,18 @@ double since(clock_type::time_point t) { return std::chrono::duration<double>(cl
 bool is_receive(ActionKind k) { return k == ActionKind::recv_activation || k == ActionKind::recv_gradient; }
 }  // namespace
 
+void PipelineExecutor::set_trace(Trace* trace) {
+  trace_ = trace;
+  if (trace_) trace_lane_ = trace_->lane("pipeline");
+}
+
+// A compute action's span name: F3, B3, Bi3 (B_input), W3; c1F3 for chunk 1 when a rank has several.
+std::string PipelineExecutor::action_name(const Action& a) const {
+  if (!trace_ || !trace_->recording()) return {};
+  const char* k = a.kind == ActionKind::backward_input ? "Bi" : action_kind_name(a.kind);
+  return (schedule_.v() > 1 ? "c" + std::to_string(a.chunk) : std::string()) + k + std::to_string(a.micro);
+}
+
 PipelineExecutor::PipelineExecutor(Schedule schedule, Comm& pp) : schedule_(std::move(schedule)), pp_(pp) {
   MT_CHECK(pp.size() == schedule_.p(), "pipeline executor: a schedule for %d ranks on a communicator of %d",
            schedule_.p(), pp.size());
@@ -105,6 +117,7 @@ void PipelineExecutor::run(PipelineStages& stages) {
         Buffer in = take_received(fwd ? ActionKind::recv_activation : ActionKind::recv_gradient, a);
         stages.before(a, i == (fwd ? last_forward_ : last_backward_)[size_t(a.chunk)]);
         const auto t0 = clock_type::now();
+        const Trace::Span span(trace_, trace_lane_, "pipeline", action_name(a));
         Buffer out = fwd                                    ? stages.forward(a.chunk, a.micro, std::move(in))
                      : a.kind == ActionKind::backward_input ? stages.backward_input(a.chunk, a.micro, std::move(in))
                                                             : stages.backward(a.chunk, a.micro, std::move(in));
@@ -120,6 +133,7 @@ void PipelineExecutor::run(PipelineStages& stages) {
       case ActionKind::backward_weight: {
         stages.before(a, i == last_weight_[size_t(a.chunk)]);
         const auto t0 = clock_type::now();
+        const Trace::Span span(trace_, trace_lane_, "pipeline", action_name(a));
         stages.backward_weight(a.chunk, a.micro);
         const double dt = since(t0);
         stats_.compute_s += dt;

@@ -29,6 +29,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -82,6 +83,9 @@ class PipelineExecutor {
   // Runs this rank's actions of one step; every send and receive is complete when it returns.
   void run(PipelineStages& stages);
   const PipelineStats& stats() const { return stats_; }
+  // Each compute action becomes a span on the trace's lane "pipeline" (named F3, B3, Bi3, W3 for
+  // micro-batch 3; with chunk c prefixed under interleaving: c1F3) while it records.
+  void set_trace(Trace* trace);
   const Schedule& schedule() const { return schedule_; }
 
  private:
@@ -93,6 +97,7 @@ class PipelineExecutor {
   void post_receives_through(size_t end, PipelineStages& stages);
   Buffer take_received(ActionKind kind, const Action& a);
   void reap_sends(bool wait);
+  std::string action_name(const Action& a) const;
 
   Schedule schedule_;
   Comm& pp_;
@@ -104,6 +109,8 @@ class PipelineExecutor {
   std::map<Key, Buffer> produced_;       // outputs of F (send_activation) and B (send_gradient), not yet sent
   std::vector<Message> sending_;         // sends in flight, with their buffers
   PipelineStats stats_;
+  Trace* trace_ = nullptr;
+  int trace_lane_ = 0;
 };
 
 }  // namespace mt::parallel

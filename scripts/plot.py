@@ -12,6 +12,8 @@ first run's directory) one PNG per figure that the runs have data for, and print
   noise.png       the gradient noise scale B_simple per step (when logged)
   moe.png         mixture of experts: load imbalance and drop fraction per step (when logged)
   pipeline.png    pipeline parallelism: the measured bubble per step, and each pp rank's share (when logged)
+  timeline.png    the first traced step's pipeline actions per rank (a run with trace=1 under --pp: from
+                  RUN/trace/rank_*.json, the first run that has them)
 
 Every run is one colour across the figures, labelled by its directory name. A resumed run's metrics
 hold the earlier attempts too: for each step the last record counts (the one the run kept).
@@ -135,6 +137,46 @@ def main():
             ("bubble of pp rank 0 (solid) and the last (dashed)", "share",
              [(lambda r: r["pp"]["bubble_ranks"][0], " rank 0", "-"),
               (lambda r: r["pp"]["bubble_ranks"][-1], " last rank", "--")])])
+    timeline(a.runs, out)
+
+
+def timeline(run_paths, out):
+    """The pipeline actions (F, B, B_input, W spans) of the first traced step, one row per rank."""
+    for path in run_paths:
+        tdir = os.path.join(path, "trace") if os.path.isdir(path) else ""
+        files = sorted(f for f in os.listdir(tdir) if f.startswith("rank_") and f.endswith(".json")) if os.path.isdir(tdir) else []
+        rows = []
+        for f in files:
+            ev = json.load(open(os.path.join(tdir, f)))["traceEvents"]
+            lanes = {e["tid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+            steps = sorted((e for e in ev if e["ph"] == "X" and lanes.get(e["tid"]) == "step"), key=lambda e: e["ts"])
+            if not steps:
+                continue
+            s0 = steps[0]
+            acts = [e for e in ev if e["ph"] == "X" and lanes.get(e["tid"]) == "pipeline"
+                    and s0["ts"] <= e["ts"] <= s0["ts"] + s0["dur"]]
+            if acts:
+                rows.append((int(f[5:10]), s0, acts))
+        if not rows:
+            continue
+        t0 = min(s0["ts"] for _, s0, _ in rows)
+        fig, ax = plt.subplots(figsize=(10, 0.6 * len(rows) + 1.5))
+        colour = {"F": "C0", "B": "C1", "Bi": "C2", "W": "C3"}
+        for rank, _, acts in rows:
+            for e in acts:
+                kind = e["name"].lstrip("c0123456789").rstrip("0123456789")
+                ax.broken_barh([((e["ts"] - t0) / 1e3, e["dur"] / 1e3)], (rank - 0.4, 0.8),
+                               facecolors=colour.get(kind, "C7"), edgecolor="black", linewidth=0.3)
+        ax.set_yticks([r for r, _, _ in rows], [f"rank {r}" for r, _, _ in rows])
+        ax.invert_yaxis()
+        ax.set_xlabel("ms from the first rank's start of the step (the ranks' system clocks)")
+        ax.set_title(f"{os.path.basename(os.path.normpath(path))}: pipeline actions of {rows[0][1]['name']} "
+                     "(F blue, B orange, B_input green, W red)")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "timeline.png"), dpi=100)
+        print(os.path.join(out, "timeline.png"))
+        plt.close(fig)
+        return
 
 
 if __name__ == "__main__":

@@ -196,6 +196,7 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
                 "grad comm blocking", 1e3 * blocking[1]);
   }
   if (ops::OpTimer* t = tr.op_timer()) print_op_table(*t, sum.t_total / double(n), int(n), peak);
+  if (o.trace.on) tr.write_trace(o.out_dir + "/trace");  // the bench's steps are counted as the trainer's
   return 0;
 }
 

@@ -136,6 +136,10 @@ const std::vector<OptionEntry>& option_table() {
       {"threads", [](TrainOptions& o, auto& k, auto& v) { o.threads = parse_int(k, v); }, "run", "OpenMP threads (0: all cores)"},
       {"peak_flops", [](TrainOptions& o, auto& k, auto& v) { o.peak_flops = parse_number(k, v); }, "logging", "peak FLOP/s per rank for MFU (0: calibrate or datasheet)"},
       {"profile_ops", [](TrainOptions& o, auto& k, auto& v) { o.profile_ops = to_bool(k, v); }, "logging", "time every op (bench prints the table)"},
+      {"trace", [](TrainOptions& o, auto& k, auto& v) { o.trace.on = to_bool(k, v); }, "logging", "write a Chrome trace (Perfetto) per rank of ops, communication and pipeline actions to <out_dir>/trace/"},
+      {"trace.on", [](TrainOptions& o, auto& k, auto& v) { o.trace.on = to_bool(k, v); }, "logging", "same as trace"},
+      {"trace.start", [](TrainOptions& o, auto& k, auto& v) { o.trace.start = parse_int(k, v); }, "logging", "the first traced step"},
+      {"trace.steps", [](TrainOptions& o, auto& k, auto& v) { o.trace.steps = parse_int(k, v); }, "logging", "how many steps the trace covers"},
   };
   return table;
 }
@@ -167,7 +171,7 @@ const std::map<std::string, Range>& numeric_ranges() {
       {"moe.experts", kNonNegative}, {"moe.top_k", kPositive}, {"moe.every", kPositive}, {"moe.capacity", kNonNegative},
       {"moe.aux_coef", kNonNegative}, {"moe.z_coef", kNonNegative}, {"moe.bias_rate", kNonNegative},
       {"moe.shared", kNonNegative},
-      {"data.prefetch", kNonNegative},
+      {"data.prefetch", kNonNegative}, {"trace.start", kPositive}, {"trace.steps", kPositive},
       {"optim.lr", kNonNegative}, {"optim.min_lr_ratio", {0, 1, false, false}}, {"optim.warmup_steps", kNonNegative},
       {"optim.weight_decay", kNonNegative}, {"optim.beta1", {0, 1, false, true}}, {"optim.beta2", {0, 1, false, true}},
       {"optim.eps", kPositive}, {"optim.grad_clip", kAny},  // grad_clip <= 0 disables clipping
@@ -398,6 +402,7 @@ nlohmann::json TrainOptions::to_json() const {
       {"init_from", init_from}, {"resume", resume}, {"save_every", save_every}, {"eval_every", eval_every},
       {"eval_batches", eval_batches}, {"log_every", log_every}, {"threads", threads}, {"peak_flops", peak_flops},
       {"profile_ops", profile_ops},
+      {"trace", {{"on", trace.on}, {"start", trace.start}, {"steps", trace.steps}}},
   };
 }
 

@@ -110,6 +110,11 @@ struct TrainOptions {
   int threads = 0;         // OpenMP threads (0: all cores)
   double peak_flops = 0;   // override of the peak used for MFU (0: calibrate / table)
   bool profile_ops = false; // time every op (kernels/op_timer.h); `minitrain bench` prints the table
+  struct Trace {
+    bool on = false;  // trace=1: a Chrome trace per rank under <out_dir>/trace/ (runtime/trace.h)
+    int start = 2;    // the first traced step (the first step warms up)
+    int steps = 3;    // how many steps are traced
+  } trace;
 
   nlohmann::json to_json() const;
   void validate() const;

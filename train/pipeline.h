@@ -66,6 +66,7 @@ class Pipeline final : public parallel::PipelineStages {
   // After finish_grads: the two copies of wte's gradient summed (first and last stage; no-op elsewhere).
   void sum_tied_grads();
   const parallel::PipelineStats& stats() const { return exec_.stats(); }
+  void set_trace(Trace* trace) { exec_.set_trace(trace); }
   // The last step's measured figures of every rank of this pipeline, as metrics.jsonl logs them
   // under "pp": idle_s (per pp rank: the longest rank's run of the schedule, the step's pipeline
   // phase, less the rank's time in F and B), bubble_ranks (idle_s over that phase, each in [0, 1)),

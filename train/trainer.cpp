@@ -109,6 +109,12 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
 #endif
     ctx_.timer = op_timer_.get();
   }
+  if (o_.trace.on) {
+    trace_ = std::make_unique<Trace>(world_.rank(), strfmt("rank %d %s", world_.rank(), mesh_->str().c_str()));
+    trace_->lane("step");  // the first row: the steps, then ops, pipeline actions and communication
+    ctx_.trace = trace_.get();
+    ctx_.trace_lane = trace_->lane("ops");
+  }
   // The cp ranks of a dp replica read the same rows and keep their zigzag chunks of them.
   const int cp_rank = mesh_->coord(parallel::MeshDim::cp);
   train_data_ = zigzag_batches(open_batches(o_, "train", dp.rank(), dp.size()), mesh_->cp(), cp_rank);
@@ -199,6 +205,12 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
     ckpt_opts_.staging.free = [](void* p) { cuda::pinned_free(p); };
 #endif
   }
+  if (trace_) {
+    for (parallel::Comm* c : {&mesh_->dp_comm(), &mesh_->tp_comm(), &mesh_->pp_comm(), &mesh_->cp_comm(),
+                              &mesh_->cp_dp_comm(), dp_device_comm_.get(), tp_device_comm_.get(), &world_})
+      if (c && c->size() > 1) c->set_trace(trace_.get());
+    if (pipeline_) pipeline_->set_trace(trace_.get());
+  }
   if (!resume_path_.empty()) load_checkpoint(resume_path_);
 }
 
@@ -270,6 +282,15 @@ std::vector<char> Trainer::counted_entries() const {
 }
 
 StepResult Trainer::step() {
+  // Traced steps record from here until step() returns (after the step's span ends).
+  struct StopRecording {
+    Trace* t;
+    ~StopRecording() {
+      if (t) t->set_recording(false);
+    }
+  } const stop{trace_.get()};
+  if (trace_) trace_->set_recording(step_ + 1 >= o_.trace.start && step_ + 1 < o_.trace.start + o_.trace.steps);
+  const Trace::Span step_span(trace_.get(), 0, "step", trace_ ? "step " + std::to_string(step_ + 1) : std::string());
   StepResult r;
   parallel::Comm& dp = replicas();  // every token once: the dp replicas' rows, each cut over cp
   const auto t0 = clock_type::now();

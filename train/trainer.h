@@ -107,6 +107,9 @@ class Trainer {
   const NoiseScale& noise_scale() const { return gns_; }
   const LossScaler& loss_scaler() const { return scaler_; }
   ops::OpTimer* op_timer() { return op_timer_.get(); }  // with profile_ops=1, else nullptr
+  // trace=1: this rank's Chrome trace to <dir>/rank_NNNNN.json (every rank writes its own; run()
+  // writes <out_dir>/trace/ after the last step).
+  void write_trace(const std::string& dir);
   // For tests: called on each micro-batch (its index in the step, the batch) right after it is read,
   // before its targets are counted, e.g. to ignore some targets (-1).
   void set_batch_hook(std::function<void(size_t, HostBatch&)> hook) { batch_hook_ = std::move(hook); }
@@ -163,6 +166,7 @@ class Trainer {
   void fault(const char* phase) { checkpoint::fault_point(ckpt_opts_, world_.rank(), step_ + 1, phase); }
 
   TrainOptions o_;
+  std::unique_ptr<Trace> trace_;            // trace=1; before everything that points at it
   std::unique_ptr<ops::OpTimer> op_timer_;  // before everything holding a Ctx that points at it
   std::unique_ptr<parallel::Comm> own_world_;
   parallel::Comm& world_;

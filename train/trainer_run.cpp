@@ -47,6 +47,18 @@ Peak run_peak(const TrainOptions& o, int threads) {
   return calibrate_cpu_peak(threads);
 }
 
+void Trainer::write_trace(const std::string& dir) {
+  if (!trace_) return;
+  trace_->set_recording(false);
+  fs::create_directories(dir);
+  const std::string path = (fs::path(dir) / strfmt("rank_%05d.json", world_.rank())).string();
+  trace_->write(path);
+  if (world_.rank() == 0)
+    std::fprintf(stderr, "minitrain: trace of steps %d to %d in %s/rank_*.json (%zu spans on rank 0%s; open in Perfetto)\n",
+                 o_.trace.start, o_.trace.start + o_.trace.steps - 1, dir.c_str(), trace_->events(),
+                 trace_->dropped() ? strfmt(", %zu dropped", trace_->dropped()).c_str() : "");
+}
+
 void Trainer::run() {
   const fs::path out(o_.out_dir);
   const fs::path metrics_path = out / "metrics.jsonl";
@@ -164,6 +176,7 @@ void Trainer::run() {
       totals.add_checkpoint(step_);  // a save that fails ends the run (here or at the next wait)
     }
   }
+  if (trace_) write_trace((out / "trace").string());
   save_checkpoint();
   wait_checkpoint();
   totals.add_checkpoint(step_);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/plot.py on real runs: a single-rank run (loss, validation, throughput, memory, noise scale)
-# and, with MPI, a two-stage pipeline run (its bubble) plotted side by side; every figure the runs
+# and, with MPI, a two-stage pipeline run (its bubble, and with trace=1 its timeline) plotted side by side; every figure the runs
 # have data for is a PNG, none is drawn for data they lack (no mixture of experts here); a torn last
 # line is skipped, a malformed one is an error naming the file and line.
 # Usage: plot_test.sh <minitrain> <plot.py>
@@ -19,7 +19,7 @@ tiny=(data.path=synthetic model.vocab_size=128 model.n_layer=2 model.n_embd=32 m
 runs=("$work/single")
 pipeline=0
 if [[ "$("$mt" --version)" == *"MPI on"* ]]; then
-  mpirun --oversubscribe --mca btl self,vader --mca pml ob1 -np 2 "$mt" train "${tiny[@]}" --pp 2 grad_accum=2 \
+  mpirun --oversubscribe --mca btl self,vader --mca pml ob1 -np 2 "$mt" train "${tiny[@]}" --pp 2 grad_accum=2 trace=1 \
     out_dir="$work/pp2" 2>"$work/pp2.log" || { echo "FAIL pipeline run"; tail -5 "$work/pp2.log"; exit 1; }
   runs+=("$work/pp2")
   pipeline=1
@@ -32,6 +32,7 @@ done
 check "no moe.png without mixture-of-experts data" "[[ ! -e '$work/plots/moe.png' ]]"
 if [[ $pipeline == 1 ]]; then
   check "pipeline.png from the pp run" "png '$work/plots/pipeline.png'"
+  check "timeline.png from the pp run's trace" "png '$work/plots/timeline.png'"
 else
   echo "skip pipeline.png (this build has no MPI)"
 fi

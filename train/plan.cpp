@@ -244,7 +244,8 @@ nlohmann::json plan_json(const PlanRequest& r) {
       {"memory", mem},
       {"memory_rank", {{"pp_rank", p.memory.pp_rank}, {"in_flight_micro_batches", p.memory.in_flight},
                        {"activations_per_micro_batch", p.memory.stash_per_micro},
-                       {"activation_workspace", p.memory.workspace}}},
+                       {"activation_workspace", p.memory.workspace},
+                       {"grads_least", p.memory.grads_least}, {"grads_bound", p.memory.grads_bound}}},
       {"fits", p.over.empty()},
       {"flops_per_token", t.flops_per_token},
       {"hw_flops_per_token", t.hw_flops_per_token},
@@ -293,6 +294,9 @@ std::string plan_report(const std::vector<std::string>& args) {
     if (MemCategory(c) == MemCategory::other) continue;
     s += strfmt("  %-12s %12llu B  %s", mem_category_name(MemCategory(c)), (unsigned long long)p.memory.bytes[size_t(c)],
                 format_bytes(p.memory.bytes[size_t(c)]).c_str());
+    if (MemCategory(c) == MemCategory::grads && o.parallel.zero >= 2)
+      s += strfmt("  (unit buffers in flight: %s if every reduction completes at once, %s at the bound of two)",
+                  format_bytes(p.memory.grads_least).c_str(), format_bytes(p.memory.grads_bound).c_str());
     if (MemCategory(c) == MemCategory::activations)
       s += strfmt("  (%g micro-batches in flight x %s kept, + %s workspace)", p.memory.in_flight,
                   format_bytes(p.memory.stash_per_micro).c_str(), format_bytes(p.memory.workspace).c_str());

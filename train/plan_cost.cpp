@@ -50,10 +50,9 @@ CommCounters dp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank)
       add(c, CommOp::all_gather, uint64_t(g[u]), uint64_t(g[u]) * d1 * uint64_t(units[u] / D) * cb);
   }
   if (plan_embedding_rows(o, l)) {
-    // wte's and wpe's rows: N ids and N x C fp32 values each, per reducing micro-batch.
+    // wte's and wpe's rows: N ids and N x C fp32 values each, in the step's last micro-batch.
     const uint64_t N = uint64_t(rows_per_micro(o, l)), C = uint64_t(o.model.n_embd);
-    const uint64_t micros = zero == 2 ? uint64_t(m) : 1;
-    add(c, CommOp::all_gather, 4 * micros, micros * 2 * d1 * (N * 4 + N * C * 4));
+    add(c, CommOp::all_gather, 4, 2 * d1 * (N * 4 + N * C * 4));
   }
   // Scalars as 8-byte doubles: the loss sum; from ZeRO-1 the squared norm of the sharded gradient; the
   // noise scale's per-rank norm and, when the embeddings went as rows under ZeRO 1-2, the global norm
@@ -81,7 +80,7 @@ CommCounters tp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank)
   const uint64_t blocks = uint64_t(4 * L + (full ? 2 * L : 0) + plan.first + plan.last);
   const uint64_t stats = plan.last ? p1 * N * 3 * 4 : 0;  // softmax statistics (3 floats per row)
   if (o.sequence_parallel()) {
-    const uint64_t regathers = uint64_t(2 * L) + (full ? uint64_t(2 * L) : 0);
+    const uint64_t regathers = uint64_t(2 * L);  // under full recompute the re-run forward's serve
     add(c, CommOp::reduce_scatter, m * blocks, m * blocks * p1 * act / uint64_t(P));
     add(c, CommOp::all_gather, m * (blocks + regathers), m * (blocks + regathers) * p1 * act / uint64_t(P));
     // Partial gradients of the replicated LayerNorms (weight and bias adjacent) and of wpe.

@@ -117,7 +117,12 @@ struct Transients {
   std::vector<int> gathers;  // ZeRO-3: all-gathers of each unit
 };
 
-Transients replay(const StageUnits& s, int zero, int D, size_t cb, bool emb_rows, int micros) {
+// When the reductions complete: by the next poll (instant), while the next unit's backward runs (the
+// plan's figure), or only when the bound of two in flight forces a wait (bound).
+enum class Progress { instant, next_unit, bound };
+
+Transients replay(const StageUnits& s, int zero, int D, size_t cb, bool emb_rows, int micros,
+                  Progress progress = Progress::next_unit) {
   Transients peak;
   const size_t U = s.size.size();
   peak.gathers.assign(U, 0);
@@ -142,13 +147,14 @@ Transients replay(const StageUnits& s, int zero, int D, size_t cb, bool emb_rows
     peak.gathers[size_t(u)]++;
     p += uint64_t(s.size[size_t(u)]) * cb;
   };
-  for (int k = 0; k < micros; k++)
-    for (const UnitEvent& e : micro_events(s, emb_rows)) {
+  for (int k = 0; k < micros; k++)  // the embeddings go as rows in the last micro-batch only
+    for (const UnitEvent& e : micro_events(s, emb_rows && k + 1 == micros)) {
       const size_t u = size_t(e.unit);
       if (e.kind == UnitEvent::acquire) {
         // The poll at each acquire finds every reduction but the newest complete: one unit's backward
         // hides a reduction (the bound of two in flight applies when the links are slower).
-        while (pending.size() > 1) retire();
+        const size_t keep = progress == Progress::instant ? 0 : progress == Progress::next_unit ? 1 : pending.size();
+        while (pending.size() > keep) retire();
         if (e.grads && !grads[u]) {
           grads[u] = 1;
           g += uint64_t(s.size[u]) * 4;
@@ -271,6 +277,10 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& l, int pp_rank) 
   } else {
     b[cat(MemCategory::params)] = shard * 4 + (zero < 3 ? total * cb : (cb != 4 ? shard * cb : 0)) + t.params;
     b[cat(MemCategory::grads)] = shard * 4 + (zero < 2 ? total * 4 : t.grads);
+  }
+  if (zero >= 2) {
+    mp.grads_least = shard * 4 + replay(s, zero, D, cb, emb_rows, o.grad_accum, Progress::instant).grads;
+    mp.grads_bound = shard * 4 + replay(s, zero, D, cb, emb_rows, o.grad_accum, Progress::bound).grads;
   }
   b[cat(MemCategory::optimizer)] = 2 * shard * 4 + kStepScalarsBytes;
   // The MPI communicators stage a host reduction's data in reusable buffers: the largest all-reduce

@@ -55,6 +55,10 @@ struct MemoryPlan {
   double in_flight = 1;        // micro-batches of activations held at the peak (pipeline schedules)
   uint64_t stash_per_micro = 0;  // activations one micro-batch keeps for backward
   uint64_t workspace = 0;        // the largest pass's transient activations
+  // ZeRO 2-3: `bytes` assumes each reduction completes while the next unit's backward runs; the grads
+  // figure when each completes at once (least) and when they complete only as the bound of two in
+  // flight forces (bound, slow links). Which one a run sees depends on MPI's progress.
+  uint64_t grads_least = 0, grads_bound = 0;
 };
 
 // The figures for pipeline rank `pp_rank` (model state and activations differ by stage).

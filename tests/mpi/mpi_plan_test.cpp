@@ -1,7 +1,8 @@
 // `minitrain plan`'s predictions against a real Trainer's measurements, on every rank: for each
 // layout of the tiny model the plan's params, grads and optimizer bytes equal the arena's per-step
-// peaks exactly, its activations are within 5%, and its bytes per step on each group (dp, tp, cp, pp)
-// equal the communicators' counters op by op.
+// peaks exactly (ZeRO 2-3's gradient buffers: within the range MPI's progress allows), its
+// activations are within 5%, and its bytes per step on each group (dp, tp, cp, pp) equal the
+// communicators' counters op by op.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -47,15 +48,22 @@ std::vector<Layout> layouts(int W) {
   };
   for (int zero = 0; zero <= 3; zero++) add({.dp = 2, .zero = zero});
   add({.dp = 2, .zero = 1, .recompute = "full", .precision = "bf16"});
+  add({.dp = 2, .zero = 2, .accum = 2});
+  add({.dp = 2, .zero = 3, .accum = 2, .precision = "bf16"});
+  add({.dp = 2, .zero = 0, .accum = 2, .recompute = "selective", .precision = "fp16"});
   add({.tp = 2});
   add({.tp = 2, .recompute = "selective"});
+  add({.tp = 2, .accum = 2, .recompute = "full", .precision = "bf16"});
   add({.pp = 2, .accum = 2});
   add({.cp = 2});
   add({.cp = 2, .recompute = "full"});
+  add({.cp = 2, .zero = 1, .accum = 2});
   for (int zero = 0; zero <= 3; zero++) add({.dp = 4, .zero = zero});
   add({.dp = 2, .tp = 2});
   add({.dp = 2, .pp = 2, .accum = 2});
   add({.dp = 2, .cp = 2});
+  add({.dp = 2, .tp = 2, .zero = 3, .precision = "bf16"});
+  add({.tp = 2, .pp = 2, .accum = 2});
   add({.tp = 4});
   return out;
 }
@@ -83,7 +91,18 @@ TEST(Plan, PredictionsEqualTheTrainersMeasurements) {
     const MemoryPlan mp = plan_memory(t.options(), pl, pp_rank);
     const std::string what = l.str() + strfmt(" rank %d", world.rank());
     for (MemCategory c : {MemCategory::params, MemCategory::grads, MemCategory::optimizer})
-      EXPECT_EQ(mp.bytes[size_t(c)], m.peak[size_t(c)]) << what << ": " << mem_category_name(c);
+      if (c != MemCategory::grads || l.zero < 2)
+        EXPECT_EQ(mp.bytes[size_t(c)], m.peak[size_t(c)]) << what << ": " << mem_category_name(c);
+    // ZeRO 2-3's unit gradient buffers live until their reduce-scatter completes, which depends on
+    // MPI's progress: the peak lies between every reduction completing at once and the bound of two
+    // in flight (the plan's own figure, each completing during the next unit's backward, is between).
+    const size_t g = m.peak[size_t(MemCategory::grads)];
+    if (l.zero >= 2) {
+      EXPECT_GE(g, mp.grads_least) << what;
+      EXPECT_LE(mp.grads_least, mp.bytes[size_t(MemCategory::grads)]) << what;
+      EXPECT_LE(mp.bytes[size_t(MemCategory::grads)], mp.grads_bound) << what;
+      EXPECT_LE(g, mp.grads_bound) << what;
+    }
     const double act = double(m.peak[size_t(MemCategory::activations)]);
     const double pred = double(mp.bytes[size_t(MemCategory::activations)]);
     EXPECT_NEAR(pred, act, 0.05 * act) << what << ": activations";

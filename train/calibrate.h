@@ -2,8 +2,10 @@
 // hardware file for `minitrain plan hw=FILE` (train/hardware.h). A chip is one rank: run it the way
 // the training runs (same mpirun -np and OMP_NUM_THREADS) so that every rank measures while the
 // others do, and the figures are each rank's share.
-//   flops         the project's CPU GEMM (a square fp32 matmul, best of several; the CPU backend
-//                 computes in fp32 for every storage type, so bf16 and fp16 get the same figure)
+//   flops         the project's CPU GEMM on a training-shaped layer, forward and backward (1024 rows,
+//                 768 -> 3072; a square 1024^3 product, which runs faster, is kept under "samples");
+//                 the CPU backend computes in fp32 for every storage type, so bf16 and fp16 get the
+//                 same figure
 //   memory        a copy of a buffer well beyond the caches (bytes read + written per second), the
 //                 machine's physical memory divided by the ranks
 //   links         under mpirun with more than one rank, ping-pong between ranks 0 and 1 by message

@@ -151,9 +151,10 @@ std::string memory_over(const MemoryPlan& m, const Hardware& hw) {
 PlanResult evaluate_plan(const TrainOptions& o, const PlanLayout& l, const Hardware& hw) {
   PlanResult r;
   r.layout = l;
-  r.memory = plan_memory_worst(o, l);
+  const PipelineFigures pipe = pipeline_figures(o, l);
+  r.memory = plan_memory_worst(o, l, pipe);
   r.comm = plan_comm(o, l, r.memory.pp_rank);
-  r.time = plan_time(o, l, hw, r.comm);
+  r.time = plan_time(o, l, hw, r.comm, r.memory, pipe);
   r.over = memory_over(r.memory, hw);
   return r;
 }

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "parallel/pipeline_schedule.h"
-#include "parallel/pipeline_sim.h"
 #include "train/metrics.h"
 #include "train/pipeline.h"
 
@@ -149,11 +147,15 @@ double latency_steps(CommOp op, int n) {
   }
 }
 
-double comm_seconds(const CommCounters& c, int n, const LinkSpec& link) {
+// alpha-beta per op; a reduction also reads two operands and writes one for each element it sums,
+// at the memory bandwidth (the host reductions of the CPU backend; on a GPU a small share).
+double comm_seconds(const CommCounters& c, int n, const LinkSpec& link, double memory_bytes_per_s) {
   double t = 0;
   for (int op = 0; op < parallel::kNumCommOps; op++) {
     const parallel::CommOpCount& k = c[CommOp(op)];
     t += double(k.calls) * latency_steps(CommOp(op), n) * link.latency_s + double(k.sent_bytes) / link.bytes_per_s;
+    if (CommOp(op) == CommOp::all_reduce || CommOp(op) == CommOp::reduce_scatter)
+      t += 3.0 * double(k.sent_bytes) / memory_bytes_per_s;
   }
   return t;
 }
@@ -164,7 +166,8 @@ CommPlan plan_comm(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
   return {dp_traffic(o, l, pp_rank), tp_traffic(o, l, pp_rank), cp_traffic(o, l, pp_rank), pp_traffic(o, l, pp_rank)};
 }
 
-TimePlan plan_time(const TrainOptions& o, const PlanLayout& l, const Hardware& hw, const CommPlan& comm) {
+TimePlan plan_time(const TrainOptions& o, const PlanLayout& l, const Hardware& hw, const CommPlan& comm,
+                   const MemoryPlan& mem, const PipelineFigures& pipe) {
   TimePlan t;
   const model::GPTConfig& m = o.model;
   const double W = l.world();
@@ -182,20 +185,15 @@ TimePlan plan_time(const TrainOptions& o, const PlanLayout& l, const Hardware& h
     per_token += 3.0 * 4.0 * m.n_head * (T / l.cp) * 4.0 * L;  // the probabilities, written and read (fp32)
   per_token += 3.0 * 3.0 * m.padded_vocab() * cb;               // the logits: written, softmax, gradient
   const double act_bytes = per_token * t.tokens_per_step / W;
-  const MemoryPlan mem = plan_memory_worst(o, l);
   const double shard = double(mem.bytes[size_t(MemCategory::optimizer)]) / 8.0;  // elements of m (and v)
   t.memory_s = act_bytes / hw.memory_bytes_per_s;
   t.optimizer_s = shard * (28.0 + cb) / hw.memory_bytes_per_s;  // read m, v, master, grad; write m, v, master, copy
-  t.tp_s = comm_seconds(comm.tp, l.tp, hw.link_for_span(l.tp));
-  t.cp_s = comm_seconds(comm.cp, l.cp, hw.link_for_span(l.tp * l.cp));
-  t.pp_s = comm_seconds(comm.pp, 2, hw.link_for_span(l.tp * l.cp * l.pp));
-  t.dp_s = comm_seconds(comm.dp, l.dp * l.cp, hw.link_for_span(l.world()));
+  t.tp_s = comm_seconds(comm.tp, l.tp, hw.link_for_span(l.tp), hw.memory_bytes_per_s);
+  t.cp_s = comm_seconds(comm.cp, l.cp, hw.link_for_span(l.tp * l.cp), hw.memory_bytes_per_s);
+  t.pp_s = comm_seconds(comm.pp, 2, hw.link_for_span(l.tp * l.cp * l.pp), hw.memory_bytes_per_s);
+  t.dp_s = comm_seconds(comm.dp, l.dp * l.cp, hw.link_for_span(l.world()), hw.memory_bytes_per_s);
   t.dp_exposed_s = t.dp_s * (1.0 - hw.dp_overlap);
-  if (l.pp > 1) {
-    const parallel::Simulation sim =
-        parallel::simulate(parallel::build_schedule(pipeline_spec(o)), parallel::PipelineCosts());
-    t.bubble = sim.bubble_over_ideal();
-  }
+  t.bubble = pipe.bubble_over_ideal;
   const double per_micro_work = t.gemm_s + t.memory_s + t.tp_s + t.cp_s;
   t.step_s = per_micro_work * (1.0 + t.bubble) + t.pp_s + t.dp_exposed_s + t.optimizer_s;
   t.mfu = t.step_s > 0 ? t.flops_per_token * t.tokens_per_step / (t.step_s * W * hw.flops_for(o.precision)) : 0;

@@ -47,6 +47,8 @@ struct TimePlan {
   double mfu = 0;
   double tokens_per_s() const { return step_s > 0 ? tokens_per_step / step_s : 0; }
 };
-TimePlan plan_time(const TrainOptions& o, const PlanLayout& l, const Hardware& hw, const CommPlan& comm);
+// `mem`: the plan's memory figures (its optimizer shard sizes the update); `pipe`: the schedule's.
+TimePlan plan_time(const TrainOptions& o, const PlanLayout& l, const Hardware& hw, const CommPlan& comm,
+                   const MemoryPlan& mem, const PipelineFigures& pipe);
 
 }  // namespace mt::train

@@ -256,7 +256,20 @@ bool plan_embedding_rows(const TrainOptions& o, const PlanLayout& l) {
          o.device == Device::cpu;
 }
 
+PipelineFigures pipeline_figures(const TrainOptions& o, const PlanLayout& l) {
+  PipelineFigures f;
+  if (l.pp == 1) return f;
+  const parallel::Simulation sim = parallel::simulate(parallel::build_schedule(pipeline_spec(o)), parallel::PipelineCosts());
+  f.bubble_over_ideal = sim.bubble_over_ideal();
+  for (int r = 0; r < l.pp; r++) f.peak_micro_batches.push_back(sim.peak_activations(r));
+  return f;
+}
+
 MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
+  return plan_memory(o, l, pp_rank, pipeline_figures(o, l));
+}
+
+MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& l, int pp_rank, const PipelineFigures& pipe) {
   MT_CHECK(pp_rank >= 0 && pp_rank < l.pp, "plan_memory: pipeline rank %d of %d", pp_rank, l.pp);
   const StageUnits s = stage_units(o, l, pp_rank);
   const int D = l.dp * l.cp, zero = o.parallel.zero;
@@ -305,11 +318,7 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& l, int pp_rank) 
   // Backward starts by freeing the stage output (and the last stage's lnf and dlnf).
   const uint64_t freed = a.resid + (s.last ? 2 * a.resid : 0);
   double in_flight = 1;
-  if (l.pp > 1) {
-    const parallel::Schedule sched = parallel::build_schedule(pipeline_spec(o));
-    const parallel::Simulation sim = parallel::simulate(sched, parallel::PipelineCosts());
-    in_flight = std::max(1.0, sim.peak_activations(pp_rank));
-  }
+  if (l.pp > 1) in_flight = std::max(1.0, pipe.peak_micro_batches[size_t(pp_rank)]);
   // Pipeline messages beyond the stash: the receive posted for the next action, a non-last stage's
   // incoming gradient (it becomes the stage's dx), and a non-first stage's gradient send in flight.
   const uint64_t messages = l.pp > 1 ? uint64_t(1 + !s.last + !s.first) * a.resid : 0;
@@ -322,9 +331,13 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& l, int pp_rank) 
 }
 
 MemoryPlan plan_memory_worst(const TrainOptions& o, const PlanLayout& l) {
-  MemoryPlan best = plan_memory(o, l, 0);
+  return plan_memory_worst(o, l, pipeline_figures(o, l));
+}
+
+MemoryPlan plan_memory_worst(const TrainOptions& o, const PlanLayout& l, const PipelineFigures& pipe) {
+  MemoryPlan best = plan_memory(o, l, 0, pipe);
   for (int r = 1; r < l.pp; r++) {
-    MemoryPlan m = plan_memory(o, l, r);
+    MemoryPlan m = plan_memory(o, l, r, pipe);
     if (m.total() > best.total()) best = m;
   }
   return best;

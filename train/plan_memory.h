@@ -61,9 +61,19 @@ struct MemoryPlan {
   uint64_t grads_least = 0, grads_bound = 0;
 };
 
+// The schedule simulator's figures for the layout's pipeline (equal unit costs): its bubble over the
+// ideal time and the micro-batches of activations each rank holds at its peak. One rank: none.
+struct PipelineFigures {
+  double bubble_over_ideal = 0;
+  std::vector<double> peak_micro_batches;  // per pp rank
+};
+PipelineFigures pipeline_figures(const TrainOptions& o, const PlanLayout& l);
+
 // The figures for pipeline rank `pp_rank` (model state and activations differ by stage).
 MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& l, int pp_rank);
+MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& l, int pp_rank, const PipelineFigures& pipe);
 // The pipeline rank with the largest total, and its figures.
 MemoryPlan plan_memory_worst(const TrainOptions& o, const PlanLayout& l);
+MemoryPlan plan_memory_worst(const TrainOptions& o, const PlanLayout& l, const PipelineFigures& pipe);
 
 }  // namespace mt::train

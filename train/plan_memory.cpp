@@ -313,10 +313,14 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& l, int pp_rank, 
   const uint64_t shared_att = o.recompute == model::Recompute::none ? 0 : a.att;
   const uint64_t fwd_ws = (sp ? 2 * a.all_rows : 0) + shared_att + (keep ? 0 : a.layer_scratch) +
                           (s.last ? a.logits : 0) + a.ring_fwd;
-  const uint64_t bwd_ws = (sp ? 3 * a.all_rows : 0) + shared_att + (keep ? 0 : a.layer_scratch + a.resid) +
-                          a.att_scratch + a.bwd_ws + a.ring_bwd + (s.last ? a.resid : 0);
-  // Backward starts by freeing the stage output (and the last stage's lnf and dlnf).
-  const uint64_t freed = a.resid + (s.last ? 2 * a.resid : 0);
+  // Backward frees the last stage's lnf and dlnf, allocates its workspace (and the last stage's dx),
+  // then in the top layer frees the stage output while the layer's own buffers (sp's gathered output
+  // gradient, ring attention's blocks) come and go: the peak is before the loop or inside it.
+  const uint64_t bwd_pre = (sp ? 2 * a.all_rows : 0) + shared_att + (keep ? 0 : a.layer_scratch + a.resid) +
+                           a.att_scratch + a.bwd_ws + (s.last ? a.resid : 0);
+  const uint64_t bwd_in_layer = (sp ? a.all_rows : 0) + a.ring_bwd;
+  const uint64_t head_freed = s.last ? 2 * a.resid : 0;
+  const uint64_t bwd_ws = bwd_pre + std::max(a.resid, bwd_in_layer) - a.resid;  // net of the stage output
   double in_flight = 1;
   if (l.pp > 1) in_flight = std::max(1.0, pipe.peak_micro_batches[size_t(pp_rank)]);
   // Pipeline messages beyond the stash: the receive posted for the next action, a non-last stage's
@@ -325,8 +329,9 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& l, int pp_rank, 
   const uint64_t held = uint64_t(double(stash) * in_flight + 0.5) + messages;
   mp.in_flight = in_flight;
   mp.stash_per_micro = stash;
-  mp.workspace = std::max(fwd_ws, bwd_ws > freed ? bwd_ws - freed : 0);
-  b[cat(MemCategory::activations)] = std::max(held + fwd_ws, held + bwd_ws - std::min(bwd_ws, freed));
+  const uint64_t bwd_net = bwd_ws > head_freed ? bwd_ws - head_freed : 0;
+  mp.workspace = std::max(fwd_ws, bwd_net);
+  b[cat(MemCategory::activations)] = held + mp.workspace;
   return mp;
 }
 

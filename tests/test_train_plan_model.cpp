@@ -139,6 +139,8 @@ TEST(PlanReport, FiguresAgreeWithEachOther) {
   EXPECT_NEAR(j["budget"]["chip_hours"].get<double>(), j["budget"]["steps"].get<double>() * step * 64 / 3600, 1e-9);
   // A pipeline bubble from the simulator: 1f1b, p = 2, m = 8: (p-1)/m.
   EXPECT_NEAR(j["time"]["bubble_over_ideal"].get<double>(), 1.0 / 8, 1e-12);
+  EXPECT_NEAR(j["pipeline"]["bubble_fraction"].get<double>(), 1.0 / 9, 1e-12);  // (p-1)/(m+p-1)
+  EXPECT_EQ(j["pipeline"]["peak_micro_batches"], nlohmann::json({2.0, 1.0}));
   // The memory object uses exactly metrics.jsonl's names.
   nlohmann::json names = memory_json(MemStats{});
   for (auto& [k, v] : names.items()) EXPECT_TRUE(j["memory"].contains(k)) << k;

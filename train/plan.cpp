@@ -260,6 +260,15 @@ nlohmann::json plan_json(const PlanRequest& r) {
       {"tokens_per_s", t.tokens_per_s()},
       {"mfu", t.mfu},
   };
+  if (r.layout.pp > 1) {
+    const parallel::ScheduleSpec spec = pipeline_spec(o);
+    const parallel::Simulation sim = parallel::simulate(parallel::build_schedule(spec), parallel::PipelineCosts());
+    std::vector<double> peaks;
+    for (int k = 0; k < spec.p; k++) peaks.push_back(sim.peak_activations(k));
+    j["pipeline"] = {{"schedule", parallel::schedule_kind_name(spec.kind)}, {"pp", spec.p}, {"grad_accum", spec.m},
+                     {"virtual", spec.v}, {"bubble_fraction", sim.bubble_fraction()},
+                     {"bubble_over_ideal", sim.bubble_over_ideal()}, {"peak_micro_batches", peaks}};
+  }
   if (!p.over.empty()) j["over"] = p.over;
   if (r.tokens > 0) {
     const double steps = std::ceil(r.tokens / t.tokens_per_step), wall = steps * t.step_s;

@@ -98,7 +98,7 @@ std::string si(double x, const char* unit) {
   const char* p[] = {"", "k", "M", "G", "T", "P", "E"};
   int k = 0;
   while (std::fabs(x) >= 1000 && k < 6) x /= 1000, k++;
-  return strfmt("%.3g %s%s", x, p[k], unit);
+  return strfmt("%.3g%s%s%s", x, k || *unit ? " " : "", p[k], unit);
 }
 
 std::string ms(double s) { return strfmt("%.3f ms", s * 1e3); }

@@ -208,12 +208,11 @@ ActModel act_model(const TrainOptions& o, const PlanLayout& l) {
   a.all_rows = uint64_t(N * C) * cb;
   a.att = flash ? lse : probs;
   const uint64_t stats = uint64_t(4 * Ns) * 4;  // the two LayerNorms' mean and rstd
-  a.layer_scratch = 3 * a.resid + uint64_t(4 * N * Cl) * cb + stats;  // ln1, res2, ln2; qkv, atty
-  a.layer_kept = a.layer_scratch + uint64_t(8 * N * Cl) * cb;          // fch, fch_gelu
-  a.layer_scratch = a.layer_kept;  // full recompute's scratch has the MLP too
-  if (o.recompute == model::Recompute::none) a.layer_kept += a.att;
+  // ln1, res2, ln2 (Ns, C); qkv (N, 3Cl), atty (N, Cl); fch, fch_gelu (N, 4Cl); the LayerNorm statistics.
+  a.layer_scratch = 3 * a.resid + uint64_t((3 + 1 + 8) * N * Cl) * cb + stats;
+  a.layer_kept = a.layer_scratch + (o.recompute == model::Recompute::none ? a.att : 0);
   a.att_scratch = flash ? lse : uint64_t(B * NHl * T * T) * 4;
-  a.bwd_ws = a.resid + uint64_t(N * Cl) * cb + uint64_t(7 * N * Cl) * cb;  // dln, datty, dqkv, dfc
+  a.bwd_ws = a.resid + uint64_t((1 + 3 + 4) * N * Cl) * cb;  // dln; datty, dqkv, dfc
   if (l.cp > 1) {
     const uint64_t nkv = uint64_t(B * T * 2 * Cl), no = uint64_t(B * T * Cl), nl = uint64_t(B * NHl * T);
     const uint64_t docs = o.data.doc_mask ? 2 * uint64_t(B * T) * 4 : 0;

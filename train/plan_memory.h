@@ -19,6 +19,9 @@
 //               communicators' reusable staging buffers are not modelled (they depend on which
 //               host collectives ran: a few MiB at most for these models)
 //
+// Mixture-of-experts layers count their parameters (router, experts, shared experts) exactly; their
+// activations are counted as a dense layer's (the routing and expert buffers are not modelled yet).
+//
 // Units and their padding follow runtime/param_store.h (entries 16-element aligned, units a multiple
 // of 16 x D, D = dp x cp) and the model's registration (model/gpt.cpp), so the model-state figures
 // are exact; activations are a model of the allocations in model/gpt_stage.cpp and gpt_forward.cpp.

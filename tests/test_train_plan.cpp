@@ -1,5 +1,5 @@
-// `minitrain plan`'s pipeline report: the grid, the simulated bubble next to the formula, the peaks,
-// and one line naming the option for each bad input.
+// `minitrain plan`'s pipeline report (the grid, the simulated bubble next to the formula, the peaks)
+// and one line naming the option for each bad input (tests/test_train_plan_model.cpp: the figures).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -38,15 +38,24 @@ TEST(Plan, InterleavedAndZeroBubbleReportTheirOwnFormulas) {
 TEST(Plan, BadInputFailsWithOneLineNamingTheOption) {
   const std::pair<std::vector<std::string>, std::string> bad[] = {
       {{"pp=4", "grad_accum=8", "pp.schedule=2f2b"}, "pp.schedule: unknown schedule '2f2b'"},
-      {{"pp=0", "grad_accum=8"}, "pp must be at least 1 (got 0)"},
-      {{"pp=2", "grad_accum=0"}, "grad_accum (micro-batches per step) must be at least 1 (got 0)"},
-      {{"pp=2", "grad_accum=4", "pp.schedule=interleaved", "pp.virtual=0"}, "pp.virtual (model chunks per rank) must be at least 1"},
+      // The trainer's own parser and rules: its messages.
+      {{"pp=0", "grad_accum=8"}, "parallel.pp must be positive (got 0)"},
+      {{"pp=2", "grad_accum=0"}, "grad_accum must be positive (got 0)"},
+      {{"pp=2", "grad_accum=4", "pp.schedule=interleaved", "pp.virtual=0"}, "pp.virtual must be positive (got 0)"},
       {{"pp=2", "grad_accum=4", "pp.schedule=interleaved"}, "pp.schedule=interleaved needs pp.virtual >= 2"},
-      {{"pp=4", "grad_accum=6", "pp.schedule=interleaved", "pp.virtual=2"}, "to be a multiple of pp (4)"},
+      {{"pp=4", "grad_accum=6", "pp.schedule=interleaved", "pp.virtual=2", "model.n_layer=8"}, "to be a multiple of pp (4)"},
       {{"pp=4", "grad_accum=8", "pp.virtual=2"}, "pp.virtual=2 needs pp.schedule=interleaved"},
       {{"pp=x"}, "pp must be an integer (got 'x')"},
-      {{"pp=2", "zero=1"}, "plan: unknown option 'zero'"},
-      {{"4"}, "plan: unexpected argument '4'"},
+      {{"pp=2", "zero=7"}, "parallel.zero must be in [0, 3] (got 7)"},
+      {{"pp=2", "bogus=1"}, "unknown option 'bogus'"},
+      {{"4"}, "unexpected argument '4'"},
+      {{"pp=8"}, "--pp 8 is larger than the model's 4 layers"},
+      // Plan's own options.
+      {{"hw=h999"}, "hw=h999: not a known hardware name (h100, h200, a100, cpu) and no such file"},
+      {{"gpus=6", "tp=4"}, "gpus=6 is not divisible by tp 4 x pp 1 x cp 1 = 4"},
+      {{"gpus=4", "dp=2"}, "gpus=4 but dp 2 x tp 1 x pp 1 x cp 1 = 2"},
+      {{"tokens=-5"}, "tokens must not be negative"},
+      {{"--search"}, "gpus must be positive with --search (got 0)"},
   };
   for (const auto& [args, msg] : bad) {
     try {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/check.h"
+#include "train/calibrate.h"
 #include "train/run_summary.h"
 #include "train/trainer.h"
 #ifdef MT_HAVE_CUDA
@@ -62,6 +63,10 @@ void print_op_table(ops::OpTimer& timer, double step_seconds, int steps, const P
 }  // namespace
 
 int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int local_rank) {
+  if (std::find(args.begin(), args.end(), "--calibrate") != args.end()) {
+    MT_CHECK(world != nullptr, "bench --calibrate needs the world communicator");
+    return calibrate_main(args, *world);
+  }
   int warmup = kBenchWarmup;
   std::vector<std::string> rest;
   bool has_data = false, has_steps = false;

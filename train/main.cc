@@ -4,7 +4,8 @@
 //   minitrain sample --model run/model.safetensors (--text "..." --tokenizer tok.json | --prompt 1,2,3)
 //                    [--tokens N --temperature T --top_k K --seed S]
 //   minitrain data   prepare|inspect ...
-//   minitrain plan   pp=P grad_accum=M pp.schedule=S [pp.virtual=V]
+//   minitrain plan   [train options] [hw=h100|h200|a100|cpu|FILE] [gpus=N] [tokens=N] [--json] [--search]
+//   minitrain bench  --calibrate [out=FILE]: a hardware file for plan, measured on this machine
 //   minitrain <command> --help (or -h): the command's options; minitrain --version: version and build
 // Errors print one line `minitrain: error: ...` and exit with status 1 (2 for a missing command).
 #include <cstdio>
@@ -30,13 +31,15 @@ namespace {
 const char* kUsage =
     "usage: minitrain <command> [options]    (minitrain <command> --help: its options; --version)\n"
     "  train   train a GPT (key=value options, --config file.json; see README)\n"
-    "  bench   time training steps on synthetic tokens and print a table\n"
+    "  bench   time training steps on synthetic tokens and print a table; --calibrate [out=FILE]: measure\n"
+    "          this machine (GEMM rate, memory bandwidth, MPI latency/bandwidth) as a hardware file for plan\n"
     "  sample  generate tokens from a trained model.safetensors\n"
     "  selftest  check every CUDA op against its CPU twin (--device cuda [--seed S])\n"
     "  ckpt    ls <root> | verify <checkpoint, root or root/latest> | export <checkpoint or root> <out.safetensors> [--all]\n"
     "  data    prepare | inspect token shards\n"
-    "  plan    pp=P grad_accum=M pp.schedule=gpipe|1f1b|interleaved|zb1 [pp.virtual=V]: the pipeline\n"
-    "          schedule as a time x rank grid, its simulated bubble next to the formula\n";
+    "  plan    [train options] [hw=h100|h200|a100|cpu|FILE] [gpus=N] [tokens=N] [--json] [--search]:\n"
+    "          per-rank memory by category, FLOPs, bytes per group, pipeline grid and bubble, predicted\n"
+    "          step time and MFU; --search ranks the layouts that fit\n";
 
 std::vector<int32_t> parse_ids(const std::string& s) {
   std::vector<int32_t> ids;

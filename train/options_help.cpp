@@ -67,7 +67,9 @@ std::string train_help(const std::string& command) {
     s = strfmt("usage: minitrain bench [--config run.json] [key=value ...] [--key value ...] [warmup=N]\n"
                "Times training steps (synthetic tokens unless data.path is given; %d measured steps unless steps is\n"
                "given, after warmup=N unmeasured ones, default %d) and prints tokens/s, MFU/HFU, the time split and\n"
-               "memory. It takes every option of `minitrain train`:\n", kBenchSteps, kBenchWarmup);
+               "memory. `minitrain bench --calibrate [out=FILE] [threads=N]` instead measures this machine (GEMM rate,\n"
+               "memory bandwidth, MPI latency and bandwidth by message size under mpirun) and writes a hardware file\n"
+               "for `minitrain plan hw=FILE`. It takes every option of `minitrain train`:\n", kBenchSteps, kBenchWarmup);
   else
     s = "usage: minitrain train [--config run.json] [key=value ...] [--key value ...]\n"
         "Trains a GPT and writes metrics.jsonl, config.json, checkpoints/ and model.safetensors to out_dir.\n";

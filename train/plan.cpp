@@ -3,47 +3,18 @@
 #include <cmath>
 #include <cstdio>
 
+#include "model/gpt.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_sim.h"
 #include "runtime/check.h"
-#include "train/options.h"
+#include "train/metrics.h"
+#include "train/pipeline.h"
 
 namespace mt::train {
 namespace {
 
 // More time slots than this and the grid is left out (the figures are still printed).
 constexpr size_t kMaxGridRows = 400;
-
-parallel::ScheduleSpec parse_plan_args(const std::vector<std::string>& args) {
-  parallel::ScheduleSpec spec;
-  for (size_t i = 0; i < args.size(); i++) {
-    std::string key = args[i], value;
-    if (key.rfind("--", 0) == 0) {
-      key = key.substr(2);
-      const size_t eq = key.find('=');
-      if (eq != std::string::npos) {
-        value = key.substr(eq + 1);
-        key = key.substr(0, eq);
-      } else {
-        if (i + 1 >= args.size()) fail("plan: flag --%s needs a value", key.c_str());
-        value = args[++i];
-      }
-    } else {
-      const size_t eq = key.find('=');
-      if (eq == std::string::npos || eq == 0)
-        fail("plan: unexpected argument '%s' (expected key=value: pp, grad_accum, pp.schedule, pp.virtual)", key.c_str());
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
-    }
-    if (key == "pp") spec.p = parse_int(key, value);
-    else if (key == "grad_accum") spec.m = parse_int(key, value);
-    else if (key == "pp.virtual") spec.v = parse_int(key, value);
-    else if (key == "pp.schedule") spec.kind = parallel::parse_schedule_kind(value);
-    else fail("plan: unknown option '%s' (expected pp, grad_accum, pp.schedule, pp.virtual)", key.c_str());
-  }
-  parallel::check_schedule_spec(spec);
-  return spec;
-}
 
 // The textbook bubble with F = B = W = 1, as fractions of the step and of the ideal time.
 struct Formula {
@@ -69,14 +40,11 @@ std::string legend(const parallel::ScheduleSpec& s) {
   return out + "; . idle\n";
 }
 
-}  // namespace
-
-std::string plan_report(const std::vector<std::string>& args) {
-  const parallel::ScheduleSpec spec = parse_plan_args(args);
+// The pipeline part: the schedule as a time x rank grid, its bubble next to the formula, the peaks.
+std::string pipeline_report(const parallel::ScheduleSpec& spec) {
   const parallel::Schedule schedule = parallel::build_schedule(spec);
   const parallel::PipelineCosts unit;  // F = B = W = 1 per micro-batch of a rank's model share
   const parallel::Simulation sim = parallel::simulate(schedule, unit);
-
   std::string out = strfmt("pipeline: pp.schedule=%s pp=%d grad_accum=%d pp.virtual=%d: stage = chunk x pp + rank, "
                            "%d stages\n",
                            parallel::schedule_kind_name(spec.kind), spec.p, spec.m, spec.v, schedule.stages());
@@ -109,20 +77,298 @@ std::string plan_report(const std::vector<std::string>& args) {
   return out;
 }
 
+// Splits `key=value` / `--key value` / `--key=value`; returns false for a bare flag.
+bool split_arg(const std::vector<std::string>& args, size_t& i, std::string& key, std::string& value) {
+  std::string a = args[i];
+  if (a.rfind("--", 0) == 0) a = a.substr(2);
+  const size_t eq = a.find('=');
+  if (eq != std::string::npos) {
+    key = a.substr(0, eq);
+    value = a.substr(eq + 1);
+    return true;
+  }
+  key = a;
+  if (args[i].rfind("--", 0) != 0) return false;
+  if (i + 1 >= args.size()) return false;
+  value = args[++i];
+  return true;
+}
+
+std::string si(double x, const char* unit) {
+  const char* p[] = {"", "k", "M", "G", "T", "P", "E"};
+  int k = 0;
+  while (std::fabs(x) >= 1000 && k < 6) x /= 1000, k++;
+  return strfmt("%.3g%s%s%s", x, k || *unit ? " " : "", p[k], unit);
+}
+
+std::string ms(double s) { return strfmt("%.3f ms", s * 1e3); }
+
+std::string comm_line(const char* name, int size, const parallel::CommCounters& c) {
+  std::string s = strfmt("  %-3s (%d ranks):", name, size);
+  bool any = false;
+  for (int op = 0; op < parallel::kNumCommOps; op++) {
+    const parallel::CommOpCount& k = c[parallel::CommOp(op)];
+    if (!k.calls && !k.sent_bytes) continue;
+    s += strfmt(" %s %llu B (%llu calls);", parallel::comm_op_name(parallel::CommOp(op)),
+                (unsigned long long)k.sent_bytes, (unsigned long long)k.calls);
+    any = true;
+  }
+  if (!any) s += " nothing";
+  return s + "\n";
+}
+
+nlohmann::json counters_json(const parallel::CommCounters& c) {
+  nlohmann::json j = nlohmann::json::object();
+  for (int op = 0; op < parallel::kNumCommOps; op++) {
+    const parallel::CommOpCount& k = c[parallel::CommOp(op)];
+    if (k.calls || k.sent_bytes)
+      j[parallel::comm_op_name(parallel::CommOp(op))] = {{"calls", k.calls}, {"sent_bytes", k.sent_bytes}};
+  }
+  return j;
+}
+
+std::string layout_name(const PlanLayout& l) {
+  return strfmt("TP(%d)-CP(%d)-PP(%d)-DP(%d)", l.tp, l.cp, l.pp, l.dp);
+}
+
+}  // namespace
+
+std::string memory_over(const MemoryPlan& m, const Hardware& hw) {
+  const double total = double(m.total());
+  if (total <= hw.memory_bytes) return "";
+  size_t big = 0;
+  for (size_t c = 1; c < m.bytes.size(); c++)
+    if (m.bytes[c] > m.bytes[big]) big = c;
+  // The category that alone would have to shrink by the excess, if one can; else the largest.
+  const double excess = total - hw.memory_bytes;
+  return strfmt("needs %s per rank, %s has %s: over by %s; %s is the largest category (%s, %.0f%% of it)%s",
+                format_bytes(size_t(total)).c_str(), hw.name.c_str(), format_bytes(size_t(hw.memory_bytes)).c_str(),
+                format_bytes(size_t(excess)).c_str(), mem_category_name(MemCategory(big)),
+                format_bytes(m.bytes[big]).c_str(), 100.0 * double(m.bytes[big]) / total,
+                double(m.bytes[big]) > excess ? "" : ", and shrinking it alone would not be enough");
+}
+
+PlanResult evaluate_plan(const TrainOptions& o, const PlanLayout& l, const Hardware& hw) {
+  PlanResult r;
+  r.layout = l;
+  const PipelineFigures pipe = pipeline_figures(o, l);
+  r.memory = plan_memory_worst(o, l, pipe);
+  r.comm = plan_comm(o, l, r.memory.pp_rank);
+  r.time = plan_time(o, l, hw, r.comm, r.memory, pipe);
+  r.over = memory_over(r.memory, hw);
+  return r;
+}
+
+PlanRequest parse_plan_request(const std::vector<std::string>& args) {
+  PlanRequest r;
+  std::vector<std::string> rest;
+  std::string hw = "cpu";
+  int gpus = 0;
+  bool device_given = false;
+  for (size_t i = 0; i < args.size(); i++) {
+    if (args[i] == "--json") {
+      r.json = true;
+      continue;
+    }
+    if (args[i] == "--search") {
+      r.search = true;
+      continue;
+    }
+    size_t j = i;
+    std::string key, value;
+    if (split_arg(args, j, key, value) && (key == "hw" || key == "gpus" || key == "tokens" || key == "top")) {
+      i = j;
+      if (key == "hw") hw = value;
+      else if (key == "gpus") gpus = parse_int("gpus", value);
+      else if (key == "top") r.top = parse_int("top", value);
+      else r.tokens = parse_number("tokens", value);
+      continue;
+    }
+    if (key == "device") device_given = true;
+    rest.push_back(args[i]);
+  }
+  if (gpus < 0 || (gpus == 0 && r.search)) fail("gpus must be positive%s (got %d)", r.search ? " with --search" : "", gpus);
+  if (r.tokens < 0) fail("tokens must not be negative (got %g)", r.tokens);
+  if (r.top < 1) fail("top must be at least 1 (got %d)", r.top);
+  r.hw = resolve_hardware(hw);
+  TrainOptions o = parse_train_options(rest);  // the trainer's parser and validation
+  PlanLayout& l = r.layout;
+  l.tp = o.parallel.tp;
+  l.pp = o.parallel.pp;
+  l.cp = o.parallel.cp;
+  const int model_ranks = l.tp * l.pp * l.cp;
+  if (o.parallel.dp > 0) {
+    l.dp = o.parallel.dp;
+    if (gpus > 0 && gpus != l.dp * model_ranks && !r.search)
+      fail("gpus=%d but dp %d x tp %d x pp %d x cp %d = %d", gpus, l.dp, l.tp, l.pp, l.cp, l.dp * model_ranks);
+  } else if (gpus > 0) {
+    if (gpus % model_ranks != 0 && !r.search)
+      fail("gpus=%d is not divisible by tp %d x pp %d x cp %d = %d", gpus, l.tp, l.pp, l.cp, model_ranks);
+    l.dp = std::max(1, gpus / model_ranks);
+  }
+  if (o.global_batch > 0) {
+    const int per_step = l.dp * o.grad_accum;
+    if (o.global_batch % per_step != 0)
+      fail("global_batch %d is not divisible by dp %d x grad_accum %d", o.global_batch, l.dp, o.grad_accum);
+    o.batch_size = o.global_batch / per_step;
+    if (o.sequence_parallel() && (int64_t(o.batch_size) * o.seq_len) % l.tp != 0)
+      fail("tp.sp: the rows of a micro-batch, batch_size %d (from global_batch) x seq_len %d, must be divisible by "
+           "--tp %d (or set tp.sp=false)", o.batch_size, o.seq_len, l.tp);
+  }
+  // A GPU's figures are for the GPU code path (flash attention, large logits chunks) unless the
+  // options name a device.
+  if (!device_given) o.device = r.hw.device;
+  o.parallel.dp = l.dp;
+  r.options = o;
+  r.gpus = gpus > 0 ? gpus : l.world();
+  return r;
+}
+
+nlohmann::json plan_json(const PlanRequest& r) {
+  const TrainOptions& o = r.options;
+  const PlanResult p = evaluate_plan(o, r.layout, r.hw);
+  nlohmann::json mem = nlohmann::json::object();
+  for (int c = 0; c < kNumMemCategories; c++) mem[mem_category_name(MemCategory(c))] = p.memory.bytes[size_t(c)];
+  mem["total"] = p.memory.total();
+  const TimePlan& t = p.time;
+  nlohmann::json j = {
+      {"model", o.model.to_json()},
+      {"params", o.model.num_params()},
+      {"active_params", o.model.num_active_params()},
+      {"layout", {{"dp", r.layout.dp}, {"tp", r.layout.tp}, {"pp", r.layout.pp}, {"cp", r.layout.cp},
+                  {"zero", o.parallel.zero}, {"sp", o.sequence_parallel()}, {"world", r.layout.world()},
+                  {"name", layout_name(r.layout)}}},
+      {"batch_size", o.batch_size}, {"seq_len", o.seq_len}, {"grad_accum", o.grad_accum},
+      {"precision", o.to_json()["precision"]}, {"recompute", model::recompute_name(o.recompute)},
+      {"attention", model::attention_name(o.attention_kind())}, {"device", device_name(o.device)},
+      {"hardware", r.hw.to_json()},
+      {"memory", mem},
+      {"memory_rank", {{"pp_rank", p.memory.pp_rank}, {"in_flight_micro_batches", p.memory.in_flight},
+                       {"activations_per_micro_batch", p.memory.stash_per_micro},
+                       {"activation_workspace", p.memory.workspace},
+                       {"grads_least", p.memory.grads_least}, {"grads_bound", p.memory.grads_bound}}},
+      {"fits", p.over.empty()},
+      {"flops_per_token", t.flops_per_token},
+      {"hw_flops_per_token", t.hw_flops_per_token},
+      {"tokens_per_step", t.tokens_per_step},
+      {"flops_per_step", t.flops_per_token * t.tokens_per_step},
+      {"comm", {{"dp", counters_json(p.comm.dp)}, {"tp", counters_json(p.comm.tp)}, {"cp", counters_json(p.comm.cp)},
+                {"pp", counters_json(p.comm.pp)}}},
+      {"time", {{"gemm_s", t.gemm_s}, {"memory_bound_s", t.memory_s}, {"optimizer_s", t.optimizer_s},
+                {"tp_s", t.tp_s}, {"cp_s", t.cp_s}, {"pp_s", t.pp_s}, {"dp_s", t.dp_s},
+                {"dp_exposed_s", t.dp_exposed_s}, {"bubble_over_ideal", t.bubble}, {"step_s", t.step_s}}},
+      {"tokens_per_s", t.tokens_per_s()},
+      {"mfu", t.mfu},
+  };
+  if (r.layout.pp > 1) {
+    const parallel::ScheduleSpec spec = pipeline_spec(o);
+    const parallel::Simulation sim = parallel::simulate(parallel::build_schedule(spec), parallel::PipelineCosts());
+    std::vector<double> peaks;
+    for (int k = 0; k < spec.p; k++) peaks.push_back(sim.peak_activations(k));
+    j["pipeline"] = {{"schedule", parallel::schedule_kind_name(spec.kind)}, {"pp", spec.p}, {"grad_accum", spec.m},
+                     {"virtual", spec.v}, {"bubble_fraction", sim.bubble_fraction()},
+                     {"bubble_over_ideal", sim.bubble_over_ideal()}, {"peak_micro_batches", peaks}};
+  }
+  if (!p.over.empty()) j["over"] = p.over;
+  if (r.tokens > 0) {
+    const double steps = std::ceil(r.tokens / t.tokens_per_step), wall = steps * t.step_s;
+    j["budget"] = {{"tokens", r.tokens}, {"steps", steps}, {"wall_s", wall},
+                   {"chip_hours", wall * r.layout.world() / 3600.0}};
+  }
+  return j;
+}
+
+std::string plan_report(const std::vector<std::string>& args) {
+  const PlanRequest r = parse_plan_request(args);
+  if (r.search) return plan_search(r);
+  if (r.json) return plan_json(r).dump(2) + "\n";
+  const TrainOptions& o = r.options;
+  const PlanLayout& l = r.layout;
+  const PlanResult p = evaluate_plan(o, l, r.hw);
+  const TimePlan& t = p.time;
+  const model::GPTConfig& m = o.model;
+  std::string s;
+  s += strfmt("model: %s, %s parameters (%s active per token), %s FLOPs per token (6 N_matmul + 12 L C T at T = %d), "
+              "%s with recompute=%s\n",
+              o.model_preset.c_str(), si(double(m.num_params()), "").c_str(), si(double(m.num_active_params()), "").c_str(),
+              si(t.flops_per_token, "").c_str(), o.seq_len, si(t.hw_flops_per_token, "").c_str(),
+              model::recompute_name(o.recompute));
+  s += strfmt("layout: %s on %d x %s, zero=%d, precision=%s, sp=%s, attention=%s (%s path)\n", layout_name(l).c_str(),
+              l.world(), r.hw.name.c_str(), o.parallel.zero, o.to_json()["precision"].get<std::string>().c_str(),
+              o.sequence_parallel() ? "on" : "off", model::attention_name(o.attention_kind()), device_name(o.device));
+  s += strfmt("batch: %d rows x %d tokens x grad_accum %d x dp %d = %s tokens per step, %s FLOPs per step\n",
+              o.batch_size, o.seq_len, o.grad_accum, l.dp, si(t.tokens_per_step, "").c_str(),
+              si(t.flops_per_token * t.tokens_per_step, "").c_str());
+  s += strfmt("memory per rank (pipeline rank %d, peak of a step; metrics.jsonl `memory` names):\n", p.memory.pp_rank);
+  for (int c = 0; c < kNumMemCategories; c++) {
+    if (MemCategory(c) == MemCategory::other) continue;
+    s += strfmt("  %-12s %12llu B  %s", mem_category_name(MemCategory(c)), (unsigned long long)p.memory.bytes[size_t(c)],
+                format_bytes(p.memory.bytes[size_t(c)]).c_str());
+    if (MemCategory(c) == MemCategory::grads && o.parallel.zero >= 2)
+      s += strfmt("  (unit buffers in flight: %s if every reduction completes at once, %s at the bound of two)",
+                  format_bytes(p.memory.grads_least).c_str(), format_bytes(p.memory.grads_bound).c_str());
+    if (MemCategory(c) == MemCategory::activations)
+      s += strfmt("  (%g micro-batches in flight x %s kept, + %s workspace)", p.memory.in_flight,
+                  format_bytes(p.memory.stash_per_micro).c_str(), format_bytes(p.memory.workspace).c_str());
+    s += "\n";
+  }
+  s += strfmt("  %-12s %12llu B  %s of %s: %s\n", "total", (unsigned long long)p.memory.total(),
+              format_bytes(p.memory.total()).c_str(), format_bytes(size_t(r.hw.memory_bytes)).c_str(),
+              p.over.empty() ? "fits" : ("does not fit: " + p.over).c_str());
+  s += "communication per step (bytes this rank sends, ring/pairwise algorithms):\n";
+  s += comm_line("dp", l.dp * l.cp, p.comm.dp) + comm_line("tp", l.tp, p.comm.tp) + comm_line("cp", l.cp, p.comm.cp) +
+       comm_line("pp", l.pp, p.comm.pp);
+  if (l.pp > 1) s += pipeline_report(pipeline_spec(o));
+  s += strfmt("time per step on %s (%s):\n", r.hw.name.c_str(), r.hw.source.c_str());
+  s += strfmt("  compute   GEMMs %s at %s, memory-bound ops %s at %s, optimizer %s\n", ms(t.gemm_s).c_str(),
+              si(r.hw.flops_for(o.precision), "FLOP/s").c_str(), ms(t.memory_s).c_str(),
+              si(r.hw.memory_bytes_per_s, "B/s").c_str(), ms(t.optimizer_s).c_str());
+  s += strfmt("  comm      tp %s, cp %s, pp %s, dp %s (%s exposed)\n", ms(t.tp_s).c_str(), ms(t.cp_s).c_str(),
+              ms(t.pp_s).c_str(), ms(t.dp_s).c_str(), ms(t.dp_exposed_s).c_str());
+  s += strfmt("  step      %s (pipeline bubble %.4f of the ideal time), %s tokens/s, MFU %.1f%%\n", ms(t.step_s).c_str(),
+              t.bubble, si(t.tokens_per_s(), "").c_str(), 100.0 * t.mfu);
+  if (r.tokens > 0) {
+    const double steps = std::ceil(r.tokens / t.tokens_per_step), wall = steps * t.step_s;
+    s += strfmt("budget: %s tokens = %.0f steps, %s wall-clock, %.1f chip-hours on %d chips\n", si(r.tokens, "").c_str(),
+                steps, format_duration(wall).c_str(), wall * l.world() / 3600.0, l.world());
+  }
+  return s;
+}
+
 int plan_main(const std::vector<std::string>& args) {
   for (const std::string& a : args)
     if (a == "-h" || a == "--help") {
-      std::fputs("usage: minitrain plan pp=P grad_accum=M pp.schedule=gpipe|1f1b|interleaved|zb1 [pp.virtual=V]\n"
-                 "  pp           int     pipeline stages (1)\n"
-                 "  grad_accum   int     micro-batches per step (1)\n"
-                 "  pp.schedule  string  gpipe | 1f1b | interleaved | zb1 (1f1b)\n"
-                 "  pp.virtual   int     model chunks per rank, interleaved only (1)\n"
-                 "Prints the schedule as a time x rank grid and its simulated bubble next to the formula.\n",
+      std::fputs("usage: minitrain plan [train options] [hw=NAME|FILE] [gpus=N] [tokens=N] [--json]\n"
+                 "       minitrain plan --search gpus=N [model, batch and precision options] [hw=...] [top=K]\n"
+                 "  every option of `minitrain train` (model, dp/tp/pp/cp, zero, precision, recompute, batch_size,\n"
+                 "  global_batch, seq_len, grad_accum, pp.schedule, pp.virtual ...: see minitrain train --help)\n"
+                 "  hw      string  h100 | h200 | a100 (SXM datasheets) | cpu | a hardware JSON file, e.g. one\n"
+                 "                  written by `minitrain bench --calibrate out=FILE` (cpu)\n"
+                 "  gpus    int     chips in all (dp = gpus / (tp x pp x cp) unless dp is given)\n"
+                 "  tokens  number  a token budget: steps, wall-clock time and chip-hours\n"
+                 "  top     int     --search: layouts shown in full (5)\n"
+                 "  --json          the report as one JSON object\n"
+                 "  --search        rank the layouts (tp, pp, cp, dp, zero, recompute) that fit by predicted\n"
+                 "                  throughput at the same global batch; one line for each loser, saying why\n"
+                 "Prints per-rank memory by category, FLOPs per token and step, bytes per step on each group,\n"
+                 "the pipeline schedule grid and bubble (pp > 1), predicted step time and MFU. A layout that\n"
+                 "does not fit in memory also fails with one line saying which category and by how much.\n",
                  stdout);
       return 0;
     }
-  const std::string report = plan_report(args);
-  std::fwrite(report.data(), 1, report.size(), stdout);
+  const PlanRequest r = parse_plan_request(args);
+  std::string out;
+  if (r.search) out = plan_search(r);
+  else if (r.json) out = plan_json(r).dump(2) + "\n";
+  else out = plan_report(args);
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  if (!r.search) {
+    const std::string over = memory_over(plan_memory_worst(r.options, r.layout), r.hw);
+    if (!over.empty()) {
+      std::fprintf(stderr, "minitrain: error: %s does not fit: %s\n", layout_name(r.layout).c_str(), over.c_str());
+      return 1;
+    }
+  }
   return 0;
 }
 

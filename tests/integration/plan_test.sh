@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# `minitrain plan` as a user runs it: a pipeline report on stdout with exit status 0, and bad input
-# refused with exit status 1 and one `minitrain: error:` line naming the option.
+# `minitrain plan` as a user runs it: a report on stdout with exit status 0 (the pipeline grid and
+# bubble, memory per category, bytes per group, step time), --json as one JSON object, a hardware
+# file written by `bench --calibrate` read back, and bad input (options, hardware names and files, a
+# layout that cannot fit) refused with exit status 1 and one `minitrain: error:` line.
 # Usage: plan_test.sh <minitrain binary>
 set -u
 mt=$1
@@ -30,8 +32,43 @@ bad() {
 }
 bad "unknown schedule" "pp.schedule" pp=4 grad_accum=8 pp.schedule=2f2b
 bad "interleaved with one chunk" "pp.virtual" pp=4 grad_accum=8 pp.schedule=interleaved
-bad "interleaved, grad_accum not a multiple of pp" "multiple of pp" pp=4 grad_accum=6 pp.schedule=interleaved pp.virtual=2
-bad "no ranks" "pp must be at least 1" pp=0 grad_accum=8
+bad "interleaved, grad_accum not a multiple of pp" "multiple of pp" pp=4 grad_accum=6 pp.schedule=interleaved pp.virtual=2 model.n_layer=8
+bad "no ranks" "parallel.pp must be positive" pp=0 grad_accum=8
+bad "unknown hardware" "hw=b300: not a known hardware name (h100, h200, a100, cpu) and no such file" hw=b300
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+echo '{"name": "x", "flops": {"fp32": 1, "bf16": 1}}' >"$tmp/bad.json"
+bad "hardware file without a field" "hardware file '$tmp/bad.json': missing field 'flops.fp16'" hw="$tmp/bad.json"
+echo '{"name": ' >"$tmp/torn.json"
+bad "hardware file that is not JSON" "hardware file '$tmp/torn.json' is not valid JSON" hw="$tmp/torn.json"
+bad "a layout that cannot fit" "does not fit: needs " model=gpt2-xl hw=a100 batch_size=16 seq_len=1024
+out=$("$mt" plan model=gpt2-xl hw=a100 batch_size=16 seq_len=1024 2>/dev/null)
+[[ "$out" == *"activations"*"does not fit: "*"over by "* ]] && pass "the report names the category over"   || fail "the report names the category over ($out)"
+
+out=$("$mt" plan model=gpt2 hw=h100 gpus=16 tp=2 pp=2 grad_accum=8 precision=bf16 tokens=1e9 2>&1)
+rc=$?
+for part in "memory per rank" "  activations " "tp  (2 ranks): " "pp  (2 ranks): " "send " "   t r0 r1" "MFU " \
+            "chip-hours on 16 chips"; do
+  [[ $rc -eq 0 && "$out" == *"$part"* ]] && pass "report: $part" || fail "report: $part (rc=$rc: $out)"
+done
+if "$mt" plan model=gpt2 hw=h100 gpus=8 precision=bf16 --json | /usr/bin/python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+assert set(j["memory"]) == {"params", "grads", "optimizer", "activations", "comm", "other", "total"}, j["memory"]
+assert j["layout"]["dp"] == 8 and 0 < j["mfu"] < 1, j'; then
+  pass "--json: one object with the metrics.jsonl memory names"
+else
+  fail "--json: one object with the metrics.jsonl memory names"
+fi
+if "$mt" bench --calibrate out="$tmp/cpu.json" 2>/dev/null && out=$("$mt" plan hw="$tmp/cpu.json" 2>&1) &&
+   [[ "$out" == *"on 1 x cpu-calibrated"* ]]; then
+  pass "bench --calibrate writes a file plan reads"
+else
+  fail "bench --calibrate writes a file plan reads ($out)"
+fi
+out=$("$mt" plan --search gpus=4 model=gpt2 hw=a100 batch_size=8 seq_len=1024 precision=bf16 top=3 2>&1)
+[[ $? -eq 0 && "$out" == *"best 3 by predicted tokens/s:"* && "$out" == *": slower: "* ]] && pass "--search" \
+  || fail "--search ($out)"
 
 [[ $fails -eq 0 ]] && echo "all plan checks passed"
 exit $((fails > 0))

@@ -1,0 +1,123 @@
+// `minitrain plan`'s predictions against a real Trainer's measurements, on every rank: for each
+// layout of the tiny model the plan's params, grads and optimizer bytes equal the arena's per-step
+// peaks exactly (ZeRO 2-3's gradient buffers: within the range MPI's progress allows), its
+// activations are within 5%, and its bytes per step on each group (dp, tp, cp, pp) equal the
+// communicators' counters op by op.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "parallel/mesh.h"
+#include "tests/mpi/mpi_train_util.h"
+#include "train/plan_cost.h"
+#include "train/plan_memory.h"
+
+namespace mt::train {
+namespace {
+
+using mt::testing::mpi_world;
+using mt::testing::shared_corpus;
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1, cp = 1, zero = 0, accum = 1;
+  const char* recompute = "none";
+  const char* precision = "fp32";
+  std::string str() const {
+    return strfmt("dp=%d tp=%d pp=%d cp=%d zero=%d accum=%d recompute=%s %s", dp, tp, pp, cp, zero, accum, recompute,
+                  precision);
+  }
+};
+
+TrainOptions options(const std::string& data, const Layout& l) {
+  TrainOptions o = parse_train_options(
+      {"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
+       "model.block_size=16", "seq_len=16", "batch_size=2", "threads=1", "data.prefetch=0", "data.path=" + data,
+       "dp=" + std::to_string(l.dp), "tp=" + std::to_string(l.tp), "pp=" + std::to_string(l.pp),
+       "cp=" + std::to_string(l.cp), "zero=" + std::to_string(l.zero), "grad_accum=" + std::to_string(l.accum),
+       std::string("recompute=") + l.recompute, std::string("precision=") + l.precision,
+       std::string("attention=") + (l.cp > 1 ? "flash" : "auto"), "steps=3"});
+  return o;
+}
+
+std::vector<Layout> layouts(int W) {
+  std::vector<Layout> out;
+  auto add = [&](Layout l) {
+    if (l.dp * l.tp * l.pp * l.cp == W) out.push_back(l);
+  };
+  for (int zero = 0; zero <= 3; zero++) add({.dp = 2, .zero = zero});
+  add({.dp = 2, .zero = 1, .recompute = "full", .precision = "bf16"});
+  add({.dp = 2, .zero = 2, .accum = 2});
+  add({.dp = 2, .zero = 3, .accum = 2, .precision = "bf16"});
+  add({.dp = 2, .zero = 0, .accum = 2, .recompute = "selective", .precision = "fp16"});
+  add({.tp = 2});
+  add({.tp = 2, .recompute = "selective"});
+  add({.tp = 2, .accum = 2, .recompute = "full", .precision = "bf16"});
+  add({.pp = 2, .accum = 2});
+  add({.cp = 2});
+  add({.cp = 2, .recompute = "full"});
+  add({.cp = 2, .zero = 1, .accum = 2});
+  for (int zero = 0; zero <= 3; zero++) add({.dp = 4, .zero = zero});
+  add({.dp = 2, .tp = 2});
+  add({.dp = 2, .pp = 2, .accum = 2});
+  add({.dp = 2, .cp = 2});
+  add({.dp = 2, .tp = 2, .zero = 3, .precision = "bf16"});
+  add({.tp = 2, .pp = 2, .accum = 2});
+  add({.tp = 4});
+  return out;
+}
+
+void expect_same_counters(const parallel::CommCounters& got, const parallel::CommCounters& want, const std::string& what) {
+  for (int op = 0; op < parallel::kNumCommOps; op++)
+    EXPECT_EQ(got.ops[size_t(op)].sent_bytes, want.ops[size_t(op)].sent_bytes)
+        << what << ": " << parallel::comm_op_name(parallel::CommOp(op));
+}
+
+TEST(Plan, PredictionsEqualTheTrainersMeasurements) {
+  parallel::Comm& world = mpi_world().comm();
+  const std::string data = shared_corpus(world);
+  const std::vector<Layout> ls = layouts(world.size());
+  if (ls.empty()) GTEST_SKIP() << "no layout for " << world.size() << " ranks";
+  for (const Layout& l : ls) {
+    const TrainOptions o = options(data, l);
+    Trainer t(o, &world);
+    t.step();  // the first step allocates what later steps reuse
+    t.arena().reset_peaks();
+    t.step();
+    const MemStats& m = t.arena().stats();
+    const PlanLayout pl{l.dp, l.tp, l.pp, l.cp};
+    const int pp_rank = t.mesh().coord(parallel::MeshDim::pp);
+    const MemoryPlan mp = plan_memory(t.options(), pl, pp_rank);
+    const std::string what = l.str() + strfmt(" rank %d", world.rank());
+    for (MemCategory c : {MemCategory::params, MemCategory::grads, MemCategory::optimizer})
+      if (c != MemCategory::grads || l.zero < 2)
+        EXPECT_EQ(mp.bytes[size_t(c)], m.peak[size_t(c)]) << what << ": " << mem_category_name(c);
+    // ZeRO 2-3's unit gradient buffers live until their reduce-scatter completes, which depends on
+    // MPI's progress: the peak lies between every reduction completing at once and the bound of two
+    // in flight (the plan's own figure, each completing during the next unit's backward, is between).
+    const size_t g = m.peak[size_t(MemCategory::grads)];
+    if (l.zero >= 2) {
+      EXPECT_GE(g, mp.grads_least) << what;
+      EXPECT_LE(mp.grads_least, mp.bytes[size_t(MemCategory::grads)]) << what;
+      EXPECT_LE(mp.bytes[size_t(MemCategory::grads)], mp.grads_bound) << what;
+      EXPECT_LE(g, mp.grads_bound) << what;
+    }
+    const double act = double(m.peak[size_t(MemCategory::activations)]);
+    const double pred = double(mp.bytes[size_t(MemCategory::activations)]);
+    EXPECT_NEAR(pred, act, 0.05 * act) << what << ": activations";
+    const CommPlan cp = plan_comm(t.options(), pl, pp_rank);
+    if (l.dp * l.cp > 1) expect_same_counters(t.group_counters(parallel::MeshDim::dp), cp.dp, what + " dp");
+    if (l.tp > 1) expect_same_counters(t.group_counters(parallel::MeshDim::tp), cp.tp, what + " tp");
+    if (l.cp > 1) expect_same_counters(t.group_counters(parallel::MeshDim::cp), cp.cp, what + " cp");
+    if (l.pp > 1) expect_same_counters(t.group_counters(parallel::MeshDim::pp), cp.pp, what + " pp");
+    if (world.rank() == 0)
+      std::printf("%s: params %zu grads %zu optimizer %zu activations %zu (planned %llu, %+.1f%%) comm %zu (planned %llu)\n",
+                  l.str().c_str(), m.peak[0], m.peak[1], m.peak[2], m.peak[3],
+                  (unsigned long long)mp.bytes[3], 100.0 * (pred - act) / act, m.peak[4],
+                  (unsigned long long)mp.bytes[4]);
+  }
+}
+
+}  // namespace
+}  // namespace mt::train

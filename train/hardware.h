@@ -1,0 +1,65 @@
+// Hardware descriptions for `minitrain plan`: what one chip can do (peak FLOP/s per dtype, memory
+// bandwidth and capacity) and what the links between chips carry (bandwidth and latency inside a
+// node and between nodes), for the planner's alpha-beta and roofline models (train/plan_cost.h).
+//
+// Built-in entries (hardware_names()): h100, h200 and a100 from NVIDIA's public datasheets for the
+// SXM parts (dense figures, i.e. without 2:4 sparsity), and `cpu`, nominal figures for a small x86
+// server meant to be replaced by a calibrated file (`minitrain bench --calibrate out=FILE` measures
+// the machine it runs on). A file holds one JSON object:
+//
+//   {"name": "...", "source": "...",
+//    "flops": {"fp32": 6.7e13, "bf16": 9.89e14, "fp16": 9.89e14},   FLOP/s per chip, per compute dtype
+//    "memory": {"bytes": 8.0e10, "bytes_per_s": 3.35e12},           capacity and bandwidth per chip
+//    "chips_per_node": 8,
+//    "links": {"intra": {"bytes_per_s": 4.5e11, "latency_s": 3e-6},  per direction, per chip
+//              "inter": {"bytes_per_s": 5.0e10, "latency_s": 1e-5}},
+//    "dp_overlap": 0.9,                                             share of the data-parallel
+//                                                                   reduction hidden behind backward
+//    "device": "cuda"}                                              the backend it runs (cuda | cpu)
+//
+// and optionally "samples": the calibration's raw measurements (kept for the record, not read).
+// Every field is required except source, dp_overlap (default 0), device (default cuda) and samples; a missing or
+// ill-typed one is an error naming the file and the field.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/dtype.h"
+#include "runtime/tensor.h"
+
+namespace mt::train {
+
+struct LinkSpec {
+  double bytes_per_s = 0;  // per direction, per chip
+  double latency_s = 0;    // per message (the alpha of the alpha-beta model)
+};
+
+struct Hardware {
+  std::string name;
+  std::string source;  // where the figures come from (datasheet, calibration command)
+  double flops_fp32 = 0, flops_bf16 = 0, flops_fp16 = 0;
+  double memory_bytes = 0;        // capacity per chip
+  double memory_bytes_per_s = 0;  // bandwidth per chip
+  int chips_per_node = 1;
+  LinkSpec intra, inter;
+  Device device = Device::cuda;  // the backend the planner models (flash attention, logits chunks)
+  double dp_overlap = 0;  // share of the data-parallel gradient traffic hidden behind backward, [0, 1]
+
+  double flops_for(DType compute) const;  // the peak of the run's compute dtype
+  // The link a group of `span` consecutive ranks (tp innermost) crosses: intra when it fits a node.
+  const LinkSpec& link_for_span(int span) const { return span <= chips_per_node ? intra : inter; }
+  nlohmann::json to_json() const;
+};
+
+// The built-in names, in the order `plan --help` lists them.
+std::vector<std::string> hardware_names();
+// A built-in entry, or a file when `spec` is not one of the names; throws one line naming the
+// unknown name (with the known ones) or the file and its bad field.
+Hardware resolve_hardware(const std::string& spec);
+// Parses a hardware object; `origin` names it in errors (a file's path).
+Hardware hardware_from_json(const nlohmann::json& j, const std::string& origin);
+Hardware load_hardware_file(const std::string& path);
+
+}  // namespace mt::train

@@ -1,0 +1,203 @@
+#include "train/plan_cost.h"
+
+#include <algorithm>
+
+#include "train/metrics.h"
+#include "train/pipeline.h"
+
+namespace mt::train {
+namespace {
+
+using parallel::CommCounters;
+using parallel::CommOp;
+
+void add(CommCounters& c, CommOp op, uint64_t calls, uint64_t sent) {
+  c[op].calls += calls;
+  c[op].sent_bytes += sent;
+}
+
+// Rows of a micro-batch on one rank: B T / cp tokens.
+int64_t rows_per_micro(const TrainOptions& o, const PlanLayout& l) { return int64_t(o.batch_size) * o.seq_len / l.cp; }
+
+// Whether the gradient noise scale comes from each replica's own gradient (train/trainer.cpp
+// update_noise_scale): several replicas, no pipeline, and a rank that held its whole local gradient
+// (ZeRO 0-1, or ZeRO-2 with one micro-batch).
+bool noise_from_ranks(const TrainOptions& o, const PlanLayout& l) {
+  const int zero = o.parallel.zero;
+  return l.dp * l.cp > 1 && l.pp == 1 && (zero <= 1 || (zero == 2 && o.grad_accum == 1));
+}
+
+CommCounters dp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
+  CommCounters c;
+  const int D = l.dp * l.cp, zero = o.parallel.zero, m = o.grad_accum;
+  if (D == 1) return c;
+  const std::vector<int64_t> units = plan_units(o, l, pp_rank);
+  uint64_t P = 0;
+  for (int64_t n : units) P += uint64_t(n);
+  const uint64_t cb = dtype_size(o.precision), d1 = uint64_t(D - 1);
+  if (zero <= 1) {
+    // Buckets of whole units (each a multiple of D): the sum is the formula for the whole gradient.
+    add(c, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(size_t(P), 4, D, 0));
+  } else {
+    add(c, CommOp::reduce_scatter, uint64_t(m) * units.size(), uint64_t(m) * d1 * (P / uint64_t(D)) * 4);
+  }
+  if (zero == 1 || zero == 2) add(c, CommOp::all_gather, units.size(), d1 * (P / uint64_t(D)) * cb);
+  if (zero == 3) {
+    const std::vector<int> g = plan_unit_gathers(o, l, pp_rank);
+    for (size_t u = 0; u < units.size(); u++)
+      add(c, CommOp::all_gather, uint64_t(g[u]), uint64_t(g[u]) * d1 * uint64_t(units[u] / D) * cb);
+  }
+  if (plan_embedding_rows(o, l)) {
+    // wte's and wpe's rows: N ids and N x C fp32 values each, in the step's last micro-batch.
+    const uint64_t N = uint64_t(rows_per_micro(o, l)), C = uint64_t(o.model.n_embd);
+    add(c, CommOp::all_gather, 4, 2 * d1 * (N * 4 + N * C * 4));
+  }
+  // Scalars as 8-byte doubles: the loss sum; from ZeRO-1 the squared norm of the sharded gradient; the
+  // noise scale's per-rank norm and, when the embeddings went as rows under ZeRO 1-2, the global norm
+  // without them.
+  const bool noise = noise_from_ranks(o, l);
+  const int doubles = 1 + (zero >= 1) + noise + (noise && plan_embedding_rows(o, l) && zero >= 1);
+  add(c, CommOp::all_gather, uint64_t(doubles), uint64_t(doubles) * d1 * 8);
+  if (o.precision == DType::f16 && zero >= 1) add(c, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, D, 0));
+  return c;
+}
+
+CommCounters tp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
+  CommCounters c;
+  const int P = l.tp;
+  if (P == 1) return c;
+  const model::StagePlan plan = l.pp > 1 ? stage_plan(o, pp_rank) : model::StagePlan::whole(o.model.n_layer);
+  int L = 0;
+  for (const auto& k : plan.chunks) L += k.end - k.begin;
+  const uint64_t m = uint64_t(o.grad_accum), N = uint64_t(rows_per_micro(o, l)), C = uint64_t(o.model.n_embd);
+  const uint64_t cb = dtype_size(o.precision), p1 = uint64_t(P - 1);
+  const uint64_t act = N * C * cb;
+  const bool full = o.recompute == model::Recompute::full;
+  // Per pass 4 per layer (a layer's forward again under full recompute), the embedding's and the
+  // classifier's; in backward the two LayerNorm outputs gathered again.
+  const uint64_t blocks = uint64_t(4 * L + (full ? 2 * L : 0) + plan.first + plan.last);
+  const uint64_t stats = plan.last ? p1 * N * 3 * 4 : 0;  // softmax statistics (3 floats per row)
+  if (o.sequence_parallel()) {
+    const uint64_t regathers = uint64_t(2 * L);  // under full recompute the re-run forward's serve
+    add(c, CommOp::reduce_scatter, m * blocks, m * blocks * p1 * act / uint64_t(P));
+    add(c, CommOp::all_gather, m * (blocks + regathers), m * (blocks + regathers) * p1 * act / uint64_t(P));
+    // Partial gradients of the replicated LayerNorms (weight and bias adjacent) and of wpe.
+    std::vector<uint64_t> partial(size_t(2 * L), 2 * C);
+    if (plan.last) partial.push_back(2 * C);
+    if (plan.first) partial.push_back(uint64_t(o.model.block_size) * C);
+    for (uint64_t n : partial) add(c, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(size_t(n), 4, P, 0));
+  } else {
+    add(c, CommOp::all_reduce, m * blocks, m * blocks * parallel::all_reduce_sent_bytes(size_t(N * C), cb, P, 0));
+  }
+  if (stats) add(c, CommOp::all_gather, m, m * stats);
+  // The squared gradient norm, and the noise scale's per-replica norm summed over the replica's tp ranks.
+  const uint64_t doubles = 1 + noise_from_ranks(o, l);
+  add(c, CommOp::all_gather, doubles, doubles * p1 * 8);
+  if (o.precision == DType::f16) add(c, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, P, 0));
+  return c;
+}
+
+CommCounters cp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
+  CommCounters c;
+  if (l.cp == 1) return c;
+  const model::StagePlan plan = l.pp > 1 ? stage_plan(o, pp_rank) : model::StagePlan::whole(o.model.n_layer);
+  int L = 0;
+  for (const auto& k : plan.chunks) L += k.end - k.begin;
+  const uint64_t P = uint64_t(l.cp), Nl = uint64_t(rows_per_micro(o, l)), W = uint64_t(o.model.n_embd / l.tp);
+  const uint64_t cb = dtype_size(o.precision);
+  const uint64_t kv = Nl * 2 * W * cb, kv32 = Nl * 2 * W * 4;
+  const uint64_t docs = o.data.doc_mask ? (P - 1) * Nl * 4 : 0;  // each way
+  const uint64_t fwd = (P - 1) * kv + docs, bwd = (P - 1) * kv + P * kv32 + docs;
+  const uint64_t passes = o.recompute == model::Recompute::full ? 2 : 1;
+  add(c, CommOp::send, uint64_t(o.grad_accum) * L * ((P - 1) * (passes + 1) + P),
+      uint64_t(o.grad_accum) * uint64_t(L) * (passes * fwd + bwd));
+  return c;
+}
+
+CommCounters pp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
+  CommCounters c;
+  if (l.pp == 1) return c;
+  const model::StagePlan plan = stage_plan(o, pp_rank);
+  const uint64_t m = uint64_t(o.grad_accum), N = uint64_t(rows_per_micro(o, l)), C = uint64_t(o.model.n_embd);
+  const uint64_t Ns = o.sequence_parallel() ? N / uint64_t(l.tp) : N;
+  const uint64_t msg = Ns * C * dtype_size(o.precision);
+  // Every chunk boundary this rank owns: a forward send per chunk that is not the model's last stage,
+  // a backward send per chunk that is not the first.
+  const uint64_t v = uint64_t(plan.chunks.size());
+  const uint64_t fwd = v - (plan.last ? 1 : 0), bwd = v - (plan.first ? 1 : 0);
+  add(c, CommOp::send, m * (fwd + bwd), m * (fwd + bwd) * msg);
+  if (plan.first || plan.last) {
+    const uint64_t wte = uint64_t(o.model.padded_vocab() / l.tp) * C * 4;
+    add(c, CommOp::send, 1, wte);
+  }
+  // The loss (on the last stage) and the squared gradient norm summed over the stages as doubles.
+  add(c, CommOp::all_gather, 2, 2 * uint64_t(l.pp - 1) * 8);
+  if (o.precision == DType::f16) add(c, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, l.pp, 0));
+  return c;
+}
+
+// Ring steps of each op for the alpha term.
+double latency_steps(CommOp op, int n) {
+  switch (op) {
+    case CommOp::all_reduce: return 2.0 * (n - 1);
+    case CommOp::reduce_scatter:
+    case CommOp::all_gather:
+    case CommOp::broadcast: return n - 1;
+    default: return 1;
+  }
+}
+
+// alpha-beta per op; a reduction also reads two operands and writes one for each element it sums,
+// at the memory bandwidth (the host reductions of the CPU backend; on a GPU a small share).
+double comm_seconds(const CommCounters& c, int n, const LinkSpec& link, double memory_bytes_per_s) {
+  double t = 0;
+  for (int op = 0; op < parallel::kNumCommOps; op++) {
+    const parallel::CommOpCount& k = c[CommOp(op)];
+    t += double(k.calls) * latency_steps(CommOp(op), n) * link.latency_s + double(k.sent_bytes) / link.bytes_per_s;
+    if (CommOp(op) == CommOp::all_reduce || CommOp(op) == CommOp::reduce_scatter)
+      t += 3.0 * double(k.sent_bytes) / memory_bytes_per_s;
+  }
+  return t;
+}
+
+}  // namespace
+
+CommPlan plan_comm(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
+  return {dp_traffic(o, l, pp_rank), tp_traffic(o, l, pp_rank), cp_traffic(o, l, pp_rank), pp_traffic(o, l, pp_rank)};
+}
+
+TimePlan plan_time(const TrainOptions& o, const PlanLayout& l, const Hardware& hw, const CommPlan& comm,
+                   const MemoryPlan& mem, const PipelineFigures& pipe) {
+  TimePlan t;
+  const model::GPTConfig& m = o.model;
+  const double W = l.world();
+  t.tokens_per_step = double(o.batch_size) * o.seq_len * o.grad_accum * l.dp;
+  t.flops_per_token = m.flops_per_token(o.seq_len);
+  t.hw_flops_per_token = hardware_flops_per_token(m, o.seq_len, o.recompute, o.attention_kind(), o.device);
+  // Each rank runs 1/(tp pp) of the model on 1/(dp cp) of the tokens.
+  t.gemm_s = t.hw_flops_per_token * t.tokens_per_step / W / hw.flops_for(o.precision);
+  // Memory-bound ops per token and layer, in elements of the residual width: LayerNorms (2 x 2),
+  // GELU (2 x 4), residual adds (2 x 3), bias adds (3 + 4) in forward; backward about twice that.
+  const double cb = double(dtype_size(o.precision));
+  const double C = m.n_embd, L = m.n_layer, T = o.seq_len;
+  double per_token = 3.0 * 25.0 * C * cb * L;
+  if (o.attention_kind() == model::Attention::materialized)
+    per_token += 3.0 * 4.0 * m.n_head * (T / l.cp) * 4.0 * L;  // the probabilities, written and read (fp32)
+  per_token += 3.0 * 3.0 * m.padded_vocab() * cb;               // the logits: written, softmax, gradient
+  const double act_bytes = per_token * t.tokens_per_step / W;
+  const double shard = double(mem.bytes[size_t(MemCategory::optimizer)]) / 8.0;  // elements of m (and v)
+  t.memory_s = act_bytes / hw.memory_bytes_per_s;
+  t.optimizer_s = shard * (28.0 + cb) / hw.memory_bytes_per_s;  // read m, v, master, grad; write m, v, master, copy
+  t.tp_s = comm_seconds(comm.tp, l.tp, hw.link_for_span(l.tp), hw.memory_bytes_per_s);
+  t.cp_s = comm_seconds(comm.cp, l.cp, hw.link_for_span(l.tp * l.cp), hw.memory_bytes_per_s);
+  t.pp_s = comm_seconds(comm.pp, 2, hw.link_for_span(l.tp * l.cp * l.pp), hw.memory_bytes_per_s);
+  t.dp_s = comm_seconds(comm.dp, l.dp * l.cp, hw.link_for_span(l.world()), hw.memory_bytes_per_s);
+  t.dp_exposed_s = t.dp_s * (1.0 - hw.dp_overlap);
+  t.bubble = pipe.bubble_over_ideal;
+  const double per_micro_work = t.gemm_s + t.memory_s + t.tp_s + t.cp_s;
+  t.step_s = per_micro_work * (1.0 + t.bubble) + t.pp_s + t.dp_exposed_s + t.optimizer_s;
+  t.mfu = t.step_s > 0 ? t.flops_per_token * t.tokens_per_step / (t.step_s * W * hw.flops_for(o.precision)) : 0;
+  return t;
+}
+
+}  // namespace mt::train

@@ -14,7 +14,7 @@ namespace {
 
 // Keys that are other spellings of a key of to_json(): their default is that key's.
 const std::map<std::string, std::string>& default_aliases() {
-  static const std::map<std::string, std::string> m = {{"model", "model.preset"}, {"tp.sp", "parallel.sp"}};
+  static const std::map<std::string, std::string> m = {{"model", "model.preset"}, {"tp.sp", "parallel.sp"}, {"trace", "trace.on"}};
   return m;
 }
 

@@ -20,11 +20,11 @@ void add(CommCounters& c, CommOp op, uint64_t calls, uint64_t sent) {
 int64_t rows_per_micro(const TrainOptions& o, const PlanLayout& l) { return int64_t(o.batch_size) * o.seq_len / l.cp; }
 
 // Whether the gradient noise scale comes from each replica's own gradient (train/trainer.cpp
-// update_noise_scale): several replicas, no pipeline, and a rank that held its whole local gradient
-// (ZeRO 0-1, or ZeRO-2 with one micro-batch).
+// update_noise_scale): several replicas, and a rank that held its whole local gradient (ZeRO 0-1, or
+// ZeRO-2 with one micro-batch). Under pp both of its norms are also summed over the stages (and tp).
 bool noise_from_ranks(const TrainOptions& o, const PlanLayout& l) {
   const int zero = o.parallel.zero;
-  return l.dp * l.cp > 1 && l.pp == 1 && (zero <= 1 || (zero == 2 && o.grad_accum == 1));
+  return l.dp * l.cp > 1 && (zero <= 1 || (zero == 2 && o.grad_accum == 1));
 }
 
 CommCounters dp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
@@ -53,10 +53,10 @@ CommCounters dp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank)
     add(c, CommOp::all_gather, 4, 2 * d1 * (N * 4 + N * C * 4));
   }
   // Scalars as 8-byte doubles: the loss sum; from ZeRO-1 the squared norm of the sharded gradient; the
-  // noise scale's per-rank norm and, when the embeddings went as rows under ZeRO 1-2, the global norm
-  // without them.
+  // noise scale's per-rank norm and, when the embeddings went as rows under ZeRO 1-2 or under pp, the
+  // global norm over the parameters it covers.
   const bool noise = noise_from_ranks(o, l);
-  const int doubles = 1 + (zero >= 1) + noise + (noise && plan_embedding_rows(o, l) && zero >= 1);
+  const int doubles = 1 + (zero >= 1) + noise + (noise && (plan_embedding_rows(o, l) || l.pp > 1) && zero >= 1);
   add(c, CommOp::all_gather, uint64_t(doubles), uint64_t(doubles) * d1 * 8);
   if (o.precision == DType::f16 && zero >= 1) add(c, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, D, 0));
   return c;
@@ -90,8 +90,9 @@ CommCounters tp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank)
     add(c, CommOp::all_reduce, m * blocks, m * blocks * parallel::all_reduce_sent_bytes(size_t(N * C), cb, P, 0));
   }
   if (stats) add(c, CommOp::all_gather, m, m * stats);
-  // The squared gradient norm, and the noise scale's per-replica norm summed over the replica's tp ranks.
-  const uint64_t doubles = 1 + noise_from_ranks(o, l);
+  // The squared gradient norm, and the noise scale's per-replica norm summed over the replica's tp ranks
+  // (under pp also its global norm without the tied wte).
+  const uint64_t doubles = 1 + uint64_t(noise_from_ranks(o, l)) * (l.pp > 1 ? 2 : 1);
   add(c, CommOp::all_gather, doubles, doubles * p1 * 8);
   if (o.precision == DType::f16) add(c, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, P, 0));
   return c;
@@ -130,8 +131,10 @@ CommCounters pp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank)
     const uint64_t wte = uint64_t(o.model.padded_vocab() / l.tp) * C * 4;
     add(c, CommOp::send, 1, wte);
   }
-  // The loss (on the last stage) and the squared gradient norm summed over the stages as doubles.
-  add(c, CommOp::all_gather, 2, 2 * uint64_t(l.pp - 1) * 8);
+  // The loss (on the last stage) and the squared gradient norm summed over the stages as doubles; with
+  // the noise scale, its per-replica norm and its global norm without the tied wte too.
+  const uint64_t doubles = 2 + 2 * uint64_t(noise_from_ranks(o, l));
+  add(c, CommOp::all_gather, doubles, doubles * uint64_t(l.pp - 1) * 8);
   if (o.precision == DType::f16) add(c, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, l.pp, 0));
   return c;
 }

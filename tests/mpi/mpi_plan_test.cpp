@@ -90,9 +90,11 @@ TEST(Plan, PredictionsEqualTheTrainersMeasurements) {
     const int pp_rank = t.mesh().coord(parallel::MeshDim::pp);
     const MemoryPlan mp = plan_memory(t.options(), pl, pp_rank);
     const std::string what = l.str() + strfmt(" rank %d", world.rank());
-    for (MemCategory c : {MemCategory::params, MemCategory::grads, MemCategory::optimizer})
-      if (c != MemCategory::grads || l.zero < 2)
+    for (MemCategory c : {MemCategory::params, MemCategory::grads, MemCategory::optimizer}) {
+      if (c != MemCategory::grads || l.zero < 2) {
         EXPECT_EQ(mp.bytes[size_t(c)], m.peak[size_t(c)]) << what << ": " << mem_category_name(c);
+      }
+    }
     // ZeRO 2-3's unit gradient buffers live until their reduce-scatter completes, which depends on
     // MPI's progress: the peak lies between every reduction completing at once and the bound of two
     // in flight (the plan's own figure, each completing during the next unit's backward, is between).

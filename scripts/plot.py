@@ -127,7 +127,7 @@ def main():
            [(c, "MiB", [(lambda r, c=c: r["memory"][c] / mib, "", "-")]) for c in categories] or
            [("memory", "MiB", [])])
     figure(runs, out, "noise.png",
-           [("gradient noise scale B_simple", "sequences", [(lambda r: r["gns"]["b_simple"], "", "-")])])
+           [("gradient noise scale B_simple", "tokens", [(lambda r: r["gns"]["b_simple"], "", "-")])])
     figure(runs, out, "moe.png",
            [("load imbalance (max / mean - 1, worst layer)", "", [(lambda r: r["moe"]["imbalance"], "", "-")]),
             ("dropped token assignments", "fraction", [(lambda r: r["moe"]["drop_fraction"], "", "-")])])

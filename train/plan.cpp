@@ -7,6 +7,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_sim.h"
 #include "runtime/check.h"
+#include "train/critical_batch.h"
 #include "train/metrics.h"
 #include "train/pipeline.h"
 
@@ -176,12 +177,17 @@ PlanRequest parse_plan_request(const std::vector<std::string>& args) {
     }
     size_t j = i;
     std::string key, value;
-    if (split_arg(args, j, key, value) && (key == "hw" || key == "gpus" || key == "tokens" || key == "top")) {
+    if (split_arg(args, j, key, value) && (key == "hw" || key == "gpus" || key == "tokens" || key == "top" ||
+                                           key == "noise_scale" || key == "noise_from")) {
       i = j;
       if (key == "hw") hw = value;
       else if (key == "gpus") gpus = parse_int("gpus", value);
       else if (key == "top") r.top = parse_int("top", value);
+      else if (key == "noise_scale") r.noise_tokens = parse_number("noise_scale", value);
+      else if (key == "noise_from") r.noise_tokens = logged_noise_scale(value);
       else r.tokens = parse_number("tokens", value);
+      if (key == "noise_scale" && !(r.noise_tokens > 0))
+        fail("noise_scale (B_simple, in tokens) must be positive (got %s)", value.c_str());
       continue;
     }
     if (key == "device") device_given = true;
@@ -260,6 +266,12 @@ nlohmann::json plan_json(const PlanRequest& r) {
       {"tokens_per_s", t.tokens_per_s()},
       {"mfu", t.mfu},
   };
+  if (r.noise_tokens > 0) {
+    const CriticalBatch cb{r.noise_tokens, t.tokens_per_step};
+    j["critical_batch"] = {{"noise_scale_tokens", cb.noise_tokens}, {"batch_tokens", cb.batch_tokens},
+                           {"below", cb.below()}, {"steps_factor_when_doubled", cb.steps_factor_when_doubled()},
+                           {"tokens_factor_when_doubled", cb.tokens_factor_when_doubled()}};
+  }
   if (r.layout.pp > 1) {
     const parallel::ScheduleSpec spec = pipeline_spec(o);
     const parallel::Simulation sim = parallel::simulate(parallel::build_schedule(spec), parallel::PipelineCosts());
@@ -299,6 +311,8 @@ std::string plan_report(const std::vector<std::string>& args) {
   s += strfmt("batch: %d rows x %d tokens x grad_accum %d x dp %d = %s tokens per step, %s FLOPs per step\n",
               o.batch_size, o.seq_len, o.grad_accum, l.dp, si(t.tokens_per_step, "").c_str(),
               si(t.flops_per_token * t.tokens_per_step, "").c_str());
+  if (r.noise_tokens > 0)
+    s += "critical batch: " + CriticalBatch{r.noise_tokens, t.tokens_per_step}.note() + "\n";
   s += strfmt("memory per rank (pipeline rank %d, peak of a step; metrics.jsonl `memory` names):\n", p.memory.pp_rank);
   for (int c = 0; c < kNumMemCategories; c++) {
     if (MemCategory(c) == MemCategory::other) continue;
@@ -347,6 +361,9 @@ int plan_main(const std::vector<std::string>& args) {
                  "  gpus    int     chips in all (dp = gpus / (tp x pp x cp) unless dp is given)\n"
                  "  tokens  number  a token budget: steps, wall-clock time and chip-hours\n"
                  "  top     int     --search: layouts shown in full (5)\n"
+                 "  noise_scale  number  a gradient noise scale B_simple in tokens: is the global batch below or\n"
+                 "                  above the critical batch, and what doubling it (2x the dp ranks) buys\n"
+                 "  noise_from   path    the same, read from a run's metrics.jsonl (its last logged gns)\n"
                  "  --json          the report as one JSON object\n"
                  "  --search        rank the layouts (tp, pp, cp, dp, zero, recompute) that fit by predicted\n"
                  "                  throughput at the same global batch; one line for each loser, saying why\n"

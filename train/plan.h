@@ -31,11 +31,13 @@ struct PlanRequest {
   PlanLayout layout;
   Hardware hw;
   double tokens = 0;  // token budget (0: none)
+  double noise_tokens = 0;  // a gradient noise scale B_simple in tokens (noise_scale= or noise_from=; 0: none)
   bool json = false, search = false;
   int top = 5;        // --search: layouts shown in full
   int gpus = 0;       // gpus=N as given (0: the layout's product)
 };
-// Parses plan's arguments: the trainer's options plus hw=, gpus=, tokens=, top=, --json, --search.
+// Parses plan's arguments: the trainer's options plus hw=, gpus=, tokens=, top=, noise_scale=,
+// noise_from=, --json, --search.
 // Throws one line naming the option on bad input.
 PlanRequest parse_plan_request(const std::vector<std::string>& args);
 

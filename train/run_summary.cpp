@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/check.h"
+#include "train/critical_batch.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
@@ -13,38 +14,34 @@ namespace mt::train {
 
 std::string layout_name(int tp, int cp, int pp, int dp) { return strfmt("TP(%d)-CP(%d)-PP(%d)-DP(%d)", tp, cp, pp, dp); }
 
-namespace {
-
-std::string count(double x) {  // 12.3M, 4.56k, 789
+std::string format_count(double x) {
   if (x >= 1e9) return strfmt("%.2fG", x / 1e9);
   if (x >= 1e6) return strfmt("%.2fM", x / 1e6);
   if (x >= 1e3) return strfmt("%.2fk", x / 1e3);
   return strfmt("%.0f", x);
 }
 
-}  // namespace
-
 std::string format_run_plan(const RunPlan& p) {
   const int world = p.tp * p.cp * p.pp * p.dp;
   std::string s = "minitrain: plan\n";
   const std::string active = p.active_params > 0 && p.active_params != p.params
-                                 ? strfmt(" (%s active per token)", count(double(p.active_params)).c_str())
+                                 ? strfmt(" (%s active per token)", format_count(double(p.active_params)).c_str())
                                  : "";
   s += strfmt("  model      %s: %s parameters%s, %s FLOPs per token (forward + backward)\n", p.model.c_str(),
-              count(double(p.params)).c_str(), active.c_str(), count(p.flops_per_token).c_str());
+              format_count(double(p.params)).c_str(), active.c_str(), format_count(p.flops_per_token).c_str());
   s += strfmt("  layout     %s on %d rank%s, ZeRO-%d, device %s\n", layout_name(p.tp, p.cp, p.pp, p.dp).c_str(), world,
               world == 1 ? "" : "s", p.zero, p.device.c_str());
   s += strfmt("  batch      %lld rows x %d tokens = %s tokens per step (batch_size %d x grad_accum %d x dp %d)\n",
-              (long long)p.global_rows(), p.seq_len, count(double(p.global_tokens())).c_str(), p.batch_size,
+              (long long)p.global_rows(), p.seq_len, format_count(double(p.global_tokens())).c_str(), p.batch_size,
               p.grad_accum, p.dp);
   s += strfmt("  steps      %d to %d: %s tokens, %s FLOPs\n", p.first_step + 1, p.steps,
-              count(double(p.global_tokens()) * (p.steps - p.first_step)).c_str(),
-              count(p.flops_per_token * double(p.global_tokens()) * (p.steps - p.first_step)).c_str());
+              format_count(double(p.global_tokens()) * (p.steps - p.first_step)).c_str(),
+              format_count(p.flops_per_token * double(p.global_tokens()) * (p.steps - p.first_step)).c_str());
   const double run_tokens = double(p.global_tokens()) * (p.steps - p.first_step);
   if (p.data_tokens > 0)
     s += strfmt("  data       %s: %s tokens%s; these steps read %.2f epochs of it\n", p.data.c_str(),
-                count(double(p.data_tokens)).c_str(),
-                p.data_docs ? strfmt(" in %s documents", count(double(p.data_docs)).c_str()).c_str() : "",
+                format_count(double(p.data_tokens)).c_str(),
+                p.data_docs ? strfmt(" in %s documents", format_count(double(p.data_docs)).c_str()).c_str() : "",
                 run_tokens / double(p.data_tokens));
   else
     s += strfmt("  data       %s\n", p.data.empty() ? "(none)" : p.data.c_str());
@@ -54,7 +51,7 @@ std::string format_run_plan(const RunPlan& p) {
   for (int c = 0; c < kNumMemCategories; c++)
     if (p.memory[c]) mem += strfmt("%s%s %s", mem.empty() ? "" : ", ", mem_category_name(MemCategory(c)), format_bytes(p.memory[c]).c_str());
   if (!mem.empty()) s += strfmt("  memory     %s on rank 0 before the first step (activations come with it)\n", mem.c_str());
-  s += strfmt("  MFU peak   %s FLOP/s per rank (%s)\n", count(p.peak_flops).c_str(), p.peak_label.c_str());
+  s += strfmt("  MFU peak   %s FLOP/s per rank (%s)\n", format_count(p.peak_flops).c_str(), p.peak_label.c_str());
   s += strfmt("  outputs    %s (checkpoints in %s)\n", p.out_dir.c_str(), p.ckpt_dir.c_str());
   return s;
 }
@@ -152,7 +149,7 @@ std::string RunTotals::format(double wall_s, const std::vector<std::pair<std::st
   auto pct = [&](double t) { return t_total_ > 0 ? 100 * t / t_total_ : 0.0; };
   std::string s = "minitrain: summary\n";
   s += row("steps", steps_ ? strfmt("%d (%d to %d), %d skipped", steps_, first_, last_, skipped_) : "0");
-  s += row("tokens", count(double(tokens_)));
+  s += row("tokens", format_count(double(tokens_)));
   s += row("wall time", strfmt("%s (%.1f s; steps %.1f s)", format_duration(wall_s).c_str(), wall_s, t_total_));
   s += row("train loss", steps_ ? strfmt("%.4f (last step)", loss_) : "-");
   s += row("val loss", has_val_ ? strfmt("%.4f (last evaluation)", val_loss_) : "- (eval_every=0 or no val data)");
@@ -170,6 +167,8 @@ std::string RunTotals::format(double wall_s, const std::vector<std::pair<std::st
   for (size_t i = 0; i < ckpts_.size(); i++) ck += strfmt("%s%lld", i ? ", " : "", (long long)ckpts_[i]);
   s += row("checkpoints", ckpts_.empty() ? "none" : strfmt("%zu, at step %s", ckpts_.size(), ck.c_str()));
   const ResumeHistory& h = history_;
+  if (noise_tokens_ > 0)
+    s += row("critical batch", CriticalBatch{noise_tokens_, batch_tokens_}.note());
   s += row("restarts", h.earlier_attempts == 0
                            ? std::string("none (one attempt)")
                            : strfmt("%d earlier attempt(s); %d step(s) lost and run again (%.1f s of step time)",

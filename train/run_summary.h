@@ -44,6 +44,9 @@ struct RunPlan {
   int64_t global_tokens() const { return global_rows() * seq_len; }
 };
 
+// 12.3M, 4.56k, 789.
+std::string format_count(double x);
+
 // "TP(2)-CP(1)-PP(1)-DP(4)": the mesh, outermost dimension last.
 std::string layout_name(int tp, int cp, int pp, int dp);
 std::string format_run_plan(const RunPlan& p);
@@ -73,6 +76,8 @@ class RunTotals {
   void add_val_loss(double v) { val_loss_ = v, has_val_ = true; }
   void add_checkpoint(int64_t step);  // once per checkpoint saved (repeats ignored)
   void set_history(const ResumeHistory& h) { history_ = h; }
+  // The last gradient noise scale and the global batch, both in tokens: a "critical batch" row.
+  void set_noise_scale(double noise_tokens, double batch_tokens) { noise_tokens_ = noise_tokens, batch_tokens_ = batch_tokens; }
 
   int steps() const { return steps_; }
   int64_t tokens() const { return tokens_; }
@@ -92,6 +97,7 @@ class RunTotals {
   std::array<size_t, kNumMemCategories> peak_{};
   std::vector<int64_t> ckpts_;
   ResumeHistory history_;
+  double noise_tokens_ = 0, batch_tokens_ = 0;
 };
 
 }  // namespace mt::train

@@ -122,6 +122,7 @@ void Trainer::run() {
                                   {"grad_wait", r.t_grad_wait}, {"optimizer", r.t_optimizer}, {"total", r.t_total}}},
                         {"memory", memory_json(arena_.stats())}};
     totals.add_step(step_, r, mfu, hfu, arena_.stats());
+    if (gns_.valid()) totals.set_noise_scale(gns_.b_simple(), double(r.tokens));
     j["grad_norm"] = std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json();
     if (scaler_.enabled()) j["loss_scale"] = scaler_.scale();
     if (replicas().size() > 1) j["comm_dp"] = comm_json(group_counters(parallel::MeshDim::dp));

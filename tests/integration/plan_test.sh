@@ -66,6 +66,18 @@ if "$mt" bench --calibrate out="$tmp/cpu.json" 2>/dev/null && out=$("$mt" plan h
 else
   fail "bench --calibrate writes a file plan reads ($out)"
 fi
+bad "a noise scale that is not positive" "noise_scale (B_simple, in tokens) must be positive" noise_scale=0
+bad "noise_from a run without an estimate" "noise_from: cannot read $tmp/nothing/metrics.jsonl" noise_from="$tmp/nothing/metrics.jsonl"
+# The critical batch: gpt2 at 8 x 1024 tokens per step against a noise scale read from a run's log.
+printf '{"step": 1, "gns": {"b_simple": 65536}}\n' >"$tmp/metrics.jsonl"
+out=$("$mt" plan model=gpt2 hw=h100 gpus=8 batch_size=1 seq_len=1024 noise_from="$tmp/metrics.jsonl" 2>&1)
+[[ "$out" == *"critical batch: B_noise ~ 65.54k tokens vs a global batch of 8.19k tokens"*"below the critical batch"* ]] \
+  && pass "critical batch from a run's noise scale" || fail "critical batch from a run's noise scale ($out)"
+"$mt" plan model=gpt2 hw=h100 gpus=8 batch_size=16 seq_len=1024 noise_scale=65536 --json | /usr/bin/python3 -c '
+import json, sys
+c = json.load(sys.stdin)["critical_batch"]
+assert c["below"] is False and c["batch_tokens"] == 131072 and abs(c["steps_factor_when_doubled"] - 1.25 / 1.5) < 1e-9, c' \
+  && pass "--json: critical_batch" || fail "--json: critical_batch"
 out=$("$mt" plan --search gpus=4 model=gpt2 hw=a100 batch_size=8 seq_len=1024 precision=bf16 top=3 2>&1)
 [[ $? -eq 0 && "$out" == *"best 3 by predicted tokens/s:"* && "$out" == *": slower: "* ]] && pass "--search" \
   || fail "--search ($out)"

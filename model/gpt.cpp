@@ -196,10 +196,12 @@ void GPT::init_weights(uint64_t seed) {
     fill(lp.ln2_w, 1.f);
     fill(lp.ln2_b, 0.f);
     if (cfg_.is_moe_layer(int(l))) {
-      // The router, then each expert and shared expert as a dense MLP is drawn.
+      // The router, then each expert and shared expert as a dense MLP is drawn (all -1, drawn and
+      // dropped, in a layer another stage holds).
       normal(lp.router_w, cfg_.moe.experts, C, std0);
-      for (const std::vector<MlpParams>* group : {&lp.experts, &lp.shared})
-        for (const MlpParams& m : *group) {
+      for (const auto& [group, n] : {std::pair{&lp.experts, cfg_.moe.experts}, std::pair{&lp.shared, cfg_.moe.shared}})
+        for (int k = 0; k < n; k++) {
+          const MlpParams m = size_t(k) < group->size() ? (*group)[size_t(k)] : MlpParams{};
           normal(m.fc_w, 4 * C, C, std0);
           fill(m.fc_b, 0.f);
           normal(m.proj_w, C, 4 * C, std_res);

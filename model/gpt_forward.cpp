@@ -117,7 +117,7 @@ void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& 
   // MLP: x_next = res2 + fcproj(gelu(fc(ln2(res2)))). The first backward applies GELU's derivative.
   const S* dx_all = dx;
   if (m_.cfg_.is_moe_layer(l)) {
-    MT_CHECK(!defer, "a mixture-of-experts layer under zb1's split backward");  // MoE refuses pp so far
+    MT_CHECK(!defer, "a mixture-of-experts layer under zb1's split backward");  // options refuse zb1 with MoE
     moe_backward(l, dx, a, ws);
   } else {
     dx_all = gathered(ws.dx_all, dx);

@@ -329,8 +329,9 @@ void TrainOptions::validate() const {
       fail("moe.experts=%d: mixture-of-experts layers have no CUDA kernels yet (use --device cpu)", model.moe.experts);
     if (parallel.tp > 1) fail("moe.experts=%d with --tp %d: tensor parallelism of mixture layers is not implemented yet",
                               model.moe.experts, parallel.tp);
-    if (parallel.pp > 1) fail("moe.experts=%d with --pp %d: pipeline parallelism of mixture layers is not implemented yet",
-                              model.moe.experts, parallel.pp);
+    if (parallel.pp > 1 && parallel.pp_schedule == "zb1")
+      fail("moe.experts=%d with pp.schedule=zb1: the split backward of mixture layers is not implemented yet (use "
+           "gpipe, 1f1b or interleaved)", model.moe.experts);
     if (model.moe.experts % parallel.ep != 0)
       fail("moe.experts=%d is not divisible by --ep %d: each expert-parallel rank holds the same number of experts",
            model.moe.experts, parallel.ep);

@@ -21,17 +21,11 @@ namespace {
 using train::TrainOptions;
 using train::Trainer;
 
-TEST(ExpertExchange, RowsReachTheirExpertsInOrderAndComeBackUnchanged) {
+// The exchange of one routing (token t's experts at expert[t K ...]) of this rank's N tokens.
+void check_exchange(const std::vector<int32_t>& expert, int N, int K, int E) {
   parallel::Comm& world = mpi_world().comm();
-  const int W = world.size(), E = 2 * W, K = 2, N = 7 + world.rank(), C = 3;
-  // A routing of this rank's tokens (distinct experts per token), its plan, and rows that say where
-  // they come from: (source rank, row, expert).
-  std::mt19937 rng(uint32_t(17 + world.rank()));
-  std::vector<int32_t> expert(size_t(N) * K);
-  for (int t = 0; t < N; t++) {
-    expert[size_t(t) * K] = int32_t(rng() % uint32_t(E));
-    expert[size_t(t) * K + 1] = int32_t((expert[size_t(t) * K] + 1 + rng() % uint32_t(E - 1)) % E);
-  }
+  const int W = world.size(), C = 3;
+  // The plan, and rows that say where they come from: (source rank, row, expert).
   const moe::DispatchPlan p = moe::plan_dispatch(expert.data(), N, K, E, -1);
   std::vector<float> rows(size_t(p.rows()) * C);
   for (int64_t r = 0; r < p.rows(); r++) {
@@ -75,6 +69,30 @@ TEST(ExpertExchange, RowsReachTheirExpertsInOrderAndComeBackUnchanged) {
   const parallel::CommOpCount& a = world.counters()[parallel::CommOp::all_to_all];
   EXPECT_EQ(a.calls, 3u);
   EXPECT_EQ(a.sent_bytes, uint64_t(W - 1) * x.local * 4 + (out + in) * C * 4);
+}
+
+TEST(ExpertExchange, RowsReachTheirExpertsInOrderAndComeBackUnchanged) {
+  const int W = mpi_world().size(), r = mpi_world().rank(), E = 2 * W, K = 2, N = 7 + r;
+  // A random routing (distinct experts per token, a different number of tokens per rank).
+  std::mt19937 rng(uint32_t(17 + r));
+  std::vector<int32_t> expert(size_t(N) * K);
+  for (int t = 0; t < N; t++) {
+    expert[size_t(t) * K] = int32_t(rng() % uint32_t(E));
+    expert[size_t(t) * K + 1] = int32_t((expert[size_t(t) * K] + 1 + rng() % uint32_t(E - 1)) % E);
+  }
+  check_exchange(expert, N, K, E);
+  // Every token to this rank's own two experts: nothing crosses the wire, empty blocks everywhere.
+  for (int t = 0; t < N; t++) {
+    expert[size_t(t) * K] = int32_t(2 * r);
+    expert[size_t(t) * K + 1] = int32_t(2 * r + 1);
+  }
+  check_exchange(expert, N, K, E);
+  // Every token to rank 0's experts: rank 0 receives everything, the others nothing.
+  for (int t = 0; t < N; t++) {
+    expert[size_t(t) * K] = 0;
+    expert[size_t(t) * K + 1] = 1;
+  }
+  check_exchange(expert, N, K, E);
 }
 
 TrainOptions options(const std::string& data, int batch, int dp, int ep, int zero = 0, double capacity = 0) {
@@ -213,6 +231,55 @@ TEST(ExpertParallel, StateSavedUnderOneExpertLayoutResumesUnderAnother) {
       if (world.rank() == 0) std::printf("resume %s: max rel loss err %.2e\n", what.c_str(), err);
       EXPECT_LE(err, 1e-5) << what;
     }
+  }
+}
+
+// Pipeline stages with mixture layers (one per stage), alone on 2 ranks and as pp2 x dp2 with ep 2 on
+// 4: the single-rank run's losses (the routing statistics and the biases summed over the stages);
+// a state saved there resumes on one rank with the uninterrupted losses (every stage's bias saved).
+TEST(ExpertParallel, PipelineStagesWithMixtureLayersMatchTheSingleRankRun) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  const int B = 2, dp = W / 2, ep = W / 2, steps = 10;
+  // One schedule for every run here (the resumed one goes 3 steps further).
+  TrainOptions ro = options(data, dp * B, 1, 1);
+  ro.grad_accum = 2;
+  ro.steps = steps + 3;
+  Trainer ref(ro);
+  const Curve want = train_curve(ref, steps);
+  const std::vector<float> want_bias = ref.model().moe_bias(1);
+  char root[256] = {};
+  if (world.rank() == 0) std::snprintf(root, sizeof root, "%s", make_temp_dir("mt_ep_pp").c_str());
+  world.broadcast(root, sizeof root / 4, DType::i32, 0);
+  const std::string dir(root);
+  for (int zero : {1, 3}) {
+    TrainOptions o = options(data, B, dp, ep, zero);
+    o.parallel.pp = 2;
+    o.grad_accum = 2;
+    o.steps = steps + 3;
+    Trainer t(o, &world);
+    const Curve got = train_curve(t, steps);
+    const CurveErr e = curve_err(got, want);
+    const std::string what = "pp 2 x dp " + std::to_string(dp) + " x ep " + std::to_string(ep) + " zero " +
+                             std::to_string(zero);
+    if (world.rank() == 0) std::printf("%s: %s\n", what.c_str(), e.str().c_str());
+    expect_fp32_match(e, what);
+    if (t.mesh().coord(parallel::MeshDim::pp) == 1) EXPECT_EQ(t.model().moe_bias(1), want_bias) << what;
+    if (zero == 3) t.save_state(dir);
+  }
+  world.barrier();
+  // Resumed alone from step 10 for 3 more steps, beside the reference run going on.
+  TrainOptions a = options(data, dp * B, 1, 1);
+  a.grad_accum = 2;
+  a.steps = steps + 3;
+  a.resume = dir;
+  Trainer t(a);
+  EXPECT_EQ(t.model().moe_bias(1), want_bias) << "the last stage's bias was not saved";
+  for (int i = 0; i < 3; i++) {
+    const double got = t.step().loss, w = ref.step().loss;
+    EXPECT_LE(std::fabs(got - w) / w, 1e-5) << "step " << steps + i + 1;
   }
 }
 

@@ -11,7 +11,12 @@
 //
 // The two extra losses enter the objective as N x (alpha A + beta Z) per micro-batch of N tokens,
 // weighted by the pass's dloss like the token losses: their share of the mean loss is that of the
-// micro-batch's tokens. The CPU backend only (TrainOptions::validate refuses the others), tp = 1.
+// micro-batch's tokens. The CPU backend only (TrainOptions::validate refuses the others).
+//
+// Tensor parallelism: the mixture is not split. Each tp rank runs it whole on the rows it holds (its
+// 1/tp of them under sequence parallelism, whose weight gradients are then partial sums over tp,
+// like a LayerNorm's; all of them, computed alike on every tp rank, without), so the balance term A
+// is taken over those rows.
 //
 // Expert parallelism (GPT::set_expert_parallel, moe/ep_exchange.h): routing, the plan (capacity, drops)
 // and the combine stay with the tokens' rank; only the permuted rows travel, to the ranks holding their
@@ -44,10 +49,10 @@ std::vector<moe::ExpertWeights<S>> local_experts(const LayerParams& lp, const mo
 
 template <class S>
 void Pass<S>::moe_forward(int l, S* x_next, LayerActs& a) {
-  MT_CHECK(c_.device == Device::cpu && !tp_.active(), "mixture-of-experts layers run on the CPU backend with tp = 1");
+  MT_CHECK(c_.device == Device::cpu, "mixture-of-experts layers run on the CPU backend");
   const LayerParams& lp = m_.layers_[size_t(l)];
   const MoeConfig& mc = m_.cfg_.moe;
-  const int N = N_, C = C_, F = 4 * C_, E = mc.experts, K = mc.top_k;
+  const int N = Ns_, C = C_, F = 4 * C_, E = mc.experts, K = mc.top_k;  // this rank's rows
   a.moe = std::make_shared<MoeActs>();
   MoeActs& m = *a.moe;
   const S* ln2 = p(a.ln2);
@@ -122,7 +127,7 @@ template <class S>
 void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
   const LayerParams& lp = m_.layers_[size_t(l)];
   const MoeConfig& mc = m_.cfg_.moe;
-  const int N = N_, C = C_, F = 4 * C_, E = mc.experts, K = mc.top_k;
+  const int N = Ns_, C = C_, F = 4 * C_, E = mc.experts, K = mc.top_k;  // this rank's rows
   MT_CHECK(a.moe != nullptr, "mixture layer %d: backward without its forward state", l);
   MoeActs& m = *a.moe;
   const int64_t M = m.plan.rows();
@@ -173,12 +178,12 @@ void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
   // The shared experts (each its own GEMMs over every token), into the fp32 sum.
   float* acc = dx32.f32();
   if (!lp.shared.empty()) {
-    Buffer dpart = act(NC_);
+    Buffer dpart = act(NC_), dfc = act(int64_t(N) * F);
     for (size_t i = 0; i < lp.shared.size(); i++) {
       const MlpParams& sh = lp.shared[i];
-      ops::matmul_bwd(p(ws.dfc), g(sh.proj_w), g(sh.proj_b), dx, p(m.shared_h[i]), w(sh.proj_w), N, F, C, c_,
+      ops::matmul_bwd(p(dfc), g(sh.proj_w), g(sh.proj_b), dx, p(m.shared_h[i]), w(sh.proj_w), N, F, C, c_,
                       p(m.shared_pre[i]));
-      ops::matmul_bwd(p(dpart), g(sh.fc_w), g(sh.fc_b), p(ws.dfc), ln2, w(sh.fc_w), N, C, F, c_);
+      ops::matmul_bwd(p(dpart), g(sh.fc_w), g(sh.fc_b), p(dfc), ln2, w(sh.fc_w), N, C, F, c_);
       const S* d = p(dpart);
       for (int64_t k = 0; k < NC_; k++) acc[k] += load(d[k]);
     }

@@ -327,8 +327,6 @@ void TrainOptions::validate() const {
     // The mixture layers run on the CPU backend, on one rank per data-parallel replica, for now.
     if (device == Device::cuda)
       fail("moe.experts=%d: mixture-of-experts layers have no CUDA kernels yet (use --device cpu)", model.moe.experts);
-    if (parallel.tp > 1) fail("moe.experts=%d with --tp %d: tensor parallelism of mixture layers is not implemented yet",
-                              model.moe.experts, parallel.tp);
     if (parallel.pp > 1 && parallel.pp_schedule == "zb1")
       fail("moe.experts=%d with pp.schedule=zb1: the split backward of mixture layers is not implemented yet (use "
            "gpipe, 1f1b or interleaved)", model.moe.experts);

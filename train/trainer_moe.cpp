@@ -1,6 +1,6 @@
 // The trainer's side of mixture-of-experts layers: the routing statistics of a step summed over the
-// data-parallel ranks (each routes its own micro-batches) and over the pipeline stages (each holds its
-// own layers), the routing bias update of aux-loss-free balancing (DeepSeek-V3) from those sums, so
+// data-parallel ranks (each routes its own micro-batches), the tensor-parallel ranks under sequence
+// parallelism (each routes its own rows) and the pipeline stages (each holds its own layers), the routing bias update of aux-loss-free balancing (DeepSeek-V3) from those sums, so
 // that every replica keeps the same bias, and the bias in checkpoints.
 #include <algorithm>
 #include <string>
@@ -37,6 +37,10 @@ nlohmann::json Trainer::finish_moe_step() {
   }
   dp.all_reduce(counts.data(), counts.size(), DType::i32, parallel::ReduceOp::sum);
   for (double& x : sums) x = parallel::all_reduce_sum_double(dp, x);
+  if (o_.sequence_parallel()) {  // each tp rank routed its own rows (without sp all route the same)
+    mesh_->tp_comm().all_reduce(counts.data(), counts.size(), DType::i32, parallel::ReduceOp::sum);
+    for (double& x : sums) x = parallel::all_reduce_sum_double(mesh_->tp_comm(), x);
+  }
   if (mesh_->pp() > 1) {
     mesh_->pp_comm().all_reduce(counts.data(), counts.size(), DType::i32, parallel::ReduceOp::sum);
     for (double& x : sums) x = parallel::all_reduce_sum_double(mesh_->pp_comm(), x);

@@ -283,5 +283,32 @@ TEST(ExpertParallel, PipelineStagesWithMixtureLayersMatchTheSingleRankRun) {
   }
 }
 
+// Tensor-parallel pairs run the mixture whole on their rows (each its half under sequence
+// parallelism, all of them without): tp2 on 2 ranks, tp2 x dp2 x ep2 on 4, against the single-rank
+// run, the bias (from loads summed over tp under sp) equal to the single rank's.
+TEST(ExpertParallel, TensorParallelPairsMatchTheSingleRankRun) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  const int B = 2, dp = W / 2, ep = W / 2, steps = 10;
+  Trainer ref(options(data, dp * B, 1, 1));
+  const Curve want = train_curve(ref, steps);
+  const std::vector<float> want_bias = ref.model().moe_bias(1);
+  for (int sp : {1, 0}) {
+    TrainOptions o = options(data, B, dp, ep, 1);
+    o.parallel.tp = 2;
+    o.parallel.sp = sp;
+    Trainer t(o, &world);
+    const Curve got = train_curve(t, steps);
+    const CurveErr e = curve_err(got, want);
+    const std::string what = "tp 2 (sp " + std::to_string(sp) + ") x dp " + std::to_string(dp) + " x ep " +
+                             std::to_string(ep);
+    if (world.rank() == 0) std::printf("%s: %s\n", what.c_str(), e.str().c_str());
+    expect_fp32_match(e, what);
+    EXPECT_EQ(t.model().moe_bias(1), want_bias) << what;
+  }
+}
+
 }  // namespace
 }  // namespace mt::testing

@@ -307,6 +307,11 @@ TEST(ExpertParallel, TensorParallelPairsMatchTheSingleRankRun) {
     if (world.rank() == 0) std::printf("%s: %s\n", what.c_str(), e.str().c_str());
     expect_fp32_match(e, what);
     EXPECT_EQ(t.model().moe_bias(1), want_bias) << what;
+    // The metrics count every token once: summed over tp under sp, not doubled without it.
+    const train::StepResult r = t.step();
+    int64_t routed = 0;
+    for (const auto& n : r.moe["tokens_per_expert"][0]) routed += n.get<int64_t>();
+    EXPECT_EQ(routed, int64_t(dp) * B * o.seq_len * o.model.moe.top_k) << what;
   }
 }
 

@@ -36,9 +36,6 @@ const char* attention_name(Attention a) { return a == Attention::flash ? "flash"
 
 void GPT::check_tensor_parallel(const GPTConfig& cfg, int tp) {
   if (tp <= 1) return;
-  if (cfg.moe.enabled())
-    fail("--tp %d: tensor parallelism of mixture-of-experts layers (moe.experts=%d) is not implemented yet", tp,
-         cfg.moe.experts);
   if (cfg.n_head % tp != 0)
     fail("--tp %d does not divide the model's %d attention heads (model.n_head): each rank needs whole heads", tp,
          cfg.n_head);
@@ -117,15 +114,17 @@ GPT::GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel
       lp.ln2_b = whole(p + "ln_2.bias", {C}, false, seq);
       if (cfg_.is_moe_layer(l)) {
         // A mixture layer: the router and every expert a whole tensor of its own, so that expert
-        // parallelism can place an expert on one rank (tp = 1 here: check_tensor_parallel).
+        // parallelism can place an expert on one rank.
+        // Under tp each rank runs the whole mixture on its rows: replicas over tp, with partial gradients
+        // under sequence parallelism (each rank's rows are 1/tp of them), as the LayerNorms.
         const int64_t E = cfg_.moe.experts;
-        lp.router_w = whole(p + "mlp.router.weight", {E, C}, true, 0);
+        lp.router_w = whole(p + "mlp.router.weight", {E, C}, true, seq);
         auto mlp = [&](const std::string& q) {
           MlpParams m;
-          m.fc_w = whole(q + "c_fc.weight", {4 * C, C}, true, 0);
-          m.fc_b = whole(q + "c_fc.bias", {4 * C}, false, 0);
-          m.proj_w = whole(q + "c_proj.weight", {C, 4 * C}, true, 0);
-          m.proj_b = whole(q + "c_proj.bias", {C}, false, 0);
+          m.fc_w = whole(q + "c_fc.weight", {4 * C, C}, true, seq);
+          m.fc_b = whole(q + "c_fc.bias", {4 * C}, false, seq);
+          m.proj_w = whole(q + "c_proj.weight", {C, 4 * C}, true, seq);
+          m.proj_b = whole(q + "c_proj.bias", {C}, false, seq);
           return m;
         };
         for (int e = 0; e < cfg_.moe.experts; e++) lp.experts.push_back(mlp(p + "mlp.experts." + std::to_string(e) + "."));
@@ -196,10 +195,12 @@ void GPT::init_weights(uint64_t seed) {
     fill(lp.ln2_w, 1.f);
     fill(lp.ln2_b, 0.f);
     if (cfg_.is_moe_layer(int(l))) {
-      // The router, then each expert and shared expert as a dense MLP is drawn.
+      // The router, then each expert and shared expert as a dense MLP is drawn (all -1, drawn and
+      // dropped, in a layer another stage holds).
       normal(lp.router_w, cfg_.moe.experts, C, std0);
-      for (const std::vector<MlpParams>* group : {&lp.experts, &lp.shared})
-        for (const MlpParams& m : *group) {
+      for (const auto& [group, n] : {std::pair{&lp.experts, cfg_.moe.experts}, std::pair{&lp.shared, cfg_.moe.shared}})
+        for (int k = 0; k < n; k++) {
+          const MlpParams m = size_t(k) < group->size() ? (*group)[size_t(k)] : MlpParams{};
           normal(m.fc_w, 4 * C, C, std0);
           fill(m.fc_b, 0.f);
           normal(m.proj_w, C, 4 * C, std_res);

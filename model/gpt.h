@@ -166,6 +166,10 @@ class GPT {
   // Context parallelism: attention runs as ring attention over `cp` (flash only; micro-batches must
   // carry their positions). Default: none.
   void set_context_parallel(const parallel::RingAttention& cp) { cp_ = cp; }
+  // Expert parallelism (moe/ep_exchange.h): the mixture layers' experts are split over `ep`'s ranks
+  // and the tokens travel to them by all_to_all_v. nullptr (default): every expert is local.
+  void set_expert_parallel(parallel::Comm* ep) { ep_ = ep; }
+  parallel::Comm* expert_parallel() const { return ep_; }
   Attention attention() const { return attention_; }
   // Parameter units, in the order of the flat buffers: the embeddings (wte, wpe; under pipeline
   // parallelism wte alone, on the first and the last stage, and wpe as "positions" on the first),
@@ -223,6 +227,7 @@ class GPT {
   ParamStore& store_;
   parallel::TensorParallel tp_;
   parallel::RingAttention cp_;
+  parallel::Comm* ep_ = nullptr;  // expert parallelism (nullptr: none)
   StagePlan plan_;
   std::vector<LayerParams> layers_;  // by global layer index (entries of layers not held are -1)
   std::vector<int> layer_units_;     // by global layer index; -1 when not held

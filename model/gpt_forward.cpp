@@ -79,7 +79,7 @@ void Pass<S>::layer_forward(int l, const S* x, S* x_next, LayerActs& a, Workspac
   ops::residual_layernorm_fwd(p(a.res2), p(a.ln2), a.ln2_mean.f32(), a.ln2_rstd.f32(), x, x_next, w(lp.ln2_w),
                               w(lp.ln2_b), Ns, C, c_);
   if (m_.cfg_.is_moe_layer(l)) {
-    moe_forward(l, x_next, a);  // tp = 1: ln2 holds every row
+    moe_forward(l, x_next, a);  // on this rank's Ns rows, the mixture whole (no split over tp)
     return;
   }
   const S* ln2 = gathered(ws.ln_all, p(a.ln2));
@@ -117,7 +117,7 @@ void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& 
   // MLP: x_next = res2 + fcproj(gelu(fc(ln2(res2)))). The first backward applies GELU's derivative.
   const S* dx_all = dx;
   if (m_.cfg_.is_moe_layer(l)) {
-    MT_CHECK(!defer, "a mixture-of-experts layer under zb1's split backward");  // MoE refuses pp so far
+    MT_CHECK(!defer, "a mixture-of-experts layer under zb1's split backward");  // options refuse zb1 with MoE
     moe_backward(l, dx, a, ws);
   } else {
     dx_all = gathered(ws.dx_all, dx);

@@ -11,7 +11,19 @@
 //
 // The two extra losses enter the objective as N x (alpha A + beta Z) per micro-batch of N tokens,
 // weighted by the pass's dloss like the token losses: their share of the mean loss is that of the
-// micro-batch's tokens. The CPU backend only (TrainOptions::validate refuses the others), tp = 1.
+// micro-batch's tokens. The CPU backend only (TrainOptions::validate refuses the others).
+//
+// Tensor parallelism: the mixture is not split. Each tp rank runs it whole on the rows it holds (its
+// 1/tp of them under sequence parallelism, whose weight gradients are then partial sums over tp,
+// like a LayerNorm's; all of them, computed alike on every tp rank, without), so the balance term A
+// is taken over those rows.
+//
+// Expert parallelism (GPT::set_expert_parallel, moe/ep_exchange.h): routing, the plan (capacity, drops)
+// and the combine stay with the tokens' rank; only the permuted rows travel, to the ranks holding their
+// experts and back, in forward and again (as gradients) in backward. Every rank keeps every expert's
+// weights (the optimizer's state is shared out by ZeRO); a rank adds gradients to its own experts only,
+// and the sum over the data-parallel ranks (each expert's gradient is zero on the ranks not holding it)
+// is the expert's whole gradient.
 #include <type_traits>
 
 #include "model/gpt_pass.h"
@@ -26,14 +38,21 @@ std::vector<moe::ExpertWeights<S>> expert_weights(const std::vector<MlpParams>& 
   for (const MlpParams& m : ms) out.push_back({w(m.fc_w), w(m.fc_b), w(m.proj_w), w(m.proj_b)});
   return out;
 }
+// This rank's experts under expert parallelism: [rank local, (rank + 1) local).
+template <class S>
+std::vector<moe::ExpertWeights<S>> local_experts(const LayerParams& lp, const moe::ExpertExchange& x,
+                                                 const std::function<const S*(int)>& w) {
+  const std::vector<MlpParams> mine(lp.experts.begin() + x.rank * x.local, lp.experts.begin() + (x.rank + 1) * x.local);
+  return expert_weights<S>(mine, w);
+}
 }  // namespace
 
 template <class S>
 void Pass<S>::moe_forward(int l, S* x_next, LayerActs& a) {
-  MT_CHECK(c_.device == Device::cpu && !tp_.active(), "mixture-of-experts layers run on the CPU backend with tp = 1");
+  MT_CHECK(c_.device == Device::cpu, "mixture-of-experts layers run on the CPU backend");
   const LayerParams& lp = m_.layers_[size_t(l)];
   const MoeConfig& mc = m_.cfg_.moe;
-  const int N = N_, C = C_, F = 4 * C_, E = mc.experts, K = mc.top_k;
+  const int N = Ns_, C = C_, F = 4 * C_, E = mc.experts, K = mc.top_k;  // this rank's rows
   a.moe = std::make_shared<MoeActs>();
   MoeActs& m = *a.moe;
   const S* ln2 = p(a.ln2);
@@ -59,12 +78,28 @@ void Pass<S>::moe_forward(int l, S* x_next, LayerActs& a) {
   m.plan = moe::plan_dispatch(m.routing.expert.data(), N, K, E, moe::expert_capacity(mc.capacity, N, K, E));
   const int64_t M = m.plan.rows();
   m.rows = act(M * C);
-  m.h_pre = act(M * F);
-  m.h = act(M * F);
   m.out = act(M * C);
   moe::permute(p(m.rows), ln2, m.plan, C);
   const std::function<const S*(int)> wf = [&](int i) { return w(i); };
-  moe::experts_forward(p(m.out), p(m.h_pre), p(m.h), p(m.rows), m.plan, expert_weights<S>(lp.experts, wf), C, F, c_);
+  if (m_.ep_ != nullptr && m_.ep_->size() > 1) {
+    // Expert parallelism: the rows to their experts' ranks, this rank's experts, the outputs back.
+    parallel::Comm& ep = *m_.ep_;
+    m.ep = true;
+    m.ex = moe::exchange_counts(m.plan, ep);
+    const int64_t R = m.ex.rows();
+    Buffer mine = act(R * C), out = act(R * C);
+    moe::to_experts(p(mine), p(m.rows), m.ex, C, ep);
+    m.rows = std::move(mine);
+    m.h_pre = act(R * F);
+    m.h = act(R * F);
+    moe::experts_forward(p(out), p(m.h_pre), p(m.h), p(m.rows), m.ex.experts, local_experts(lp, m.ex, wf), C, F, c_);
+    moe::from_experts(p(m.out), p(out), m.ex, C, ep);
+  } else {
+    m.h_pre = act(M * F);
+    m.h = act(M * F);
+    moe::experts_forward(p(m.out), p(m.h_pre), p(m.h), p(m.rows), m.plan, expert_weights<S>(lp.experts, wf), C, F,
+                         c_);
+  }
   // The residual and the shared experts, then the routed experts' combine on top (in place).
   const S* base = p(a.res2);
   Buffer tmp;
@@ -92,7 +127,7 @@ template <class S>
 void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
   const LayerParams& lp = m_.layers_[size_t(l)];
   const MoeConfig& mc = m_.cfg_.moe;
-  const int N = N_, C = C_, F = 4 * C_, E = mc.experts, K = mc.top_k;
+  const int N = Ns_, C = C_, F = 4 * C_, E = mc.experts, K = mc.top_k;  // this rank's rows
   MT_CHECK(a.moe != nullptr, "mixture layer %d: backward without its forward state", l);
   MoeActs& m = *a.moe;
   const int64_t M = m.plan.rows();
@@ -100,14 +135,28 @@ void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
   // Combine, then the experts.
   Buffer drows = act(M * C), dgate = f32(int64_t(N) * K);
   moe::combine_backward(p(drows), dgate.f32(), dx, p(m.out), m.routing.gate.data(), m.plan, C);
-  Buffer dh = act(M * F), din = act(M * C);
+  Buffer din = act(M * C);
   std::vector<moe::ExpertGrads> eg;
   for (const MlpParams& e : lp.experts) eg.push_back({g(e.fc_w), g(e.fc_b), g(e.proj_w), g(e.proj_b)});
   const std::function<const S*(int)> wf = [&](int i) { return w(i); };
-  moe::experts_backward(p(din), p(dh), eg, p(drows), p(m.rows), p(m.h_pre), p(m.h), m.plan,
-                        expert_weights<S>(lp.experts, wf), C, F, c_);
-  drows.reset();
-  dh.reset();
+  if (m.ep) {
+    // The rows' gradient to the experts' ranks, the experts' backward there, the input gradient back.
+    parallel::Comm& ep = *m_.ep_;
+    const int64_t R = m.ex.rows();
+    Buffer dmine = act(R * C), dh = act(R * F), dinmine = act(R * C);
+    moe::to_experts(p(dmine), p(drows), m.ex, C, ep);
+    drows.reset();
+    const std::vector<moe::ExpertGrads> local(eg.begin() + m.ex.rank * m.ex.local,
+                                              eg.begin() + (m.ex.rank + 1) * m.ex.local);
+    moe::experts_backward(p(dinmine), p(dh), local, p(dmine), p(m.rows), p(m.h_pre), p(m.h), m.ex.experts,
+                          local_experts(lp, m.ex, wf), C, F, c_);
+    moe::from_experts(p(din), p(dinmine), m.ex, C, ep);
+  } else {
+    Buffer dh = act(M * F);
+    moe::experts_backward(p(din), p(dh), eg, p(drows), p(m.rows), p(m.h_pre), p(m.h), m.plan,
+                          expert_weights<S>(lp.experts, wf), C, F, c_);
+    drows.reset();
+  }
   // The router: the gates' gradient plus the extra losses, weighted like the micro-batch's tokens.
   const double scale = double(dloss_) * N;
   const double aux_w = mc.balance == MoeBalance::aux ? scale * mc.aux_coef : 0.0, z_w = scale * mc.z_coef;
@@ -129,12 +178,12 @@ void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
   // The shared experts (each its own GEMMs over every token), into the fp32 sum.
   float* acc = dx32.f32();
   if (!lp.shared.empty()) {
-    Buffer dpart = act(NC_);
+    Buffer dpart = act(NC_), dfc = act(int64_t(N) * F);
     for (size_t i = 0; i < lp.shared.size(); i++) {
       const MlpParams& sh = lp.shared[i];
-      ops::matmul_bwd(p(ws.dfc), g(sh.proj_w), g(sh.proj_b), dx, p(m.shared_h[i]), w(sh.proj_w), N, F, C, c_,
+      ops::matmul_bwd(p(dfc), g(sh.proj_w), g(sh.proj_b), dx, p(m.shared_h[i]), w(sh.proj_w), N, F, C, c_,
                       p(m.shared_pre[i]));
-      ops::matmul_bwd(p(dpart), g(sh.fc_w), g(sh.fc_b), p(ws.dfc), ln2, w(sh.fc_w), N, C, F, c_);
+      ops::matmul_bwd(p(dpart), g(sh.fc_w), g(sh.fc_b), p(dfc), ln2, w(sh.fc_w), N, C, F, c_);
       const S* d = p(dpart);
       for (int64_t k = 0; k < NC_; k++) acc[k] += load(d[k]);
     }

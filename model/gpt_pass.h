@@ -8,6 +8,7 @@
 
 #include "model/gpt.h"
 #include "moe/dispatch.h"
+#include "moe/ep_exchange.h"
 #include "moe/router.h"
 #include "runtime/check.h"
 
@@ -21,6 +22,10 @@ struct MoeActs {
   moe::DispatchPlan plan;
   Buffer x32;                              // (N,C) fp32 router input (empty when S is float)
   Buffer rows, h_pre, h, out;              // (M,C), (M,4C), (M,4C), (M,C)
+  // Expert parallelism: the exchange of this layer's rows, and the rows this rank's experts received
+  // (R = ex.rows(); rows is then (R,C) and h_pre, h are (R,4C); out stays (M,C)).
+  moe::ExpertExchange ex;
+  bool ep = false;
   std::vector<Buffer> shared_pre, shared_h;  // (N,4C) each
 };
 

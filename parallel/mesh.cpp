@@ -45,6 +45,11 @@ MeshLayout resolve_layout(MeshLayout l, int world_size) {
                                    l.tp, l.pp, l.cp, model, world_size));
     l.dp = int(world_size / model);
   }
+  if (l.ep < 1) throw CollectiveError(strfmt("--ep must be a positive integer (got %d)", l.ep));
+  if ((long(l.dp) * l.cp) % l.ep != 0)
+    throw CollectiveError(strfmt("--ep %d does not divide --dp %d x --cp %d = %ld: expert parallelism is carved from "
+                                 "the data-parallel ranks",
+                                 l.ep, l.dp, l.cp, long(l.dp) * l.cp));
   const long product = long(l.dp) * model;
   if (product != world_size)
     throw CollectiveError(strfmt("--dp %d x --tp %d x --pp %d x --cp %d = %ld but the world has %d rank%s", l.dp,
@@ -74,7 +79,13 @@ Mesh::Mesh(const MeshLayout& layout, Comm& world, Arena* scratch) : Mesh(layout,
   MeshCoord c0 = coord_;
   c0.cp = 0;
   c0.dp = 0;
-  cp_dp_comm_ = world.split(rank_of(c0), coord_.dp * layout_.cp + coord_.cp, "cp_dp", scratch);
+  const int i = coord_.dp * layout_.cp + coord_.cp;  // index in the cp x dp group
+  cp_dp_comm_ = world.split(rank_of(c0), i, "cp_dp", scratch);
+  if (layout_.ep > 1) {
+    // Colors within this cp x dp group: its ep blocks, then its expert-data groups (ep ranks).
+    ep_comm_ = cp_dp_comm_->split(i / layout_.ep, i % layout_.ep, "ep", scratch);
+    expert_data_comm_ = cp_dp_comm_->split(i % layout_.ep, i / layout_.ep, "ep_data", scratch);
+  }
 }
 
 Mesh::~Mesh() = default;
@@ -142,12 +153,27 @@ Comm& Mesh::cp_dp_comm() const {
   return *cp_dp_comm_;
 }
 
+std::vector<int> Mesh::ep_group_ranks() const {
+  const std::vector<int> all = cp_dp_group_ranks();
+  const int i = coord_.dp * layout_.cp + coord_.cp, first = i - i % layout_.ep;
+  return std::vector<int>(all.begin() + first, all.begin() + first + layout_.ep);
+}
+
+Comm& Mesh::ep_comm() const {
+  MT_CHECK(ep_comm_ != nullptr, "no ep communicator: the layout has ep = %d or the Mesh no world", layout_.ep);
+  return *ep_comm_;
+}
+
+Comm& Mesh::expert_data_comm() const { return expert_data_comm_ ? *expert_data_comm_ : cp_dp_comm(); }
+
 std::string Mesh::str() const {
   return strfmt("TP(%d)-CP(%d)-PP(%d)-DP(%d)-Rank(%d)", coord_.tp, coord_.cp, coord_.pp, coord_.dp, rank_);
 }
 
 std::string Mesh::layout_str() const {
-  return strfmt("dp=%d pp=%d cp=%d tp=%d", layout_.dp, layout_.pp, layout_.cp, layout_.tp);
+  std::string s = strfmt("dp=%d pp=%d cp=%d tp=%d", layout_.dp, layout_.pp, layout_.cp, layout_.tp);
+  if (layout_.ep > 1) s += strfmt(" ep=%d", layout_.ep);
+  return s;
 }
 
 }  // namespace mt::parallel

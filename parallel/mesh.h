@@ -9,8 +9,10 @@
 // A group along dimension d is the set of ranks that share every coordinate except d, ordered by
 // their coordinate along d (so a rank's index in its tp group is its tp coordinate). The cp x dp
 // group (the ranks that hold replicas of the same parameters when context parallelism shards the
-// sequence, and so average gradients together) is offered too; expert parallelism will be carved
-// from it.
+// sequence, and so average gradients together) is offered too, and expert parallelism is carved
+// from it: with ep = E' the cp x dp group (index i = dp cp_size + cp) splits into consecutive blocks of
+// E' ranks, the ep groups (ep rank i mod E'), each holding every expert once between them, and the
+// ranks with the same ep rank form the expert-data group (the ranks that compute the same experts).
 //
 // The arithmetic needs no communication (and is unit-tested without MPI); constructing a Mesh from a
 // world Comm also splits it into one sub-communicator per dimension.
@@ -34,6 +36,7 @@ struct MeshLayout {
   int pp = 1;
   int cp = 1;
   int tp = 1;
+  int ep = 1;  // expert parallelism: carved from dp x cp, must divide it
 };
 
 // Validates `layout` against `world_size` and returns it with dp filled in. Throws a CollectiveError
@@ -92,6 +95,15 @@ class Mesh {
   Comm& pp_comm() const { return comm(MeshDim::pp); }
   Comm& dp_comm() const { return comm(MeshDim::dp); }
   Comm& cp_dp_comm() const;
+  // Expert parallelism (layout().ep > 1): this rank's index in the cp x dp group modulo ep, the ep
+  // group (E' consecutive ranks of the cp x dp group) and the expert-data group (the ranks of the cp x
+  // dp group with the same ep rank). Without ep, ep_comm() fails and expert_data_comm() is the cp x dp
+  // group.
+  int ep() const { return layout_.ep; }
+  int ep_rank() const { return (coord_.dp * layout_.cp + coord_.cp) % layout_.ep; }
+  std::vector<int> ep_group_ranks() const;
+  Comm& ep_comm() const;
+  Comm& expert_data_comm() const;
 
   // "TP(2)-CP(1)-PP(2)-DP(4)-Rank(3)": this rank's coordinates, then its world rank.
   std::string str() const;
@@ -105,6 +117,7 @@ class Mesh {
   MeshCoord coord_;
   std::array<std::unique_ptr<Comm>, kNumMeshDims> comms_;
   std::unique_ptr<Comm> cp_dp_comm_;
+  std::unique_ptr<Comm> ep_comm_, expert_data_comm_;  // ep > 1 only
 };
 
 }  // namespace mt::parallel

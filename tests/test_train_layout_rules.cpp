@@ -156,6 +156,31 @@ TEST(LayoutRules, AWorldThatIsNotTheProductFailsBeforeWriting) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/run"));
 }
 
+// Expert parallelism: experts that do not split over --ep, an --ep that does not divide dp x cp (given
+// or inferred from the world), --ep without a mixture of experts; one line each, nothing written.
+TEST(LayoutRules, EachBadExpertLayoutNamesItsFlagAndNumbers) {
+  auto moe = [](std::vector<std::string> extra) {
+    extra.push_back("model=tiny-moe");
+    return tiny(extra);
+  };
+  expect_error([&] { parse_train_options(moe({"--ep", "3", "--dp", "3"})); }, "moe.experts=4",
+               "not divisible by --ep 3");
+  expect_error([&] { parse_train_options(moe({"--ep", "4", "--dp", "2"})); }, "--ep 4 does not divide --dp 2 x --cp 1");
+  expect_error([&] { parse_train_options(tiny({"--ep", "2", "--dp", "2"})); }, "--ep 2 needs a mixture of experts");
+  expect_error([&] { parse_train_options(moe({"--ep", "0"})); }, "parallel.ep");
+  EXPECT_NO_THROW(parse_train_options(moe({"--ep", "2", "--dp", "4"})));
+  EXPECT_NO_THROW(parse_train_options(moe({"ep=4", "--dp", "4"})));
+  EXPECT_EQ(parse_train_options(moe({"ep=2", "--dp", "2"})).to_json()["parallel"]["ep"], 2);
+  // dp inferred from the world: one rank cannot hold two expert-parallel ranks.
+  const std::string dir = testing::make_temp_dir("mt_layout_ep");
+  TrainOptions o = parse_train_options(moe({"--ep", "2", "out_dir=" + dir + "/run", "data.path=" + dir + "/x.bin"}));
+  expect_error([&] { Trainer t(o); }, "--ep 2 does not divide --dp 1 x --cp 1 = 1");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/run"));
+  // The mesh arithmetic alone: ep carved from dp x cp.
+  EXPECT_THROW(parallel::resolve_layout(parallel::MeshLayout{.dp = 3, .ep = 2}, 3), parallel::CollectiveError);
+  EXPECT_NO_THROW(parallel::resolve_layout(parallel::MeshLayout{.dp = 2, .cp = 2, .ep = 4}, 4));
+}
+
 TEST(LayoutRules, TheResolvedConfigRecordsSequenceParallelism) {
   const TrainOptions a = parse_train_options(tiny({"--tp", "2"}));
   EXPECT_TRUE(a.sequence_parallel());

@@ -185,7 +185,7 @@ TEST_F(Recovery, FailedMetricsWriteStopsTheRunAtOnce) {
   EXPECT_EQ(text.back(), '\n') << "a torn record";
   int records = 0;
   for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1, records++)
-    EXPECT_NO_THROW((void)nlohmann::json::parse(text.substr(at, nl - at))) << "line " << records;
+    EXPECT_TRUE(nlohmann::json::accept(text.substr(at, nl - at))) << "line " << records;
   EXPECT_GT(records, 2);
   EXPECT_LT(records, 100) << "the run went on past the failed write";
   EXPECT_FALSE(fs::exists(run_ + "/checkpoints/step_000200")) << "the run went on to the end";

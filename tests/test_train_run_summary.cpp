@@ -21,6 +21,9 @@ TEST(RunPlan, NamesLayoutBatchAndOutputs) {
   p.out_dir = "runs/x", p.ckpt_dir = "runs/x/checkpoints";
   const std::string s = format_run_plan(p);
   EXPECT_TRUE(has(s, "TP(2)-CP(1)-PP(3)-DP(4) on 24 ranks")) << s;
+  p.ep = 2;  // expert parallelism, carved from dp: the world stays 24
+  EXPECT_TRUE(has(format_run_plan(p), "TP(2)-CP(1)-PP(3)-DP(4) with EP(2) on 24 ranks")) << format_run_plan(p);
+  p.ep = 1;
   EXPECT_TRUE(has(s, "40 rows x 64 tokens = 2.56k tokens per step")) << s;  // 5 x 2 x 4 rows
   EXPECT_TRUE(has(s, "steps      11 to 30: 51.20k tokens")) << s;         // 20 steps x 2560
   EXPECT_TRUE(has(s, "1.23M parameters")) << s;

@@ -110,6 +110,7 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   const parallel::CommCounters tp_bytes = tr.group_counters(parallel::MeshDim::tp);
   const parallel::CommCounters pp_bytes = tr.group_counters(parallel::MeshDim::pp);
   const parallel::CommCounters cp_bytes = tr.group_counters(parallel::MeshDim::cp);
+  const parallel::CommCounters ep_bytes = tr.ep_counters();
   // Without overlap: the same gradient reduction, blocking, after everything else has finished.
   std::vector<double> waits, blocking;
   for (const StepResult& r : rs) waits.push_back(r.t_grad_wait);
@@ -192,6 +193,7 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   if (mesh.tp() > 1) bytes_row("tp", tp_bytes);
   if (mesh.pp() > 1) bytes_row("pp", pp_bytes);
   if (mesh.cp() > 1) bytes_row("cp", cp_bytes);  // ring attention
+  if (mesh.ep() > 1) bytes_row("ep", ep_bytes);  // the mixture layers' token all-to-alls
   if (dp.size() > 1) {
     std::sort(waits.begin(), waits.end());
     std::sort(blocking.begin(), blocking.end());

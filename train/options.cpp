@@ -98,6 +98,7 @@ const std::vector<OptionEntry>& option_table() {
       {"parallel.dp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.dp = parse_int(k, v); }, "parallel", "data-parallel ranks (0: world size / (tp x pp x cp)); also dp=, --dp"},
       {"parallel.tp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.tp = parse_int(k, v); }, "parallel", "tensor-parallel ranks; also tp=, --tp"},
       {"parallel.pp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp = parse_int(k, v); }, "parallel", "pipeline stages; also pp=, --pp"},
+      {"parallel.ep", [](TrainOptions& o, auto& k, auto& v) { o.parallel.ep = parse_int(k, v); }, "parallel", "expert-parallel ranks, carved from dp x cp: each holds moe.experts / ep experts of every mixture layer and the tokens travel to them by all-to-all; also ep=, --ep"},
       {"parallel.cp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.cp = parse_int(k, v); }, "parallel", "context-parallel ranks: ring attention over zigzag chunks of each sequence (seq_len % 2 cp == 0; CPU, attention=flash); also cp=, --cp"},
       {"parallel.sp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sp = v == "auto" ? -1 : int(to_bool(k, v)); }, "parallel", "sequence parallelism with tp: auto | true | false"},
       {"tp.sp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sp = v == "auto" ? -1 : int(to_bool(k, v)); }, "parallel", "same as parallel.sp"},
@@ -175,7 +176,7 @@ const std::map<std::string, Range>& numeric_ranges() {
       {"optim.lr", kNonNegative}, {"optim.min_lr_ratio", {0, 1, false, false}}, {"optim.warmup_steps", kNonNegative},
       {"optim.weight_decay", kNonNegative}, {"optim.beta1", {0, 1, false, true}}, {"optim.beta2", {0, 1, false, true}},
       {"optim.eps", kPositive}, {"optim.grad_clip", kAny},  // grad_clip <= 0 disables clipping
-      {"parallel.dp", kNonNegative}, {"parallel.tp", kPositive}, {"parallel.pp", kPositive}, {"parallel.cp", kPositive},
+      {"parallel.dp", kNonNegative}, {"parallel.tp", kPositive}, {"parallel.pp", kPositive}, {"parallel.cp", kPositive}, {"parallel.ep", kPositive},
       {"parallel.zero", {0, 3, false, false}}, {"parallel.bucket_mb", kPositive}, {"parallel.sdc_every", kNonNegative},
       {"parallel.sdc_flip_step", kFrom(-1)}, {"parallel.sdc_flip_rank", kNonNegative}, {"pp.virtual", kPositive},
       {"ckpt.keep", kNonNegative}, {"ckpt.fault_step", kFrom(-1)}, {"ckpt.fault_rank", kNonNegative},
@@ -330,14 +331,22 @@ void TrainOptions::validate() const {
     // The mixture layers run on the CPU backend, on one rank per data-parallel replica, for now.
     if (device == Device::cuda)
       fail("moe.experts=%d: mixture-of-experts layers have no CUDA kernels yet (use --device cpu)", model.moe.experts);
-    if (parallel.tp > 1) fail("moe.experts=%d with --tp %d: tensor parallelism of mixture layers is not implemented yet",
-                              model.moe.experts, parallel.tp);
-    if (parallel.pp > 1) fail("moe.experts=%d with --pp %d: pipeline parallelism of mixture layers is not implemented yet",
-                              model.moe.experts, parallel.pp);
+    if (parallel.pp > 1 && parallel.pp_schedule == "zb1")
+      fail("moe.experts=%d with pp.schedule=zb1: the split backward of mixture layers is not implemented yet (use "
+           "gpipe, 1f1b or interleaved)", model.moe.experts);
+    if (model.moe.experts % parallel.ep != 0)
+      fail("moe.experts=%d is not divisible by --ep %d: each expert-parallel rank holds the same number of experts",
+           model.moe.experts, parallel.ep);
+    if (parallel.dp > 0 && (int64_t(parallel.dp) * parallel.cp) % parallel.ep != 0)
+      fail("--ep %d does not divide --dp %d x --cp %d = %d: expert parallelism is carved from the data-parallel ranks",
+           parallel.ep, parallel.dp, parallel.cp, parallel.dp * parallel.cp);
     // The routing statistics are summed over dp; under cp each replica's tokens are spread over cp too.
     if (parallel.cp > 1) fail("moe.experts=%d with --cp %d: context parallelism of mixture layers is not implemented yet",
                               model.moe.experts, parallel.cp);
   }
+  if (parallel.ep > 1 && !model.moe.enabled())
+    fail("--ep %d needs a mixture of experts (moe.experts > 0, e.g. model=tiny-moe): a dense model has no experts "
+         "to split", parallel.ep);
   if (seq_len > model.block_size)
     fail("seq_len %d is longer than the model's context (model.block_size = %d)", seq_len, model.block_size);
   if (!data.mix.empty() && !data.path.empty())
@@ -384,7 +393,7 @@ nlohmann::json TrainOptions::to_json() const {
       {"optim", {{"lr", optim.lr}, {"min_lr_ratio", optim.min_lr_ratio}, {"warmup_steps", optim.warmup_steps},
                  {"schedule", schedule_name(optim.schedule)}, {"weight_decay", optim.weight_decay},
                  {"beta1", optim.beta1}, {"beta2", optim.beta2}, {"eps", optim.eps}, {"grad_clip", optim.grad_clip}}},
-      {"parallel", {{"dp", parallel.dp}, {"tp", parallel.tp}, {"pp", parallel.pp}, {"cp", parallel.cp},
+      {"parallel", {{"dp", parallel.dp}, {"tp", parallel.tp}, {"pp", parallel.pp}, {"cp", parallel.cp}, {"ep", parallel.ep},
                     {"sp", parallel.sp < 0 ? nlohmann::json("auto") : nlohmann::json(parallel.sp == 1)},
                     {"zero", parallel.zero}, {"bucket_mb", parallel.bucket_mb}, {"embedding_rows", parallel.embedding_rows},
                     {"sdc_every", parallel.sdc_every},

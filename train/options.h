@@ -49,6 +49,7 @@ struct DataOptions {
 struct ParallelOptions {
   int dp = 0;  // 0: inferred from the world size
   int tp = 1, pp = 1, cp = 1;
+  int ep = 1;  // expert parallelism: each rank of an ep group holds moe.experts / ep experts (from dp x cp)
   int sp = -1;                // tp.sp: sequence parallelism (-1: on when tp > 1; 1 with tp = 1 is an error)
   int zero = 0;               // ZeRO stage 0..3
   double bucket_mb = 4;       // gradient bytes per all-reduce bucket (stages 0-1), in MiB

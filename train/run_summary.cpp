@@ -29,8 +29,9 @@ std::string format_run_plan(const RunPlan& p) {
                                  : "";
   s += strfmt("  model      %s: %s parameters%s, %s FLOPs per token (forward + backward)\n", p.model.c_str(),
               format_count(double(p.params)).c_str(), active.c_str(), format_count(p.flops_per_token).c_str());
-  s += strfmt("  layout     %s on %d rank%s, ZeRO-%d, device %s\n", layout_name(p.tp, p.cp, p.pp, p.dp).c_str(), world,
-              world == 1 ? "" : "s", p.zero, p.device.c_str());
+  const std::string ep = p.ep > 1 ? strfmt(" with EP(%d)", p.ep) : "";
+  s += strfmt("  layout     %s%s on %d rank%s, ZeRO-%d, device %s\n", layout_name(p.tp, p.cp, p.pp, p.dp).c_str(),
+              ep.c_str(), world, world == 1 ? "" : "s", p.zero, p.device.c_str());
   s += strfmt("  batch      %lld rows x %d tokens = %s tokens per step (batch_size %d x grad_accum %d x dp %d)\n",
               (long long)p.global_rows(), p.seq_len, format_count(double(p.global_tokens())).c_str(), p.batch_size,
               p.grad_accum, p.dp);
@@ -64,6 +65,7 @@ RunPlan make_run_plan(const TrainOptions& o, const parallel::Mesh& mesh, const P
   p.active_params = o.model.num_active_params();
   p.flops_per_token = flops_per_token;
   p.tp = mesh.tp(), p.cp = mesh.cp(), p.pp = mesh.pp(), p.dp = mesh.dp();
+  p.ep = mesh.ep();
   p.zero = o.parallel.zero;
   p.batch_size = o.batch_size, p.grad_accum = o.grad_accum, p.seq_len = o.seq_len;
   p.first_step = first_step, p.steps = o.steps;

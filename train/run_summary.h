@@ -28,6 +28,7 @@ struct RunPlan {
   int64_t active_params = 0;    // used per token (a mixture of experts: top_k of its experts); 0: = params
   double flops_per_token = 0;   // model FLOPs (6N + attention)
   int tp = 1, cp = 1, pp = 1, dp = 1;
+  int ep = 1;  // expert parallelism, carved from dp x cp (shown after the layout when > 1)
   int zero = 0;
   int batch_size = 0, grad_accum = 1, seq_len = 0;  // per data-parallel rank
   int first_step = 0, steps = 0;                    // starts after first_step, ends at steps

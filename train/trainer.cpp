@@ -67,7 +67,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   }
   // Every rank must run the same configuration; one clear message if not.
   parallel::check_same_across_ranks(world_, o_.to_json().dump(), "the resolved config");
-  parallel::MeshLayout layout{o_.parallel.dp, o_.parallel.pp, o_.parallel.cp, o_.parallel.tp};
+  parallel::MeshLayout layout{o_.parallel.dp, o_.parallel.pp, o_.parallel.cp, o_.parallel.tp, o_.parallel.ep};
   // The host sub-communicators' staging buffers count as this run's comm memory (when the run's
   // arena is host memory; a device arena cannot hold MPI's host buffers).
   mesh_ = std::make_unique<parallel::Mesh>(parallel::resolve_layout(layout, world_.size()), world_,
@@ -155,6 +155,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   gpt_->set_recompute(o_.recompute);
   gpt_->set_attention(o_.attention_kind());
   if (mesh_->cp() > 1) gpt_->set_context_parallel(parallel::RingAttention(mesh_->cp_comm(), &arena_));
+  if (mesh_->ep() > 1) gpt_->set_expert_parallel(&mesh_->ep_comm());
   // Every rank initialises the same full weights, then keeps its shard.
   if (!o_.init_from.empty())
     model::import_hf(*gpt_, store_, o_.init_from);
@@ -230,6 +231,7 @@ void Trainer::reset_group_counters() {
        {&mesh_->dp_comm(), &mesh_->tp_comm(), &mesh_->pp_comm(), &mesh_->cp_comm(), &mesh_->cp_dp_comm(),
         dp_device_comm_.get(), tp_device_comm_.get()})
     if (c) c->reset_counters();
+  if (mesh_->ep() > 1) mesh_->ep_comm().reset_counters();
 }
 
 // The gradient noise scale from this step's norms (after the optimizer: the gradients are intact,

@@ -103,6 +103,8 @@ class Trainer {
   // NCCL one beside it): the dp and tp groups so far; under context parallelism `dp` is the cp x dp
   // group the gradients are reduced over, and `cp` the ring attention's traffic.
   parallel::CommCounters group_counters(parallel::MeshDim d) const;
+  // The ep group's since the step began: the mixture layers' token all-to-alls (zero without --ep).
+  parallel::CommCounters ep_counters() const { return mesh_->ep() > 1 ? mesh_->ep_comm().counters() : parallel::CommCounters{}; }
   parallel::DataParallel& data_parallel() { return *dp_; }
   const NoiseScale& noise_scale() const { return gns_; }
   const LossScaler& loss_scaler() const { return scaler_; }

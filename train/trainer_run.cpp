@@ -128,6 +128,7 @@ void Trainer::run() {
     if (replicas().size() > 1) j["comm_dp"] = comm_json(group_counters(parallel::MeshDim::dp));
     if (mesh_->tp() > 1) j["comm_tp"] = comm_json(group_counters(parallel::MeshDim::tp));
     if (mesh_->cp() > 1) j["comm_cp"] = comm_json(group_counters(parallel::MeshDim::cp));  // ring attention
+    if (mesh_->ep() > 1) j["comm_ep"] = comm_json(ep_counters());  // the experts' token all-to-alls
     if (pipeline_) {
       j["comm_pp"] = comm_json(group_counters(parallel::MeshDim::pp));
       j["pp"] = pipeline_->step_json();  // after comm_pp: its own gather is not the step's traffic

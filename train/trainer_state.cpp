@@ -82,7 +82,7 @@ checkpoint::SaveRequest Trainer::checkpoint_request() {
                      {"precision", dtype_name(o_.precision)},
                      {"global_batch", mesh_->dp() * o_.batch_size * o_.grad_accum},
                      {"model", o_.model.to_json()}, {"data", train_data_->state()}, {"seed", o_.seed},
-                     {"layout", {{"dp", mesh_->dp()}, {"tp", mesh_->tp()}, {"pp", mesh_->pp()}, {"cp", mesh_->cp()}, {"sp", o_.sequence_parallel()},
+                     {"layout", {{"dp", mesh_->dp()}, {"tp", mesh_->tp()}, {"pp", mesh_->pp()}, {"cp", mesh_->cp()}, {"ep", mesh_->ep()}, {"sp", o_.sequence_parallel()},
                                  {"zero", o_.parallel.zero}}}};
   if (o_.model.moe.enabled()) req.global_meta["moe_bias"] = moe_bias_json();
   return req;

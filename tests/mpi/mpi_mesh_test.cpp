@@ -2,6 +2,8 @@
 // communicator holds exactly the ranks Mesh::group_ranks names, in that order.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "parallel/mesh.h"
 #include "tests/mpi/mpi_test_util.h"
 
@@ -38,6 +40,29 @@ TEST(MpiMesh, EveryLayoutsCommunicatorsHoldTheirGroupInCoordinateOrder) {
     }
     EXPECT_EQ(members(mesh.cp_dp_comm()), mesh.cp_dp_group_ranks());
   }
+}
+
+// Expert parallelism, for every ep dividing dp x cp of every layout: the ep group is ep consecutive
+// ranks of the cp x dp group, the expert-data group its ranks with the same ep rank; together an ep
+// group and an expert-data group meet in this rank only.
+TEST(MpiMesh, ExpertGroupsAreCarvedFromTheCpDpGroup) {
+  const int n = mpi_world().size();
+  for (MeshLayout l : all_layouts(n))
+    for (int ep = 2; ep <= l.dp * l.cp; ep++) {
+      if ((l.dp * l.cp) % ep != 0) continue;
+      l.ep = ep;
+      Mesh mesh(l, mpi_world().comm());
+      SCOPED_TRACE(mesh.layout_str() + " " + mesh.str());
+      const std::vector<int> all = mesh.cp_dp_group_ranks(), group = members(mesh.ep_comm());
+      EXPECT_EQ(group, mesh.ep_group_ranks());
+      EXPECT_EQ(mesh.ep_comm().rank(), mesh.ep_rank());
+      const std::vector<int> data = members(mesh.expert_data_comm());
+      ASSERT_EQ(int(data.size()), l.dp * l.cp / ep);
+      for (size_t i = 0; i < data.size(); i++) EXPECT_EQ(data[i], all[i * size_t(ep) + size_t(mesh.ep_rank())]);
+      const size_t at = size_t(std::find(all.begin(), all.end(), mesh.rank()) - all.begin());
+      EXPECT_EQ(int(at % size_t(ep)), mesh.ep_rank());
+      for (size_t i = 0; i < group.size(); i++) EXPECT_EQ(group[i], all[at / size_t(ep) * size_t(ep) + i]);
+    }
 }
 
 TEST(MpiMesh, ReductionsOverATensorParallelGroupSeeOnlyThatGroup) {

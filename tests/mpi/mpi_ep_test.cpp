@@ -1,0 +1,321 @@
+// Expert parallelism (--ep, moe/ep_exchange.h): the token exchange on its own (rows reach their
+// experts' ranks expert by expert and come back unchanged, the counters count the all-to-alls), then
+// through the trainer: dropless ep 2 and 4 (with dp) match the single-rank run of the same global
+// batch for every ZeRO stage; with a capacity every layout drops the same assignments; a state saved
+// under one expert layout resumes under another with the uninterrupted run's losses.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "moe/ep_exchange.h"
+#include "runtime/safetensors.h"
+#include "tests/mpi/mpi_test_util.h"
+#include "tests/mpi/mpi_train_util.h"
+#include "train/trainer.h"
+
+namespace mt::testing {
+namespace {
+
+using train::TrainOptions;
+using train::Trainer;
+
+// The exchange of one routing (token t's experts at expert[t K ...]) of this rank's N tokens.
+void check_exchange(const std::vector<int32_t>& expert, int N, int K, int E) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size(), C = 3;
+  // The plan, and rows that say where they come from: (source rank, row, expert).
+  const moe::DispatchPlan p = moe::plan_dispatch(expert.data(), N, K, E, -1);
+  std::vector<float> rows(size_t(p.rows()) * C);
+  for (int64_t r = 0; r < p.rows(); r++) {
+    rows[size_t(r) * C] = float(world.rank());
+    rows[size_t(r) * C + 1] = float(r);
+    rows[size_t(r) * C + 2] = float(expert[size_t(p.assignment_of[size_t(r)])]);
+  }
+  world.reset_counters();
+  const moe::ExpertExchange x = moe::exchange_counts(p, world);
+  ASSERT_EQ(x.local, 2);
+  std::vector<float> mine(size_t(x.rows()) * C);
+  moe::to_experts(mine.data(), rows.data(), x, C, world);
+  // Expert by expert; within an expert by source rank, each source's rows in their plan order.
+  for (int e = 0; e < x.local; e++) {
+    float last_src = -1, last_row = -1;
+    for (int64_t r = x.experts.offset[size_t(e)]; r < x.experts.offset[size_t(e) + 1]; r++) {
+      const float* v = &mine[size_t(r) * C];
+      EXPECT_EQ(v[2], float(world.rank() * x.local + e)) << "row " << r << " is not for local expert " << e;
+      EXPECT_TRUE(v[0] > last_src || (v[0] == last_src && v[1] > last_row)) << "row " << r << " out of order";
+      last_src = v[0];
+      last_row = v[1];
+    }
+  }
+  // Every rank's rows for this rank's experts arrived: the totals match the other ranks' plans.
+  int64_t want = 0;
+  std::vector<int32_t> all(static_cast<size_t>(E));
+  for (int e = 0; e < E; e++) all[size_t(e)] = int32_t(p.rows_of(e));
+  world.all_reduce(all.data(), all.size(), DType::i32, parallel::ReduceOp::sum);
+  for (int e = 0; e < x.local; e++) want += all[size_t(world.rank() * x.local + e)];
+  EXPECT_EQ(x.rows(), want);
+  std::vector<float> back(rows.size(), -1.f);
+  moe::from_experts(back.data(), mine.data(), x, C, world);
+  EXPECT_EQ(back, rows);
+  // Counts (E/W i32 per rank pair), then the rows out and back: what this rank sent to others.
+  uint64_t out = 0, in = 0;
+  for (int j = 0; j < W; j++)
+    if (j != world.rank()) {
+      out += x.send_rows[size_t(j)];
+      in += x.recv_rows[size_t(j)];
+    }
+  const parallel::CommOpCount& a = world.counters()[parallel::CommOp::all_to_all];
+  EXPECT_EQ(a.calls, 3u);
+  EXPECT_EQ(a.sent_bytes, uint64_t(W - 1) * x.local * 4 + (out + in) * C * 4);
+}
+
+TEST(ExpertExchange, RowsReachTheirExpertsInOrderAndComeBackUnchanged) {
+  const int W = mpi_world().size(), r = mpi_world().rank(), E = 2 * W, K = 2, N = 7 + r;
+  // A random routing (distinct experts per token, a different number of tokens per rank).
+  std::mt19937 rng(uint32_t(17 + r));
+  std::vector<int32_t> expert(size_t(N) * K);
+  for (int t = 0; t < N; t++) {
+    expert[size_t(t) * K] = int32_t(rng() % uint32_t(E));
+    expert[size_t(t) * K + 1] = int32_t((expert[size_t(t) * K] + 1 + rng() % uint32_t(E - 1)) % E);
+  }
+  check_exchange(expert, N, K, E);
+  // Every token to this rank's own two experts: nothing crosses the wire, empty blocks everywhere.
+  for (int t = 0; t < N; t++) {
+    expert[size_t(t) * K] = int32_t(2 * r);
+    expert[size_t(t) * K + 1] = int32_t(2 * r + 1);
+  }
+  check_exchange(expert, N, K, E);
+  // Every token to rank 0's experts: rank 0 receives everything, the others nothing.
+  for (int t = 0; t < N; t++) {
+    expert[size_t(t) * K] = 0;
+    expert[size_t(t) * K + 1] = 1;
+  }
+  check_exchange(expert, N, K, E);
+}
+
+TrainOptions options(const std::string& data, int batch, int dp, int ep, int zero = 0, double capacity = 0) {
+  TrainOptions o = train::parse_train_options(
+      {"model=tiny-moe", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
+       "model.block_size=16", "moe.every=1", "moe.shared=1", "moe.balance=bias", "moe.bias_rate=0.01",
+       "seq_len=16", "steps=10", "optim.lr=3e-3", "optim.warmup_steps=3", "threads=1", "data.prefetch=0",
+       "data.path=" + data});
+  o.batch_size = batch;
+  o.parallel.dp = dp;
+  o.parallel.ep = ep;
+  o.parallel.zero = zero;
+  o.model.moe.capacity = capacity;
+  return o;
+}
+
+std::string name(int dp, int ep, int zero) {
+  return "dp " + std::to_string(dp) + " ep " + std::to_string(ep) + " zero " + std::to_string(zero);
+}
+
+// Dropless: every layout of the world's ranks (ep = 2 and, on 4 ranks, 4) against the single-rank run
+// of the same global batch, in every ZeRO stage; the ep group really moved tokens.
+TEST(ExpertParallel, DroplessLayoutsMatchTheSingleRankRunForEveryZeroStage) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  const int B = 2;
+  const TrainOptions ro = options(data, W * B, 1, 1);
+  Trainer ref(ro);
+  const Curve want = train_curve(ref, ro.steps);
+  for (int ep = 2; ep <= W; ep *= 2)
+    for (int zero = 0; zero <= 3; zero++) {
+      Trainer t(options(data, B, W, ep, zero), &world);
+      const Curve got = train_curve(t, ro.steps);
+      const CurveErr e = curve_err(got, want);
+      if (world.rank() == 0) std::printf("%s: %s\n", name(W, ep, zero).c_str(), e.str().c_str());
+      expect_fp32_match(e, name(W, ep, zero));
+      // The last step's token exchange: a mixture layer per layer, counts then rows out and back in
+      // forward and backward, so the ep group sent something (4 all-to-alls of rows per layer).
+      const parallel::CommCounters c = t.ep_counters();
+      EXPECT_EQ(c[parallel::CommOp::all_to_all].calls, 2u * 5u) << name(W, ep, zero);
+      EXPECT_GT(c[parallel::CommOp::all_to_all].sent_bytes, 0u) << name(W, ep, zero);
+      EXPECT_EQ(t.mesh().ep_comm().size(), ep);
+    }
+}
+
+// With a capacity, each rank plans its own tokens: every expert layout of the same dp drops the same
+// assignments, step by step and layer by layer, and trains the same.
+TEST(ExpertParallel, CapacityDropsTheSameTokensInEveryLayout) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  const int B = 2, steps = 6;
+  auto run = [&](int ep) {
+    TrainOptions o = options(data, B, W, ep, 1, 1.0);
+    o.steps = steps;
+    Trainer t(o, &world);
+    std::vector<nlohmann::json> moe;
+    std::vector<double> loss;
+    for (int i = 0; i < steps; i++) {
+      const train::StepResult r = t.step();
+      moe.push_back(r.moe);
+      loss.push_back(r.loss);
+    }
+    return std::make_pair(moe, loss);
+  };
+  const auto want = run(1);
+  double dropped = 0;
+  for (const nlohmann::json& m : want.first) dropped += m["drop_fraction"].get<double>();
+  EXPECT_GT(dropped, 0) << "capacity factor 1 dropped nothing: the test would prove nothing";
+  for (int ep = 2; ep <= W; ep *= 2) {
+    const auto got = run(ep);
+    for (int i = 0; i < steps; i++) {
+      EXPECT_EQ(got.first[size_t(i)]["drop_fraction"], want.first[size_t(i)]["drop_fraction"]) << "ep " << ep;
+      EXPECT_EQ(got.first[size_t(i)]["tokens_per_expert"], want.first[size_t(i)]["tokens_per_expert"]) << "ep " << ep;
+    }
+    const double err = max_rel(got.second, want.second);
+    if (world.rank() == 0) std::printf("capacity 1, dp %d ep %d vs ep 1: loss max rel err %.2e\n", W, ep, err);
+    EXPECT_LE(err, 1e-5) << "ep " << ep;
+  }
+}
+
+// Saved under one expert layout, resumed under another (and alone): the uninterrupted run's losses.
+TEST(ExpertParallel, StateSavedUnderOneExpertLayoutResumesUnderAnother) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  const int G = 2 * W, steps = 10;
+  const TrainOptions ro = options(data, G, 1, 1);
+  Trainer ref(ro);
+  const Curve want = train_curve(ref, steps);
+  char root[256] = {};
+  if (world.rank() == 0) std::snprintf(root, sizeof root, "%s", make_temp_dir("mt_ep_state").c_str());
+  world.broadcast(root, sizeof root / 4, DType::i32, 0);
+  const std::string dir(root);
+  struct Move {
+    int from_ep, from_zero;
+    std::vector<int> to_ep;  // 0: alone (one rank, dp 1)
+  };
+  std::vector<Move> moves = {{2, 1, {W, 1, 0}}};
+  if (W == 4) moves.push_back({4, 3, {1, 0}});
+  for (const Move& m : moves) {
+    const std::string at = dir + "/ep" + std::to_string(m.from_ep);
+    {
+      Trainer t(options(data, G / W, W, m.from_ep, m.from_zero), &world);
+      for (int i = 0; i < 5; i++) t.step();
+      t.save_state(at);
+      // `ckpt export` writes each expert under its own name, as the trainer holds it.
+      const std::vector<std::vector<float>> w = t.global_master();
+      world.barrier();
+      if (world.rank() == 0) {
+        const std::string out = at + "/export.safetensors";
+        train::export_checkpoint(at + "/" + checkpoint::step_dir_name(5), out, false);
+        const SafetensorsFile f = SafetensorsFile::read(out);
+        for (const std::string n : {"transformer.h.1.mlp.experts.3.c_fc.weight", "transformer.h.0.mlp.experts.0.c_proj.bias"}) {
+          const ParamEntry* e = t.params().find(n);
+          ASSERT_NE(e, nullptr) << n;
+          ASSERT_NE(f.find(n), nullptr) << n;
+          EXPECT_EQ(f.to_f32(n), w[size_t(e - t.params().entries().data())]) << n;
+        }
+      }
+    }
+    world.barrier();
+    for (int to : m.to_ep) {
+      if (to == m.from_ep) continue;
+      TrainOptions o = to == 0 ? options(data, G, 1, 1) : options(data, G / W, W, to, 2);
+      o.resume = at;
+      Trainer t(o, to == 0 ? nullptr : &world);
+      double err = 0;
+      for (int i = 5; i < steps; i++)
+        err = std::max(err, std::fabs(t.step().loss - want.loss[size_t(i)]) / want.loss[size_t(i)]);
+      const std::string what = "ep " + std::to_string(m.from_ep) + " -> " + (to ? "ep " + std::to_string(to) : "alone");
+      if (world.rank() == 0) std::printf("resume %s: max rel loss err %.2e\n", what.c_str(), err);
+      EXPECT_LE(err, 1e-5) << what;
+    }
+  }
+}
+
+// Pipeline stages with mixture layers (one per stage), alone on 2 ranks and as pp2 x dp2 with ep 2 on
+// 4: the single-rank run's losses (the routing statistics and the biases summed over the stages);
+// a state saved there resumes on one rank with the uninterrupted losses (every stage's bias saved).
+TEST(ExpertParallel, PipelineStagesWithMixtureLayersMatchTheSingleRankRun) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  const int B = 2, dp = W / 2, ep = W / 2, steps = 10;
+  // One schedule for every run here (the resumed one goes 3 steps further).
+  TrainOptions ro = options(data, dp * B, 1, 1);
+  ro.grad_accum = 2;
+  ro.steps = steps + 3;
+  Trainer ref(ro);
+  const Curve want = train_curve(ref, steps);
+  const std::vector<float> want_bias = ref.model().moe_bias(1);
+  char root[256] = {};
+  if (world.rank() == 0) std::snprintf(root, sizeof root, "%s", make_temp_dir("mt_ep_pp").c_str());
+  world.broadcast(root, sizeof root / 4, DType::i32, 0);
+  const std::string dir(root);
+  for (int zero : {1, 3}) {
+    TrainOptions o = options(data, B, dp, ep, zero);
+    o.parallel.pp = 2;
+    o.grad_accum = 2;
+    o.steps = steps + 3;
+    Trainer t(o, &world);
+    const Curve got = train_curve(t, steps);
+    const CurveErr e = curve_err(got, want);
+    const std::string what = "pp 2 x dp " + std::to_string(dp) + " x ep " + std::to_string(ep) + " zero " +
+                             std::to_string(zero);
+    if (world.rank() == 0) std::printf("%s: %s\n", what.c_str(), e.str().c_str());
+    expect_fp32_match(e, what);
+    if (t.mesh().coord(parallel::MeshDim::pp) == 1) {
+      EXPECT_EQ(t.model().moe_bias(1), want_bias) << what;
+    }
+    if (zero == 3) t.save_state(dir);
+  }
+  world.barrier();
+  // Resumed alone from step 10 for 3 more steps, beside the reference run going on.
+  TrainOptions a = options(data, dp * B, 1, 1);
+  a.grad_accum = 2;
+  a.steps = steps + 3;
+  a.resume = dir;
+  Trainer t(a);
+  EXPECT_EQ(t.model().moe_bias(1), want_bias) << "the last stage's bias was not saved";
+  for (int i = 0; i < 3; i++) {
+    const double got = t.step().loss, w = ref.step().loss;
+    EXPECT_LE(std::fabs(got - w) / w, 1e-5) << "step " << steps + i + 1;
+  }
+}
+
+// Tensor-parallel pairs run the mixture whole on their rows (each its half under sequence
+// parallelism, all of them without): tp2 on 2 ranks, tp2 x dp2 x ep2 on 4, against the single-rank
+// run, the bias (from loads summed over tp under sp) equal to the single rank's.
+TEST(ExpertParallel, TensorParallelPairsMatchTheSingleRankRun) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  const int B = 2, dp = W / 2, ep = W / 2, steps = 10;
+  Trainer ref(options(data, dp * B, 1, 1));
+  const Curve want = train_curve(ref, steps);
+  const std::vector<float> want_bias = ref.model().moe_bias(1);
+  for (int sp : {1, 0}) {
+    TrainOptions o = options(data, B, dp, ep, 1);
+    o.parallel.tp = 2;
+    o.parallel.sp = sp;
+    Trainer t(o, &world);
+    const Curve got = train_curve(t, steps);
+    const CurveErr e = curve_err(got, want);
+    const std::string what = "tp 2 (sp " + std::to_string(sp) + ") x dp " + std::to_string(dp) + " x ep " +
+                             std::to_string(ep);
+    if (world.rank() == 0) std::printf("%s: %s\n", what.c_str(), e.str().c_str());
+    expect_fp32_match(e, what);
+    EXPECT_EQ(t.model().moe_bias(1), want_bias) << what;
+    // The metrics count every token once: summed over tp under sp, not doubled without it.
+    const train::StepResult r = t.step();
+    int64_t routed = 0;
+    for (const auto& n : r.moe["tokens_per_expert"][0]) routed += n.get<int64_t>();
+    EXPECT_EQ(routed, int64_t(dp) * B * o.seq_len * o.model.moe.top_k) << what;
+  }
+}
+
+}  // namespace
+}  // namespace mt::testing

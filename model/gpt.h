@@ -74,6 +74,9 @@ struct MoeLayerStats {
   std::vector<int64_t> load;  // (E) assignments per expert, before capacity
   int64_t assignments = 0, dropped = 0, tokens = 0;
   double balance = 0, z = 0;
+  // A fingerprint of every decision in order: each assignment's expert and whether it was kept. Equal
+  // loads can hide two tokens trading experts (and which one a capacity drops); this cannot.
+  uint64_t routing_hash = 0;
 };
 
 // One micro-batch as the model sees it: all (B,T) int32 on the host.

@@ -119,6 +119,8 @@ void Pass<S>::moe_forward(int l, S* x_next, LayerActs& a) {
   s.assignments += int64_t(N) * K;
   s.dropped += m.plan.dropped;
   s.tokens += N;
+  for (size_t a = 0; a < m.routing.expert.size(); a++)  // FNV-1a over (expert, kept) per assignment
+    s.routing_hash = (s.routing_hash ^ uint64_t(m.routing.expert[a] * 2 + (m.plan.row_of[a] >= 0))) * 1099511628211ull;
   s.balance += double(N) * m.routing.balance;
   s.z += double(N) * m.routing.z;
 }

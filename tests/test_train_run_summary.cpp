@@ -39,6 +39,11 @@ TEST(RunPlan, NamesLayoutBatchAndOutputs) {
   p.memory[int(MemCategory::params)] = 2 << 20;
   p.memory[int(MemCategory::optimizer)] = 4 << 20;
   EXPECT_TRUE(has(format_run_plan(p), "memory     params 2.0 MiB, optimizer 4.0 MiB on rank 0")) << format_run_plan(p);
+  EXPECT_FALSE(has(format_run_plan(p), "expected")) << "no planner figures: no expected line";
+  p.expected[int(MemCategory::params)] = 2 << 20;
+  p.expected[int(MemCategory::activations)] = 6 << 20;
+  EXPECT_TRUE(has(format_run_plan(p), "expected   peak per step on rank 0: params 2.0 MiB, activations 6.0 MiB; 8.0 MiB in all"))
+      << format_run_plan(p);
 }
 
 // Two failed attempts: the first resumed at 0 and wrote steps 1-5, the second resumed from step 4's

@@ -212,7 +212,11 @@ PlanRequest parse_plan_request(const std::vector<std::string>& args) {
       fail("gpus=%d is not divisible by tp %d x pp %d x cp %d = %d", gpus, l.tp, l.pp, l.cp, model_ranks);
     l.dp = std::max(1, gpus / model_ranks);
   }
-  if (o.global_batch > 0) {
+  if (o.global_batch > 0 && r.search) {
+    // Each layout of the search sizes its own micro-batch from the global batch.
+    r.global_rows = o.global_batch;
+    o.batch_size = std::max(1, o.global_batch / std::max(1, l.dp * o.grad_accum));
+  } else if (o.global_batch > 0) {
     const int per_step = l.dp * o.grad_accum;
     if (o.global_batch % per_step != 0)
       fail("global_batch %d is not divisible by dp %d x grad_accum %d", o.global_batch, l.dp, o.grad_accum);

@@ -35,6 +35,7 @@ struct PlanRequest {
   bool json = false, search = false;
   int top = 5;        // --search: layouts shown in full
   int gpus = 0;       // gpus=N as given (0: the layout's product)
+  int64_t global_rows = 0;  // --search with global_batch: the rows per step every layout keeps (0: B x accum x dp)
 };
 // Parses plan's arguments: the trainer's options plus hw=, gpus=, tokens=, top=, noise_scale=,
 // noise_from=, --json, --search.

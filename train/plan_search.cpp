@@ -52,42 +52,46 @@ std::string plan_search(const PlanRequest& req) {
   const TrainOptions& base = req.options;
   const int gpus = req.gpus;
   // The global batch in rows stays the request's: B x accum x dp.
-  const int64_t G = int64_t(base.batch_size) * base.grad_accum * req.layout.dp;
+  const int64_t G = req.global_rows > 0 ? req.global_rows : int64_t(base.batch_size) * base.grad_accum * req.layout.dp;
   std::vector<Candidate> all;
   for (int tp : divisors(gpus))
     for (int cp : divisors(gpus / tp))
       for (int pp : divisors(gpus / tp / cp)) {
         const int dp = gpus / tp / cp / pp;
-        for (int zero = 0; zero <= 3; zero++)
-          for (model::Recompute rc : {model::Recompute::none, model::Recompute::selective, model::Recompute::full}) {
-            Candidate c;
-            c.o = base;
-            c.l = {dp, tp, pp, cp};
-            c.o.parallel.dp = dp;
-            c.o.parallel.tp = tp;
-            c.o.parallel.pp = pp;
-            c.o.parallel.cp = cp;
-            c.o.parallel.sp = -1;
-            c.o.parallel.zero = zero;
-            c.o.recompute = rc;
-            c.o.global_batch = 0;
-            int B = base.batch_size;
-            while (B > 1 && G % (int64_t(B) * dp) != 0) B--;
-            c.o.batch_size = B;
-            c.o.grad_accum = int(G / std::max<int64_t>(1, int64_t(B) * dp));
-            try {
-              if (G % dp != 0) fail("the global batch of %lld rows is not divisible by dp %d", (long long)G, dp);
-              // The trainer's rules, with the CPU-only limits of today's code left out (cp runs on CPUs
-              // only so far): what the design allows.
-              TrainOptions v = c.o;
-              v.device = Device::cpu;
-              v.validate();
-              c.r = evaluate_plan(c.o, c.l, req.hw);
-            } catch (const Error& e) {
-              c.invalid = e.what();
+        // The micro-batch: the largest the request allows (fewest, biggest GEMMs), and one row (the most
+        // micro-batches: a pipeline's bubble shrinks, activations too).
+        int B_max = req.global_rows > 0 ? int(std::max<int64_t>(1, G / dp / base.grad_accum)) : base.batch_size;
+        while (B_max > 1 && G % (int64_t(B_max) * dp) != 0) B_max--;
+        const std::vector<int> micro = B_max > 1 ? std::vector<int>{B_max, 1} : std::vector<int>{1};
+        for (int B : micro)
+          for (int zero = 0; zero <= 3; zero++)
+            for (model::Recompute rc : {model::Recompute::none, model::Recompute::selective, model::Recompute::full}) {
+              Candidate c;
+              c.o = base;
+              c.l = {dp, tp, pp, cp};
+              c.o.parallel.dp = dp;
+              c.o.parallel.tp = tp;
+              c.o.parallel.pp = pp;
+              c.o.parallel.cp = cp;
+              c.o.parallel.sp = -1;
+              c.o.parallel.zero = zero;
+              c.o.recompute = rc;
+              c.o.global_batch = 0;
+              c.o.batch_size = B;
+              c.o.grad_accum = int(G / std::max<int64_t>(1, int64_t(B) * dp));
+              try {
+                if (G % dp != 0) fail("the global batch of %lld rows is not divisible by dp %d", (long long)G, dp);
+                // The trainer's rules, with the CPU-only limits of today's code left out (cp runs on CPUs
+                // only so far): what the design allows.
+                TrainOptions v = c.o;
+                v.device = Device::cpu;
+                v.validate();
+                c.r = evaluate_plan(c.o, c.l, req.hw);
+              } catch (const Error& e) {
+                c.invalid = e.what();
+              }
+              all.push_back(std::move(c));
             }
-            all.push_back(std::move(c));
-          }
       }
   std::vector<const Candidate*> fit, over, invalid;
   for (const Candidate& c : all)

@@ -52,6 +52,17 @@ std::string format_run_plan(const RunPlan& p) {
   for (int c = 0; c < kNumMemCategories; c++)
     if (p.memory[c]) mem += strfmt("%s%s %s", mem.empty() ? "" : ", ", mem_category_name(MemCategory(c)), format_bytes(p.memory[c]).c_str());
   if (!mem.empty()) s += strfmt("  memory     %s on rank 0 before the first step (activations come with it)\n", mem.c_str());
+  std::string expected;
+  uint64_t expected_total = 0;
+  for (int c = 0; c < kNumMemCategories; c++) {
+    expected_total += p.expected[size_t(c)];
+    if (p.expected[size_t(c)])
+      expected += strfmt("%s%s %s", expected.empty() ? "" : ", ", mem_category_name(MemCategory(c)),
+                         format_bytes(size_t(p.expected[size_t(c)])).c_str());
+  }
+  if (!expected.empty())
+    s += strfmt("  expected   peak per step on rank 0: %s; %s in all (minitrain plan's model)\n", expected.c_str(),
+                format_bytes(size_t(expected_total)).c_str());
   s += strfmt("  MFU peak   %s FLOP/s per rank (%s)\n", format_count(p.peak_flops).c_str(), p.peak_label.c_str());
   s += strfmt("  outputs    %s (checkpoints in %s)\n", p.out_dir.c_str(), p.ckpt_dir.c_str());
   return s;

@@ -37,6 +37,7 @@ struct RunPlan {
   uint64_t data_tokens = 0;     // tokens in the training data (0: endless, synthetic)
   uint64_t data_docs = 0;       // documents in it (0: not known)
   std::array<size_t, kNumMemCategories> memory{};  // rank 0's memory allocated before the first step
+  std::array<uint64_t, kNumMemCategories> expected{};  // the planner's per-step peak on rank 0 (0s: none)
   double peak_flops = 0;        // per rank, for MFU
   std::string peak_label;
   std::string out_dir, ckpt_dir;

@@ -11,6 +11,7 @@
 #include "model/hf_io.h"
 #include "runtime/check.h"
 #include "train/divergence.h"
+#include "train/plan_memory.h"
 #include "train/run_summary.h"
 #include "train/trainer.h"
 #ifdef MT_HAVE_CUDA
@@ -95,6 +96,11 @@ void Trainer::run() {
     RunPlan plan = make_run_plan(o_, *mesh_, peak, flops_tok, step_, ckpt_opts_.dir,
                                  train_data_ ? train_data_->num_tokens() : 0, arena_.stats());
     plan.data_docs = train_data_ ? train_data_->num_docs() : 0;
+    try {  // the planner's figures for rank 0 (pipeline rank 0); a layout it does not model gets none
+      const MemoryPlan mp = plan_memory(o_, PlanLayout{mesh_->dp(), mesh_->tp(), mesh_->pp(), mesh_->cp()}, 0);
+      for (int c = 0; c < kNumMemCategories; c++) plan.expected[size_t(c)] = mp.bytes[size_t(c)];
+    } catch (const Error&) {
+    }
     std::fputs(format_run_plan(plan).c_str(), stderr);
     log.write({{"event", "start"}, {"config", o_.to_json()}, {"params", o_.model.num_params()},
                {"active_params", o_.model.num_active_params()},

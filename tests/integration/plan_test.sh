@@ -78,6 +78,14 @@ import json, sys
 c = json.load(sys.stdin)["critical_batch"]
 assert c["below"] is False and c["batch_tokens"] == 131072 and abs(c["steps_factor_when_doubled"] - 1.25 / 1.5) < 1e-9, c' \
   && pass "--json: critical_batch" || fail "--json: critical_batch"
+# A global batch the request's own dp (gpus) does not divide: the search sizes each layout's micro-batch,
+# and tries one-row micro-batches beside the largest.
+out=$("$mt" plan --search gpus=16 model=gpt2 seq_len=256 global_batch=8 precision=bf16 hw=h100 top=40 2>&1)
+[[ $? -eq 0 && "$out" == *"B=1 accum=1"* && "$out" == *"DP(16)"*"not divisible by dp 16"* ]] && pass "--search with global_batch < gpus" \
+  || fail "--search with global_batch < gpus ($out)"
+out=$("$mt" plan --search gpus=2 model=gpt2 seq_len=256 global_batch=8 precision=bf16 hw=h100 top=200 2>&1)
+[[ "$out" == *"B=4 accum=1"* && "$out" == *"B=1 accum=4"* ]] && pass "--search tries the largest and a one-row micro-batch" \
+  || fail "--search tries the largest and a one-row micro-batch ($out)"
 out=$("$mt" plan --search gpus=4 model=gpt2 hw=a100 batch_size=8 seq_len=1024 precision=bf16 top=3 2>&1)
 [[ $? -eq 0 && "$out" == *"best 3 by predicted tokens/s:"* && "$out" == *": slower: "* ]] && pass "--search" \
   || fail "--search ($out)"

@@ -61,6 +61,64 @@ __device__ inline void score_pair(float (&s)[kRowsPerWarp][kColsPerLane], float 
   }
 }
 
+// The forward's scores of one tile: s[r][c] = q[own r] . k[lane c] over the head dimension, with Q
+// (row stride hs) read as a broadcast and K (row stride ks) across the lanes.
+__device__ inline void score_tile(float (&s)[kRowsPerWarp][kColsPerLane], const float* Qs, const float* Ks, int ks,
+                                  int hs, int warp, int lane) {
+  for (int d = 0; d < hs; d++) {
+    const float k_a = Ks[lane * ks + d], k_b = Ks[(lane + kWarp) * ks + d];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; r++) {
+      const float q = Qs[(warp * kRowsPerWarp + r) * hs + d];
+      s[r][0] += q * k_a;
+      s[r][1] += q * k_b;
+    }
+  }
+}
+
+// The forward's online-softmax step over one key tile for a warp's 8 query rows: s holds the scaled
+// scores with -inf where a key is hidden; the running max m, sum l and unnormalised outputs o absorb
+// the tile, through P (this warp's 8 x 64 in shared memory) and V's first `keys` rows (row stride hs).
+// A row that has seen no key yet has m = -inf, l = 0 and o = 0: its rescale factor is 0, and if the
+// tile shows it nothing either, m stays -inf and every p is 0.
+template <int ND>
+__device__ inline void online_softmax_tile(float (&s)[kRowsPerWarp][kColsPerLane], float (&m)[kRowsPerWarp],
+                                           float (&l)[kRowsPerWarp], float (&o)[kRowsPerWarp][ND], float* P,
+                                           const float* Vs, int keys, int hs, int lane) {
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; r++) {
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < kColsPerLane; c++) tile_max = fmaxf(tile_max, s[r][c]);
+    const float m_new = fmaxf(m[r], warp_reduce(tile_max, MaxOp{}));
+    const float alpha = m[r] == -INFINITY ? 0.f : expf(m[r] - m_new);
+    float row_sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < kColsPerLane; c++) {
+      const float p = s[r][c] == -INFINITY ? 0.f : expf(s[r][c] - m_new);
+      P[r * kTile + lane + c * kWarp] = p;
+      row_sum += p;
+    }
+    l[r] = l[r] * alpha + warp_reduce(row_sum, SumOp{});
+    m[r] = m_new;
+#pragma unroll
+    for (int e = 0; e < ND; e++) o[r][e] *= alpha;
+  }
+  __syncwarp();
+  for (int j = 0; j < keys; j++) {
+    float v[ND];
+#pragma unroll
+    for (int e = 0; e < ND; e++) v[e] = lane + e * kWarp < hs ? Vs[j * hs + lane + e * kWarp] : 0.f;
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; r++) {
+      const float p = P[r * kTile + j];
+#pragma unroll
+      for (int e = 0; e < ND; e++) o[r][e] += p * v[e];
+    }
+  }
+  __syncwarp();  // P is rewritten by the next tile
+}
+
 // Shared-memory floats of each kernel for head size hs.
 constexpr size_t fwd_smem_floats(int hs) {
   return size_t(kTile) * hs * 2 + size_t(kTile) * (hs + 1) + size_t(kWarps) * kRowsPerWarp * kTile + kTile;
@@ -111,53 +169,15 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
 
     float s[kRowsPerWarp][kColsPerLane] = {};
-    for (int d = 0; d < hs; d++) {
-      const float k_a = Ks[lane * ks + d], k_b = Ks[(lane + kWarp) * ks + d];
+    score_tile(s, Qs, Ks, ks, hs, warp, lane);
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; r++) {
-        const float q = Qs[(warp * kRowsPerWarp + r) * hs + d];
-        s[r][0] += q * k_a;
-        s[r][1] += q * k_b;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; r++) {
-      float tile_max = -INFINITY;
+    for (int r = 0; r < kRowsPerWarp; r++)
 #pragma unroll
       for (int c = 0; c < kColsPerLane; c++) {
         const int jj = lane + c * kWarp;
         s[r][c] = visible(qrow[r], k0 + jj, T, qdoc[r], kdoc[jj]) ? s[r][c] * scale : -INFINITY;
-        tile_max = fmaxf(tile_max, s[r][c]);
       }
-      const float m_new = fmaxf(m[r], warp_reduce(tile_max, MaxOp{}));
-      // A row that has seen no key yet has m = -inf, l = 0 and o = 0: its rescale factor is 0.
-      const float alpha = m[r] == -INFINITY ? 0.f : expf(m[r] - m_new);
-      float row_sum = 0.f;
-#pragma unroll
-      for (int c = 0; c < kColsPerLane; c++) {
-        const float p = s[r][c] == -INFINITY ? 0.f : expf(s[r][c] - m_new);
-        P[r * kTile + lane + c * kWarp] = p;
-        row_sum += p;
-      }
-      l[r] = l[r] * alpha + warp_reduce(row_sum, SumOp{});
-      m[r] = m_new;
-#pragma unroll
-      for (int e = 0; e < ND; e++) o[r][e] *= alpha;
-    }
-    __syncwarp();
-    const int keys = min(kTile, T - k0);
-    for (int j = 0; j < keys; j++) {
-      float v[ND];
-#pragma unroll
-      for (int e = 0; e < ND; e++) v[e] = lane + e * kWarp < hs ? Vs[j * hs + lane + e * kWarp] : 0.f;
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; r++) {
-        const float p = P[r * kTile + j];
-#pragma unroll
-        for (int e = 0; e < ND; e++) o[r][e] += p * v[e];
-      }
-    }
-    __syncwarp();  // P is rewritten by the next tile
+    online_softmax_tile<ND>(s, m, l, o, P, Vs, min(kTile, T - k0), hs, lane);
   }
 
 #pragma unroll

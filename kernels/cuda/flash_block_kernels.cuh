@@ -125,55 +125,15 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
 
     float s[kRowsPerWarp][kColsPerLane] = {};
-    for (int d = 0; d < hs; d++) {
-      const float k_a = Ks[lane * ks + d], k_b = Ks[(lane + kWarp) * ks + d];
+    flash_attention_kernels::score_tile(s, Qs, Ks, ks, hs, warp, lane);
 #pragma unroll
-      for (int r = 0; r < kRowsPerWarp; r++) {
-        const float qv = Qs[(warp * kRowsPerWarp + r) * hs + d];
-        s[r][0] += qv * k_a;
-        s[r][1] += qv * k_b;
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; r++) {
-      const int rr = warp * kRowsPerWarp + r;
-      float tile_max = -INFINITY;
+    for (int r = 0; r < kRowsPerWarp; r++)
 #pragma unroll
       for (int c = 0; c < kColsPerLane; c++) {
-        const int jj = lane + c * kWarp;
+        const int rr = warp * kRowsPerWarp + r, jj = lane + c * kWarp;
         s[r][c] = visible(qpos_s[rr], qdoc_s[rr], kpos_s[jj], kdoc_s[jj]) ? s[r][c] * scale : -INFINITY;
-        tile_max = fmaxf(tile_max, s[r][c]);
       }
-      const float m_new = fmaxf(m[r], warp_reduce(tile_max, MaxOp{}));
-      // Nothing seen yet (m = -inf, l = 0, o = 0): the rescale factor is 0; if this tile shows the
-      // row nothing either, m stays -inf and every p is 0.
-      const float alpha = m[r] == -INFINITY ? 0.f : expf(m[r] - m_new);
-      float row_sum = 0.f;
-#pragma unroll
-      for (int c = 0; c < kColsPerLane; c++) {
-        const float p = s[r][c] == -INFINITY ? 0.f : expf(s[r][c] - m_new);
-        P[r * kTile + lane + c * kWarp] = p;
-        row_sum += p;
-      }
-      l[r] = l[r] * alpha + warp_reduce(row_sum, SumOp{});
-      m[r] = m_new;
-#pragma unroll
-      for (int e = 0; e < ND; e++) o[r][e] *= alpha;
-    }
-    __syncwarp();
-    const int keys = min(kTile, Tk - k0);
-    for (int j = 0; j < keys; j++) {
-      float vv[ND];
-#pragma unroll
-      for (int e = 0; e < ND; e++) vv[e] = lane + e * kWarp < hs ? Vs[j * hs + lane + e * kWarp] : 0.f;
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; r++) {
-        const float p = P[r * kTile + j];
-#pragma unroll
-        for (int e = 0; e < ND; e++) o[r][e] += p * vv[e];
-      }
-    }
-    __syncwarp();  // P is rewritten by the next tile
+    flash_attention_kernels::online_softmax_tile<ND>(s, m, l, o, P, Vs, min(kTile, Tk - k0), hs, lane);
   }
 
 #pragma unroll

@@ -81,12 +81,9 @@ TEST(DataParallel, NoiseScaleInputIsTheMeanOfEachRanksOwnGradientNorm) {
     o.parallel.embedding_rows = false;  // every parameter in the per-rank norm
     Trainer t(o, &world);
     const int rank = t.mesh().dp_comm().rank();
-    Arena arena;
-    ParamStore store;
-    model::GPT gpt(o.model, store);
-    store.finalize(arena, DType::f32);
-    gpt.init_weights(o.seed);
-    gpt.set_arena(&arena);
+    WholeModel whole(o);
+    ParamStore& store = whole.store;
+    model::GPT& gpt = whole.gpt;
     store.zero_grads();
     std::unique_ptr<train::BatchSource> src = train::open_batches(o, "train", rank, D);
     std::vector<train::HostBatch> micro(static_cast<size_t>(accum));

@@ -380,12 +380,9 @@ TEST(PipelineParallel, NoiseScaleCoversEveryParameterButTheTiedEmbedding) {
     const TrainOptions o = options(data, l, 2, 1);
     Trainer t(o, &world);
     const int D = l.dp;
-    Arena arena;
-    ParamStore store;
-    model::GPT gpt(o.model, store);
-    store.finalize(arena, DType::f32);
-    gpt.init_weights(o.seed);
-    gpt.set_arena(&arena);
+    WholeModel whole(o);
+    ParamStore& store = whole.store;
+    model::GPT& gpt = whole.gpt;
     auto sum_squares_but_wte = [&] {
       double s = 0;
       for (const ParamEntry& e : store.entries())

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "data/shard.h"
+#include "model/gpt.h"
 #include "parallel/comm.h"
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/test_util.h"
@@ -41,6 +42,19 @@ inline std::string shared_corpus(parallel::Comm& world) {
   path = buf;
   return path;
 }
+
+// A whole model apart from any trainer, with a run's initial weights (fp32, host memory): the
+// reference the per-rank gradient tests run a rank's micro-batches through.
+struct WholeModel {
+  explicit WholeModel(const train::TrainOptions& o) : gpt(o.model, store) {
+    store.finalize(arena, DType::f32);
+    gpt.init_weights(o.seed);
+    gpt.set_arena(&arena);
+  }
+  Arena arena;
+  ParamStore store;
+  model::GPT gpt;
+};
 
 struct Curve {
   std::vector<double> loss, norm;

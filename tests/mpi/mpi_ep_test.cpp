@@ -141,7 +141,8 @@ TEST(ExpertParallel, DroplessLayoutsMatchTheSingleRankRunForEveryZeroStage) {
 }
 
 // With a capacity, each rank plans its own tokens: every expert layout of the same dp drops the same
-// assignments, step by step and layer by layer, and trains the same.
+// assignments, step by step and layer by layer, and trains the same. Exactly: each rank's routing
+// fingerprint (every assignment's expert and whether it was kept) per layer and step is the ep1 run's.
 TEST(ExpertParallel, CapacityDropsTheSameTokensInEveryLayout) {
   parallel::Comm& world = mpi_world().comm();
   const int W = world.size();
@@ -154,24 +155,31 @@ TEST(ExpertParallel, CapacityDropsTheSameTokensInEveryLayout) {
     Trainer t(o, &world);
     std::vector<nlohmann::json> moe;
     std::vector<double> loss;
+    std::vector<uint64_t> routes;  // this rank's fingerprint of each mixture layer, step by step
     for (int i = 0; i < steps; i++) {
       const train::StepResult r = t.step();
       moe.push_back(r.moe);
       loss.push_back(r.loss);
+      for (const model::MoeLayerStats& s : t.model().moe_stats())
+        if (!s.load.empty()) routes.push_back(s.routing_hash);
     }
-    return std::make_pair(moe, loss);
+    return std::make_tuple(moe, loss, routes);
   };
   const auto want = run(1);
+  const auto& [want_moe, want_loss, want_routes] = want;
   double dropped = 0;
-  for (const nlohmann::json& m : want.first) dropped += m["drop_fraction"].get<double>();
+  for (const nlohmann::json& m : want_moe) dropped += m["drop_fraction"].get<double>();
   EXPECT_GT(dropped, 0) << "capacity factor 1 dropped nothing: the test would prove nothing";
   for (int ep = 2; ep <= W; ep *= 2) {
     const auto got = run(ep);
+    const auto& [got_moe, got_loss, got_routes] = got;
     for (int i = 0; i < steps; i++) {
-      EXPECT_EQ(got.first[size_t(i)]["drop_fraction"], want.first[size_t(i)]["drop_fraction"]) << "ep " << ep;
-      EXPECT_EQ(got.first[size_t(i)]["tokens_per_expert"], want.first[size_t(i)]["tokens_per_expert"]) << "ep " << ep;
+      EXPECT_EQ(got_moe[size_t(i)]["drop_fraction"], want_moe[size_t(i)]["drop_fraction"]) << "ep " << ep;
+      EXPECT_EQ(got_moe[size_t(i)]["tokens_per_expert"], want_moe[size_t(i)]["tokens_per_expert"]) << "ep " << ep;
     }
-    const double err = max_rel(got.second, want.second);
+    EXPECT_FALSE(want_routes.empty());
+    EXPECT_EQ(got_routes, want_routes) << "ep " << ep << ": rank " << world.rank() << " routed or dropped differently";
+    const double err = max_rel(got_loss, want_loss);
     if (world.rank() == 0) std::printf("capacity 1, dp %d ep %d vs ep 1: loss max rel err %.2e\n", W, ep, err);
     EXPECT_LE(err, 1e-5) << "ep " << ep;
   }

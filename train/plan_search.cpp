@@ -16,8 +16,10 @@ struct Candidate {
   PlanResult r;
   std::string invalid;  // the trainer's rule it breaks
   std::string name() const {
-    return strfmt("TP(%d)-CP(%d)-PP(%d)-DP(%d) zero=%d recompute=%s B=%d accum=%d", l.tp, l.cp, l.pp, l.dp,
-                  o.parallel.zero, model::recompute_name(o.recompute), o.batch_size, o.grad_accum);
+    // A layout whose dp does not divide the global batch has no micro-batch count: none is shown.
+    return strfmt("TP(%d)-CP(%d)-PP(%d)-DP(%d) zero=%d recompute=%s B=%d", l.tp, l.cp, l.pp, l.dp, o.parallel.zero,
+                  model::recompute_name(o.recompute), o.batch_size) +
+           (o.grad_accum > 0 ? strfmt(" accum=%d", o.grad_accum) : std::string());
   }
 };
 

@@ -119,6 +119,52 @@ __device__ inline void online_softmax_tile(float (&s)[kRowsPerWarp][kColsPerLane
   __syncwarp();  // P is rewritten by the next tile
 }
 
+// dK/dV's accumulation over one query tile for a warp's 8 key rows: dv += P^T dO, dk += dS^T Q (dk
+// unscaled), with P and dS this warp's 8 x 64 and Q, dO the tile's `queries` rows (row stride ps).
+template <int ND>
+__device__ inline void accumulate_dkdv(float (&dk)[kRowsPerWarp][ND], float (&dv)[kRowsPerWarp][ND], const float* P,
+                                       const float* dS, const float* Qs, const float* dOs, int ps, int queries, int hs,
+                                       int lane) {
+  for (int i = 0; i < queries; i++) {
+    float q[ND], g[ND];
+#pragma unroll
+    for (int e = 0; e < ND; e++) {
+      const bool in = lane + e * kWarp < hs;
+      q[e] = in ? Qs[i * ps + lane + e * kWarp] : 0.f;
+      g[e] = in ? dOs[i * ps + lane + e * kWarp] : 0.f;
+    }
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; r++) {
+      const float p = P[r * kTile + i], ds = dS[r * kTile + i];
+#pragma unroll
+      for (int e = 0; e < ND; e++) {
+        dv[r][e] += p * g[e];
+        dk[r][e] += ds * q[e];
+      }
+    }
+  }
+  __syncwarp();
+}
+
+// dQ's accumulation over one key tile for a warp's 8 query rows: dq += dS K (unscaled), K the tile's
+// `keys` rows (row stride ks).
+template <int ND>
+__device__ inline void accumulate_dq(float (&dq)[kRowsPerWarp][ND], const float* dS, const float* Ks, int ks, int keys,
+                                     int hs, int lane) {
+  for (int j = 0; j < keys; j++) {
+    float k[ND];
+#pragma unroll
+    for (int e = 0; e < ND; e++) k[e] = lane + e * kWarp < hs ? Ks[j * ks + lane + e * kWarp] : 0.f;
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; r++) {
+      const float ds = dS[r * kTile + j];
+#pragma unroll
+      for (int e = 0; e < ND; e++) dq[r][e] += ds * k[e];
+    }
+  }
+  __syncwarp();
+}
+
 // Shared-memory floats of each kernel for head size hs.
 constexpr size_t fwd_smem_floats(int hs) {
   return size_t(kTile) * hs * 2 + size_t(kTile) * (hs + 1) + size_t(kWarps) * kRowsPerWarp * kTile + kTile;
@@ -271,26 +317,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncwarp();
-    const int queries = min(kTile, T - q0);
-    for (int i = 0; i < queries; i++) {
-      float q[ND], g[ND];
-#pragma unroll
-      for (int e = 0; e < ND; e++) {
-        const bool in = lane + e * kWarp < hs;
-        q[e] = in ? Qs[i * ps + lane + e * kWarp] : 0.f;
-        g[e] = in ? dOs[i * ps + lane + e * kWarp] : 0.f;
-      }
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; r++) {
-        const float p = P[r * kTile + i], ds = dS[r * kTile + i];
-#pragma unroll
-        for (int e = 0; e < ND; e++) {
-          dv[r][e] += p * g[e];
-          dk[r][e] += ds * q[e];
-        }
-      }
-    }
-    __syncwarp();
+    accumulate_dkdv<ND>(dk, dv, P, dS, Qs, dOs, ps, min(kTile, T - q0), hs, lane);
   }
 
 #pragma unroll
@@ -363,19 +390,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncwarp();
-    const int keys = min(kTile, T - k0);
-    for (int j = 0; j < keys; j++) {
-      float k[ND];
-#pragma unroll
-      for (int e = 0; e < ND; e++) k[e] = lane + e * kWarp < hs ? Ks[j * ks + lane + e * kWarp] : 0.f;
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; r++) {
-        const float ds = dS[r * kTile + j];
-#pragma unroll
-        for (int e = 0; e < ND; e++) dq[r][e] += ds * k[e];
-      }
-    }
-    __syncwarp();
+    accumulate_dq<ND>(dq, dS, Ks, ks, min(kTile, T - k0), hs, lane);
   }
 
 #pragma unroll

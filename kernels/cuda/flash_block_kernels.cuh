@@ -215,26 +215,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncwarp();
-    const int queries = min(kTile, Tq - q0);
-    for (int i = 0; i < queries; i++) {
-      float qv[ND], g[ND];
-#pragma unroll
-      for (int e = 0; e < ND; e++) {
-        const bool in = lane + e * kWarp < hs;
-        qv[e] = in ? Qs[i * ps + lane + e * kWarp] : 0.f;
-        g[e] = in ? dOs[i * ps + lane + e * kWarp] : 0.f;
-      }
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; r++) {
-        const float p = P[r * kTile + i], ds = dS[r * kTile + i];
-#pragma unroll
-        for (int e = 0; e < ND; e++) {
-          dvr[r][e] += p * g[e];
-          dkr[r][e] += ds * qv[e];
-        }
-      }
-    }
-    __syncwarp();
+    flash_attention_kernels::accumulate_dkdv<ND>(dkr, dvr, P, dS, Qs, dOs, ps, min(kTile, Tq - q0), hs, lane);
   }
 
 #pragma unroll
@@ -316,19 +297,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncwarp();
-    const int keys = min(kTile, Tk - k0);
-    for (int j = 0; j < keys; j++) {
-      float kv[ND];
-#pragma unroll
-      for (int e = 0; e < ND; e++) kv[e] = lane + e * kWarp < hs ? Ks[j * ks + lane + e * kWarp] : 0.f;
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; r++) {
-        const float ds = dS[r * kTile + j];
-#pragma unroll
-        for (int e = 0; e < ND; e++) dqr[r][e] += ds * kv[e];
-      }
-    }
-    __syncwarp();
+    flash_attention_kernels::accumulate_dq<ND>(dqr, dS, Ks, ks, min(kTile, Tk - k0), hs, lane);
   }
 
 #pragma unroll

@@ -258,9 +258,13 @@ void Trainer::update_noise_scale(StepResult& r, double first_sum_sq, double inv_
     const int first = dp_->stats().local_grad_sq_first_unit;
     double g2_big = r.grad_norm * r.grad_norm;
     if (pipeline_) {
-      double s = dp_->grad_sum_squares(noise_scale_entries());
+      // The global norm less the tied wte's share: a pass over wte only, not a second one over the
+      // whole gradient.
+      std::vector<char> tied = counted_entries();
+      for (size_t i = 0; i < tied.size(); i++) tied[i] = tied[i] && (store_.entry(int(i)).replicated & kAxisPp);
+      double s = dp_->grad_sum_squares(tied);
       if (tp_.active()) s = parallel::all_reduce_sum_double(tp_.comm(), s);
-      g2_big = parallel::all_reduce_sum_double(mesh_->pp_comm(), s) * inv_scale * inv_scale;
+      g2_big -= parallel::all_reduce_sum_double(mesh_->pp_comm(), s) * inv_scale * inv_scale;
     } else if (first != 0) {
       g2_big = dp_->grad_sum_squares(first) * inv_scale * inv_scale;
     }

@@ -4,7 +4,8 @@
 #   scripts/plan_vs_bench.sh [MINITRAIN] [HW_FILE] [STEPS]
 # Calibrates into HW_FILE when it does not exist, then prints a markdown table: layout, measured
 # ms/step (bench's median over STEPS steps after one warm-up), predicted ms/step, predicted/measured,
-# and the plan's split (GEMMs, memory-bound ops, optimizer, communication, bubble).
+# and the plan's split (GEMMs, attention, memory-bound ops, optimizer, passes over the gradients,
+# communication, bubble).
 set -euo pipefail
 mt=${1:-build-nocuda/minitrain}
 hw=${2:-cpu-calibrated.json}
@@ -21,7 +22,7 @@ layouts=(
   "pp=2 batch_size=2 grad_accum=4"
   "cp=2 attention=flash batch_size=8"
 )
-echo "| layout | measured ms/step | predicted ms/step | predicted / measured | plan: GEMMs, memory-bound, optimizer, comm (tp+cp+pp+dp), bubble |"
+echo "| layout | measured ms/step | predicted ms/step | predicted / measured | plan: GEMMs, attention, memory-bound, optimizer, gradient passes, comm (tp+cp+pp+dp), bubble |"
 echo "|---|---:|---:|---:|---|"
 for l in "${layouts[@]}"; do
   read -r -a opts <<<"$l"
@@ -31,7 +32,7 @@ for l in "${layouts[@]}"; do
 import json, sys
 j = json.load(sys.stdin); t = j["time"]; m = float(sys.argv[2])
 comm = t["tp_s"] + t["cp_s"] + t["pp_s"] + t["dp_exposed_s"]
-print("| %s | %.1f | %.1f | %.2f | %.0f, %.0f, %.0f, %.0f ms, %.3f |" % (sys.argv[1], m, 1e3 * t["step_s"],
-      1e3 * t["step_s"] / m, 1e3 * t["gemm_s"], 1e3 * t["memory_bound_s"], 1e3 * t["optimizer_s"], 1e3 * comm,
-      t["bubble_over_ideal"]))' "$l" "$measured"
+parts = [t[k] for k in ("gemm_s", "attention_s", "memory_bound_s", "optimizer_s", "grad_passes_s")] + [comm]
+print("| %s | %.1f | %.1f | %.2f | %s ms, %.3f |" % (sys.argv[1], m, 1e3 * t["step_s"], 1e3 * t["step_s"] / m,
+      ", ".join("%.0f" % (1e3 * x) for x in parts), t["bubble_over_ideal"]))' "$l" "$measured"
 done

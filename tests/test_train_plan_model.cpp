@@ -98,6 +98,59 @@ TEST(PlanHardware, BuiltInEntriesCarryTheirDatasheetFigures) {
   write(dir + "/h.json", h100.to_json().dump());
   const Hardware back = resolve_hardware(dir + "/h.json");
   EXPECT_EQ(back.to_json(), h100.to_json());
+  // The datasheet entries measure no op rates: the peak and the bandwidth stand in.
+  EXPECT_FALSE(h100.to_json().contains("ops"));
+  EXPECT_EQ(h100.attention_flops_for(true, DType::bf16), h100.flops_bf16);
+  EXPECT_EQ(h100.reduction_rate(), h100.memory_bytes_per_s);
+  // A calibrated file's rates round-trip too.
+  Hardware cal = resolve_hardware("cpu");
+  cal.attention_flops_per_s = 2e10;
+  cal.flash_attention_flops_per_s = 1e10;
+  cal.optimizer_bytes_per_s = 6e9;
+  cal.reduction_bytes_per_s = 3e9;
+  write(dir + "/cal.json", cal.to_json().dump());
+  const Hardware cal_back = resolve_hardware(dir + "/cal.json");
+  EXPECT_EQ(cal_back.to_json(), cal.to_json());
+  EXPECT_EQ(cal_back.attention_flops_for(false, DType::f32), 2e10);
+  EXPECT_EQ(cal_back.attention_flops_for(true, DType::f32), 1e10);
+  EXPECT_EQ(cal_back.optimizer_rate(), 6e9);
+  EXPECT_EQ(cal_back.reduction_rate(), 3e9);
+}
+
+// The measured op rates move exactly the terms they time: attention at its own rate (the rest of the
+// FLOPs at the GEMM rate), AdamW and the passes over whole gradients at theirs.
+TEST(PlanTime, MeasuredOpRatesTimeTheirOwnTerms) {
+  const std::string dir = make_temp_dir("mt_hw");
+  Hardware hw = resolve_hardware("cpu");
+  write(dir + "/plain.json", hw.to_json().dump());
+  hw.attention_flops_per_s = hw.flops_fp32 / 4;
+  hw.flash_attention_flops_per_s = hw.flops_fp32 / 8;
+  hw.optimizer_bytes_per_s = hw.memory_bytes_per_s / 2;
+  hw.reduction_bytes_per_s = hw.memory_bytes_per_s / 3;
+  write(dir + "/slow.json", hw.to_json().dump());
+  for (const char* attention : {"attention=materialized", "attention=flash"}) {
+    const std::vector<std::string> args = {"model=tiny", "dp=2", "gpus=2", "zero=1", "seq_len=64", attention};
+    auto with = [&](const char* file) {
+      std::vector<std::string> a = args;
+      a.push_back(std::string("hw=") + dir + "/" + file);
+      return plan_json(parse_plan_request(a))["time"];
+    };
+    const nlohmann::json plain = with("plain.json"), slow = with("slow.json");
+    const double factor = std::string(attention) == "attention=flash" ? 8 : 4;
+    EXPECT_EQ(slow["gemm_s"], plain["gemm_s"]);
+    EXPECT_NEAR(slow["attention_s"].get<double>(), factor * plain["attention_s"].get<double>(), 1e-15);
+    EXPECT_NEAR(slow["optimizer_s"].get<double>(), 2 * plain["optimizer_s"].get<double>(), 1e-15);
+    EXPECT_NEAR(slow["grad_passes_s"].get<double>(), 3 * plain["grad_passes_s"].get<double>(), 1e-15);
+    // At equal rates the split is the hardware FLOPs at the GEMM rate, as before it existed.
+    std::vector<std::string> plain_args = args;
+    plain_args.push_back("hw=" + dir + "/plain.json");
+    const PlanRequest r = parse_plan_request(plain_args);
+    const double hw_flops =
+        hardware_flops_per_token(r.options.model, 64, r.options.recompute, r.options.attention_kind(), Device::cpu);
+    const double tokens = plan_json(r)["tokens_per_step"].get<double>();
+    EXPECT_NEAR((plain["gemm_s"].get<double>() + plain["attention_s"].get<double>()) * hw.flops_fp32 * 2,
+                hw_flops * tokens, 1e-9 * hw_flops * tokens);
+  }
 }
 
 TEST(PlanHardware, MalformedFilesFailWithOneLineNamingTheFileAndField) {
@@ -113,6 +166,10 @@ TEST(PlanHardware, MalformedFilesFailWithOneLineNamingTheFileAndField) {
   bad_type["flops"]["bf16"] = "fast";
   nlohmann::json negative = good;
   negative["links"]["inter"]["bytes_per_s"] = -1;
+  nlohmann::json zero_rate = good, unknown_rate = good, ops_not_object = good;
+  zero_rate["ops"] = {{"attention_flops_per_s", 0}};
+  unknown_rate["ops"] = {{"softmax_per_s", 1e9}};
+  ops_not_object["ops"] = 3;
   const std::pair<std::string, std::string> cases[] = {
       {"{\"name\": \"x\",", "is not valid JSON"},
       {"[1, 2]", "must hold a JSON object"},
@@ -121,6 +178,9 @@ TEST(PlanHardware, MalformedFilesFailWithOneLineNamingTheFileAndField) {
       {without("/name"), "missing field 'name'"},
       {bad_type.dump(), "field 'flops.bf16' must be a number (got \"fast\")"},
       {negative.dump(), "field 'links.inter.bytes_per_s' must be positive (got -1)"},
+      {zero_rate.dump(), "field 'ops.attention_flops_per_s' must be positive (got 0)"},
+      {unknown_rate.dump(), "unknown field 'ops.softmax_per_s'"},
+      {ops_not_object.dump(), "field 'ops' must be an object of rates"},
   };
   int k = 0;
   for (const auto& [text, msg] : cases) {

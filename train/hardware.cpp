@@ -1,6 +1,8 @@
 #include "train/hardware.h"
 
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include "runtime/check.h"
 
@@ -92,6 +94,16 @@ double number(const nlohmann::json& j, const std::string& path, const char* key,
   return x;
 }
 
+// The optional "ops" rates, by their names in the file.
+template <class H>
+auto op_rates(H& h) {
+  using D = decltype(&h.attention_flops_per_s);
+  return std::vector<std::pair<const char*, D>>{{"attention_flops_per_s", &h.attention_flops_per_s},
+                                                {"flash_attention_flops_per_s", &h.flash_attention_flops_per_s},
+                                                {"optimizer_bytes_per_s", &h.optimizer_bytes_per_s},
+                                                {"reduction_bytes_per_s", &h.reduction_bytes_per_s}};
+}
+
 LinkSpec link(const nlohmann::json& j, const char* key, const std::string& origin) {
   const nlohmann::json& l = field(j, "links.", key, origin);
   const std::string path = std::string("links.") + key + ".";
@@ -104,9 +116,14 @@ double Hardware::flops_for(DType compute) const {
   return compute == DType::bf16 ? flops_bf16 : compute == DType::f16 ? flops_fp16 : flops_fp32;
 }
 
+double Hardware::attention_flops_for(bool flash, DType compute) const {
+  const double measured = flash ? flash_attention_flops_per_s : attention_flops_per_s;
+  return measured > 0 ? measured : flops_for(compute);
+}
+
 nlohmann::json Hardware::to_json() const {
   auto l = [](const LinkSpec& s) { return nlohmann::json{{"bytes_per_s", s.bytes_per_s}, {"latency_s", s.latency_s}}; };
-  return {{"name", name},
+  nlohmann::json j = {{"name", name},
           {"source", source},
           {"flops", {{"fp32", flops_fp32}, {"bf16", flops_bf16}, {"fp16", flops_fp16}}},
           {"memory", {{"bytes", memory_bytes}, {"bytes_per_s", memory_bytes_per_s}}},
@@ -114,6 +131,11 @@ nlohmann::json Hardware::to_json() const {
           {"links", {{"intra", l(intra)}, {"inter", l(inter)}}},
           {"dp_overlap", dp_overlap},
           {"device", device_name(device)}};
+  nlohmann::json rates = nlohmann::json::object();
+  for (const auto& [key, v] : op_rates(*this))
+    if (*v > 0) rates[key] = *v;
+  if (!rates.empty()) j["ops"] = rates;
+  return j;
 }
 
 std::vector<std::string> hardware_names() { return {"h100", "h200", "a100", "cpu"}; }
@@ -152,6 +174,17 @@ Hardware hardware_from_json(const nlohmann::json& j, const std::string& origin) 
     if (!d.is_string() || (d != "cpu" && d != "cuda"))
       fail("hardware file '%s': field 'device' must be \"cpu\" or \"cuda\" (got %s)", origin.c_str(), d.dump().c_str());
     h.device = d == "cpu" ? Device::cpu : Device::cuda;
+  }
+  if (j.contains("ops")) {
+    const nlohmann::json& ops = j["ops"];
+    if (!ops.is_object()) fail("hardware file '%s': field 'ops' must be an object of rates", origin.c_str());
+    for (const auto& [key, v] : op_rates(h))
+      if (ops.contains(key)) *v = number(ops, "ops.", key, origin);
+    for (const auto& [key, v] : ops.items()) {
+      bool known = false;
+      for (const auto& r : op_rates(h)) known = known || key == r.first;
+      if (!known) fail("hardware file '%s': unknown field 'ops.%s'", origin.c_str(), key.c_str());
+    }
   }
   return h;
 }

@@ -15,11 +15,18 @@
 //              "inter": {"bytes_per_s": 5.0e10, "latency_s": 1e-5}},
 //    "dp_overlap": 0.9,                                             share of the data-parallel
 //                                                                   reduction hidden behind backward
-//    "device": "cuda"}                                              the backend it runs (cuda | cpu)
+//    "device": "cuda",                                              the backend it runs (cuda | cpu)
+//    "ops": {"attention_flops_per_s": 2.0e10,                       optional: rates of the ops the
+//            "flash_attention_flops_per_s": 1.5e10,                 backend runs below its GEMM peak or
+//            "optimizer_bytes_per_s": 5e9,                          memory bandwidth, each by the plan's
+//            "reduction_bytes_per_s": 4e9}}                         own count (train/plan_cost.cpp)
 //
 // and optionally "samples": the calibration's raw measurements (kept for the record, not read).
-// Every field is required except source, dp_overlap (default 0), device (default cuda) and samples; a missing or
-// ill-typed one is an error naming the file and the field.
+// Every field is required except source, dp_overlap (default 0), device (default cuda), ops (each rate
+// defaults to the GEMM peak or the memory bandwidth) and samples; a missing or ill-typed one is an
+// error naming the file and the field. A calibrated CPU file measures every "ops" rate: there softmax,
+// the exponentials of attention and the optimizer's square roots run at a fraction of the GEMM rate
+// and of the copy bandwidth; the datasheet entries leave them out.
 #pragma once
 #include <string>
 #include <vector>
@@ -46,8 +53,16 @@ struct Hardware {
   LinkSpec intra, inter;
   Device device = Device::cuda;  // the backend the planner models (flash attention, logits chunks)
   double dp_overlap = 0;  // share of the data-parallel gradient traffic hidden behind backward, [0, 1]
+  // Measured op rates ("ops"; 0 = not measured, the peak or the bandwidth stands in).
+  double attention_flops_per_s = 0, flash_attention_flops_per_s = 0;  // the formula's FLOPs per second
+  double optimizer_bytes_per_s = 0;  // AdamW, by the plan's bytes per element (train/plan_cost.cpp)
+  double reduction_bytes_per_s = 0;  // a sum of squares over fp32 gradients: 4 bytes read per element
 
   double flops_for(DType compute) const;  // the peak of the run's compute dtype
+  // The attention kernels' rate (materialized or flash), measured or the peak.
+  double attention_flops_for(bool flash, DType compute) const;
+  double optimizer_rate() const { return optimizer_bytes_per_s > 0 ? optimizer_bytes_per_s : memory_bytes_per_s; }
+  double reduction_rate() const { return reduction_bytes_per_s > 0 ? reduction_bytes_per_s : memory_bytes_per_s; }
   // The link a group of `span` consecutive ranks (tp innermost) crosses: intra when it fits a node.
   const LinkSpec& link_for_span(int span) const { return span <= chips_per_node ? intra : inter; }
   nlohmann::json to_json() const;

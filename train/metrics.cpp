@@ -68,12 +68,11 @@ void JsonlWriter::write(const nlohmann::json& j) {
   size_ += line.size();
 }
 
-double hardware_flops_per_token(const model::GPTConfig& cfg, int T, model::Recompute r, model::Attention a,
-                                Device device) {
-  const double C = cfg.n_embd, L = cfg.n_layer;
-  double f = cfg.flops_per_token(T);
-  const double attn_fwd = 4.0 * L * C * T;  // Q K^T and P V
-  if (r == model::Recompute::full) f += 2.0 * double(cfg.layer_matmul_params()) + attn_fwd;
+double attention_flops_per_token(const model::GPTConfig& cfg, int T, model::Recompute r, model::Attention a,
+                                 Device device) {
+  const double attn_fwd = 4.0 * cfg.n_layer * double(cfg.n_embd) * T;  // Q K^T and P V
+  double f = 3.0 * attn_fwd;                                            // forward and backward
+  if (r == model::Recompute::full) f += attn_fwd;
   if (a == model::Attention::flash) {
     // The flash backward recomputes what it did not store. The CPU's recomputes Q K^T once
     // (kernels/cpu/flash_attention.cpp). The GPU's runs two kernels so that no sum needs atomics
@@ -84,6 +83,13 @@ double hardware_flops_per_token(const model::GPTConfig& cfg, int T, model::Recom
     f += attn_fwd;
   }
   return f;
+}
+
+double hardware_flops_per_token(const model::GPTConfig& cfg, int T, model::Recompute r, model::Attention a,
+                                Device device) {
+  double f = 6.0 * double(cfg.num_matmul_params());
+  if (r == model::Recompute::full) f += 2.0 * double(cfg.layer_matmul_params());
+  return f + attention_flops_per_token(cfg, T, r, a, device);
 }
 
 Peak calibrate_cpu_peak(int threads) {

@@ -50,6 +50,10 @@ class JsonlWriter {
 // and the flash backward recomputes one (CPU) or three (GPU) of the attention products (2 L C T each).
 double hardware_flops_per_token(const model::GPTConfig& cfg, int T, model::Recompute r,
                                 model::Attention a = model::Attention::materialized, Device device = Device::cpu);
+// The attention products' share of it (12 L C T without recompute): the part the planner times at the
+// attention kernels' rate rather than the GEMMs'.
+double attention_flops_per_token(const model::GPTConfig& cfg, int T, model::Recompute r, model::Attention a,
+                                 Device device);
 
 // The peak used for MFU: a GPU table entry (bf16 dense), or on CPU the measured rate of a
 // calibration GEMM. `label` says which.

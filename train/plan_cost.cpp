@@ -139,6 +139,23 @@ CommCounters pp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank)
   return c;
 }
 
+// Bytes of the step's passes over whole gradients outside backward and the optimizer (train/trainer.cpp,
+// parallel/data_parallel.cpp): zeroing them at the start of the step (the full buffer at ZeRO 0-1, the
+// shard from ZeRO-1 on), the clipping norm (over the shard from ZeRO-1 on), and the noise scale's
+// norms (each replica's own gradient, and the second norm over the shard where the embeddings went as
+// rows or under pp). `shard`: elements of the optimizer's shard of pipeline rank `pp_rank`.
+double grad_pass_bytes(const TrainOptions& o, const PlanLayout& l, int pp_rank, double shard) {
+  double local = 0;
+  for (int64_t n : plan_units(o, l, pp_rank)) local += double(n);
+  const int zero = o.parallel.zero;
+  const double norm_over = zero >= 1 ? shard : local;
+  double b = (zero <= 1 ? local : 0) + (zero >= 1 ? shard : 0) + norm_over;
+  const bool from_micro = l.dp * l.cp == 1 && o.grad_accum > 1 && zero <= 1 && l.tp == 1 && l.pp == 1;
+  if (from_micro || noise_from_ranks(o, l)) b += local;
+  if (noise_from_ranks(o, l) && (plan_embedding_rows(o, l) || l.pp > 1) && zero >= 1) b += shard;
+  return 4.0 * b;
+}
+
 // Ring steps of each op for the alpha term.
 double latency_steps(CommOp op, int n) {
   switch (op) {
@@ -177,8 +194,12 @@ TimePlan plan_time(const TrainOptions& o, const PlanLayout& l, const Hardware& h
   t.tokens_per_step = double(o.batch_size) * o.seq_len * o.grad_accum * l.dp;
   t.flops_per_token = m.flops_per_token(o.seq_len);
   t.hw_flops_per_token = hardware_flops_per_token(m, o.seq_len, o.recompute, o.attention_kind(), o.device);
-  // Each rank runs 1/(tp pp) of the model on 1/(dp cp) of the tokens.
-  t.gemm_s = t.hw_flops_per_token * t.tokens_per_step / W / hw.flops_for(o.precision);
+  // Each rank runs 1/(tp pp) of the model on 1/(dp cp) of the tokens: the attention products at the
+  // attention kernels' rate, the rest at the GEMM rate.
+  const bool flash = o.attention_kind() == model::Attention::flash;
+  const double attn = attention_flops_per_token(m, o.seq_len, o.recompute, o.attention_kind(), o.device);
+  t.gemm_s = (t.hw_flops_per_token - attn) * t.tokens_per_step / W / hw.flops_for(o.precision);
+  t.attention_s = attn * t.tokens_per_step / W / hw.attention_flops_for(flash, o.precision);
   // Memory-bound ops per token and layer, in elements of the residual width: LayerNorms (2 x 2),
   // GELU (2 x 4), residual adds (2 x 3), bias adds (3 + 4) in forward; backward about twice that.
   const double cb = double(dtype_size(o.precision));
@@ -190,15 +211,16 @@ TimePlan plan_time(const TrainOptions& o, const PlanLayout& l, const Hardware& h
   const double act_bytes = per_token * t.tokens_per_step / W;
   const double shard = double(mem.bytes[size_t(MemCategory::optimizer)]) / 8.0;  // elements of m (and v)
   t.memory_s = act_bytes / hw.memory_bytes_per_s;
-  t.optimizer_s = shard * (28.0 + cb) / hw.memory_bytes_per_s;  // read m, v, master, grad; write m, v, master, copy
+  t.optimizer_s = shard * (28.0 + cb) / hw.optimizer_rate();  // read m, v, master, grad; write m, v, master, copy
+  t.grad_passes_s = grad_pass_bytes(o, l, mem.pp_rank, shard) / hw.reduction_rate();
   t.tp_s = comm_seconds(comm.tp, l.tp, hw.link_for_span(l.tp), hw.memory_bytes_per_s);
   t.cp_s = comm_seconds(comm.cp, l.cp, hw.link_for_span(l.tp * l.cp), hw.memory_bytes_per_s);
   t.pp_s = comm_seconds(comm.pp, 2, hw.link_for_span(l.tp * l.cp * l.pp), hw.memory_bytes_per_s);
   t.dp_s = comm_seconds(comm.dp, l.dp * l.cp, hw.link_for_span(l.world()), hw.memory_bytes_per_s);
   t.dp_exposed_s = t.dp_s * (1.0 - hw.dp_overlap);
   t.bubble = pipe.bubble_over_ideal;
-  const double per_micro_work = t.gemm_s + t.memory_s + t.tp_s + t.cp_s;
-  t.step_s = per_micro_work * (1.0 + t.bubble) + t.pp_s + t.dp_exposed_s + t.optimizer_s;
+  const double per_micro_work = t.gemm_s + t.attention_s + t.memory_s + t.tp_s + t.cp_s;
+  t.step_s = per_micro_work * (1.0 + t.bubble) + t.pp_s + t.dp_exposed_s + t.optimizer_s + t.grad_passes_s;
   t.mfu = t.step_s > 0 ? t.flops_per_token * t.tokens_per_step / (t.step_s * W * hw.flops_for(o.precision)) : 0;
   return t;
 }

@@ -36,7 +36,9 @@ struct CommPlan {
 CommPlan plan_comm(const TrainOptions& o, const PlanLayout& l, int pp_rank);
 
 struct TimePlan {
-  double gemm_s = 0, memory_s = 0, optimizer_s = 0;  // compute per step (one rank)
+  double gemm_s = 0, attention_s = 0, memory_s = 0;  // compute per step (one rank): GEMMs, attention
+  double optimizer_s = 0, grad_passes_s = 0;          // products, memory-bound ops, the update, and the
+                                                      // passes over whole gradients (zeroing, norms)
   double tp_s = 0, cp_s = 0, pp_s = 0, dp_s = 0;     // communication per step
   double dp_exposed_s = 0;                           // the part not hidden behind backward
   double bubble = 0;                                 // pipeline bubble / ideal time (simulator)

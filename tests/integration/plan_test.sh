@@ -61,8 +61,9 @@ else
   fail "--json: one object with the metrics.jsonl memory names"
 fi
 if "$mt" bench --calibrate out="$tmp/cpu.json" 2>/dev/null && out=$("$mt" plan hw="$tmp/cpu.json" 2>&1) &&
-   [[ "$out" == *"on 1 x cpu-calibrated"* ]]; then
-  pass "bench --calibrate writes a file plan reads"
+   [[ "$out" == *"on 1 x cpu-calibrated"* && "$out" == *"gradient passes (zeroing, norms)"* ]] &&
+   /usr/bin/python3 -c 'import json, sys; o = json.load(open(sys.argv[1]))["ops"]; assert len(o) == 4 and min(o.values()) > 0, o' "$tmp/cpu.json"; then
+  pass "bench --calibrate writes a file plan reads (with the measured op rates)"
 else
   fail "bench --calibrate writes a file plan reads ($out)"
 fi

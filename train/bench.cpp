@@ -65,7 +65,7 @@ void print_op_table(ops::OpTimer& timer, double step_seconds, int steps, const P
 int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int local_rank) {
   if (std::find(args.begin(), args.end(), "--calibrate") != args.end()) {
     MT_CHECK(world != nullptr, "bench --calibrate needs the world communicator");
-    return calibrate_main(args, *world);
+    return calibrate_main(args, *world, local_rank);
   }
   int warmup = kBenchWarmup;
   std::vector<std::string> rest;

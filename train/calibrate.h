@@ -13,6 +13,12 @@
 //                 bandwidth the largest message over its one-way time; both are kept under "samples".
 //                 One rank: the links are left at the built-in cpu entry's figures and say so. The
 //                 ranks of one mpirun on one machine share memory, so "inter" repeats "intra".
+//   ops           the attention kernels (materialized and flash), AdamW and the gradient norms' sum of
+//                 squares, each in the units the planner counts them in (train/hardware.h "ops").
+// device=cuda measures the GPU each rank would train on with the same ops (bf16 GEMMs and attention,
+// fp32 GEMMs, a device-to-device copy, NCCL ping-pong between ranks 0 and 1) at larger shapes; what
+// one process cannot measure (the link between nodes, dp_overlap) keeps the built-in h100 entry's
+// figures, and the file's source says so.
 #pragma once
 #include <string>
 #include <vector>
@@ -20,12 +26,14 @@
 #include <nlohmann/json.hpp>
 
 #include "parallel/comm.h"
+#include "runtime/tensor.h"
 
 namespace mt::train {
 
 // The measured hardware object (every rank takes part; rank 0's figures are the minima over ranks).
-nlohmann::json calibrate_hardware(parallel::Comm& world, int threads);
-// Parses out= and threads=, measures, and writes the file (rank 0) or prints it (no out=).
-int calibrate_main(const std::vector<std::string>& args, parallel::Comm& world);
+// device: the backend measured (cuda: the GPU chosen by the node-local rank, as the trainer does).
+nlohmann::json calibrate_hardware(parallel::Comm& world, int threads, Device device = Device::cpu, int local_rank = -1);
+// Parses out=, threads= and device=, measures, and writes the file (rank 0) or prints it (no out=).
+int calibrate_main(const std::vector<std::string>& args, parallel::Comm& world, int local_rank = -1);
 
 }  // namespace mt::train

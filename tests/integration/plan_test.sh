@@ -67,6 +67,12 @@ if "$mt" bench --calibrate out="$tmp/cpu.json" 2>/dev/null && out=$("$mt" plan h
 else
   fail "bench --calibrate writes a file plan reads ($out)"
 fi
+# On a machine without a GPU (or a build without CUDA) the GPU calibration says why, in one line.
+if ! "$mt" bench --calibrate device=cuda >/dev/null 2>"$tmp/err"; then
+  [[ $(wc -l <"$tmp/err") -eq 1 ]] && grep -q "^minitrain: error: bench --calibrate device=cuda: " "$tmp/err" &&
+    pass "bench --calibrate device=cuda without a GPU: one line" ||
+    fail "bench --calibrate device=cuda without a GPU: one line ($(cat "$tmp/err"))"
+fi
 bad "a noise scale that is not positive" "noise_scale (B_simple, in tokens) must be positive" noise_scale=0
 bad "noise_from a run without an estimate" "noise_from: cannot read $tmp/nothing/metrics.jsonl" noise_from="$tmp/nothing/metrics.jsonl"
 # The critical batch: gpt2 at 8 x 1024 tokens per step against a noise scale read from a run's log.

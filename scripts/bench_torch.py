@@ -9,8 +9,15 @@ has it (2.0 and later) and the plain masked-softmax formulation otherwise; the t
 FLOPs per token follow minitrain's convention (PaLM appendix B): 6 N_matmul + 12 L C T, where
 N_matmul counts the matrices of the blocks and the tied unembedding once (real, unpadded vocabulary).
 
+On a GPU the peer a user would run is mixed precision: --precision bf16 runs forward and loss under
+torch.autocast(bfloat16) with fp32 weights and optimizer (as minitrain's precision=bf16 keeps fp32
+masters), and --compile wraps the model in torch.compile (its compilation happens in the warm-up steps,
+which are not timed). The last line, `result: ...`, is for scripts.
+
 Usage: /usr/bin/python3 scripts/bench_torch.py --preset gpt2 --batch 4 --seq 256 --steps 3 --warmup 1 --threads 2
+       python3 scripts/bench_torch.py --device cuda --precision bf16 --compile --batch 16 --seq 1024
 """
+import contextlib
 import argparse
 import math
 import statistics
@@ -107,7 +114,7 @@ def flops_per_token(cfg, T):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="PyTorch eager GPT-2 training-step benchmark (fp32, AdamW)")
+    ap = argparse.ArgumentParser(description="PyTorch GPT-2 training-step benchmark (AdamW; eager or compiled, fp32 or bf16 autocast)")
     ap.add_argument("--preset", default="gpt2", choices=sorted(PRESETS))
     ap.add_argument("--batch", type=int, default=4, help="sequences per step (B)")
     ap.add_argument("--seq", type=int, default=256, help="tokens per sequence (T), at most the block size")
@@ -116,6 +123,9 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: PyTorch's default)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                    help="bf16: forward and loss under torch.autocast(bfloat16), fp32 weights and AdamW")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (compiled during warm-up)")
     args = ap.parse_args()
     cfg = PRESETS[args.preset]
     for flag, val, lo in (("--batch", args.batch, 1), ("--seq", args.seq, 1), ("--steps", args.steps, 1),
@@ -126,6 +136,8 @@ def main():
         sys.exit(f"bench_torch.py: --seq {args.seq} exceeds the block size {cfg['block_size']} of '{args.preset}'")
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_torch.py: --device cuda but PyTorch sees no CUDA device")
+    if args.compile and args.warmup < 1:
+        sys.exit("bench_torch.py: --compile needs --warmup >= 1 (the compilation must not be timed)")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -134,6 +146,9 @@ def main():
 
     model = GPT(cfg).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    step_model = torch.compile(model) if args.compile else model
+    autocast = (lambda: torch.autocast(device_type=args.device, dtype=torch.bfloat16)) if args.precision == "bf16" \
+        else contextlib.nullcontext
     B, T, V = args.batch, args.seq, cfg["vocab_size"]
     times, loss = [], float("nan")
     wall0 = time.perf_counter()
@@ -141,7 +156,8 @@ def main():
         tokens = torch.randint(0, V, (B, T + 1), device=dev)
         sync()
         t0 = time.perf_counter()
-        out = model(tokens[:, :-1], tokens[:, 1:])
+        with autocast():
+            out = step_model(tokens[:, :-1], tokens[:, 1:])
         out.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -155,7 +171,9 @@ def main():
     tok_s = B * T / med
     attn = "sdpa" if HAVE_SDPA else "masked softmax (no sdpa in this PyTorch)"
     where = f"{torch.get_num_threads()} threads" if args.device == "cpu" else torch.cuda.get_device_name()
-    print(f"PyTorch {torch.__version__} eager, fp32, {args.device} ({where}), attention: {attn}")
+    mode = "torch.compile" if args.compile else "eager"
+    prec = "bf16 autocast, fp32 weights" if args.precision == "bf16" else "fp32"
+    print(f"PyTorch {torch.__version__} {mode}, {prec}, {args.device} ({where}), attention: {attn}")
     print(f"vocab {V} padded to {padded_vocab(V)}; FLOPs/token = 6 N_matmul + 12 L C T = "
           f"{flops_per_token(cfg, T) / 1e6:.1f} MFLOP")
     hdr = f"{'config':<12} {'params':>10} {'B':>4} {'T':>5} {'steps':>5} {'ms/step':>10} {'tokens/s':>10} " \
@@ -166,6 +184,8 @@ def main():
           f"{tok_s:>10.1f} {flops_per_token(cfg, T) * tok_s / 1e12:>8.4f} {loss:>7.3f}")
     print(f"(medians over {len(times)} measured steps after {args.warmup} warmup; min {min(times) * 1e3:.1f} ms, "
           f"max {max(times) * 1e3:.1f} ms; wall {wall:.1f} s)")
+    print(f"result: {mode} {args.precision} ms/step {med * 1e3:.1f} tokens/s {tok_s:.1f} "
+          f"TFLOP/s {flops_per_token(cfg, T) * tok_s / 1e12:.2f}")
 
 
 if __name__ == "__main__":

@@ -216,7 +216,7 @@ fi
 bench_row="not run (no build)"
 flash_note=${flash_note:-"tensor cores (bf16, head size 64)"}
 tok_s="not run" mfu="not run" hfu="not run" peak_mem="not run" mat_row="not run" large_row="not run"
-profile_row="not run"
+profile_row="not run" plan_row="not run" torch_row="not run" torch_compile_row="not run"
 run_bench() {  # run_bench <out file> <batch> <attention> [model]
   capped 100 "$1" "$bin" bench model="${4:-gpt2}" seq_len=1024 batch_size="$2" precision=bf16 device=cuda \
     attention="$3" steps=10 warmup=3
@@ -253,6 +253,40 @@ if ((built)); then
         awk -F' *[|] *' '{printf "%s%s %s (%s, %s of roofline)", (NR > 1 ? ", " : ""), $2, $5, $6, $8}')
     else
       profile_row="FAILED: $(last_line "$build/profile.out")"
+    fi
+    # The planner against the measured step: the GPU calibrated (bench --calibrate device=cuda), then
+    # the plan's predicted ms/step for the same run with that file and with the h200 datasheet entry.
+    say "running minitrain bench --calibrate device=cuda, then plan for the same run"
+    ms_measured=$(bench_value 'ms/step \(median\)' "$build/bench.out")
+    plan_ms() {  # plan_ms <hw>: the plan's predicted ms/step for the benchmarked run
+      "$bin" plan model=gpt2 seq_len=1024 batch_size="$bench_b" precision=bf16 attention=flash hw="$1" --json 2>&1 |
+        /usr/bin/env python3 -c 'import json, sys; print("%.1f" % (1e3 * json.load(sys.stdin)["time"]["step_s"]))' 2>/dev/null
+    }
+    if capped 60 "$build/calibrate.out" "$bin" bench --calibrate device=cuda out="$build/gpu-calibrated.json"; then
+      plan_row="measured $ms_measured ms/step; predicted $(plan_ms "$build/gpu-calibrated.json") (calibrated: $(tail -n 1 "$build/calibrate.out" | sed 's/.*per rank: //; s/)$//')), $(plan_ms h200) (h200 datasheet)"
+    else
+      plan_row="calibration FAILED: $(last_line "$build/calibrate.out"); predicted $(plan_ms h200) ms/step (h200 datasheet) vs measured $ms_measured"
+    fi
+    # The PyTorch peer on the same run (GPT-2, B, T=1024, bf16 autocast, SDPA attention): eager, then
+    # torch.compile while at least three minutes are left (its compilation runs in the untimed warm-up).
+    torch_peer() {  # torch_peer <out file> <cap> [--compile]
+      capped "$2" "$1" python3 "$root/scripts/bench_torch.py" --preset gpt2 --device cuda --precision bf16 \
+        --batch "$bench_b" --seq 1024 --steps 10 --warmup 3 "${@:3}"
+    }
+    peer_line() { grep -m1 '^result: ' "$1" | sed 's/^result: //'; }
+    if python3 -c 'import torch' 2>/dev/null; then
+      say "running the PyTorch peer (gpt2, B=$bench_b T=1024, bf16 autocast, SDPA, eager)"
+      torch_peer "$build/torch_eager.out" 90 && torch_row="$(peer_line "$build/torch_eager.out")" ||
+        torch_row="FAILED: $(last_line "$build/torch_eager.out")"
+      if ((deadline - SECONDS > 180)); then
+        say "running the PyTorch peer with torch.compile"
+        torch_peer "$build/torch_compile.out" 150 --compile && torch_compile_row="$(peer_line "$build/torch_compile.out")" ||
+          torch_compile_row="FAILED or timed out: $(last_line "$build/torch_compile.out")"
+      else
+        torch_compile_row="not run: out of time"
+      fi
+    else
+      torch_row="not run: no PyTorch (python3 -c 'import torch' fails)"
     fi
     # gpt2-large (774M, the issue's second bar) while at least two minutes are left.
     if ((deadline - SECONDS > 120)); then
@@ -318,6 +352,9 @@ table() {
   printf '| %-24s | %s |\n' "peak memory" "$peak_mem"
   printf '| %-24s | %s |\n' "materialized attention" "$mat_row"
   printf '| %-24s | %s |\n' "top ops (share, rate)" "$profile_row"
+  printf '| %-24s | %s |\n' "PyTorch peer (same run)" "$torch_row"
+  printf '| %-24s | %s |\n' "PyTorch torch.compile" "$torch_compile_row"
+  printf '| %-24s | %s |\n' "plan vs measured step" "$plan_row"
   printf '| %-24s | %s |\n' "gpt2-large T=1024 bf16" "$large_row"
   local warnings
   warnings=$(cat "$build"/bench*.out 2>/dev/null | grep -m2 'warning:' | cut -c1-150 | tr '\n' ' ')

@@ -138,6 +138,8 @@ def main():
         sys.exit("bench_torch.py: --device cuda but PyTorch sees no CUDA device")
     if args.compile and args.warmup < 1:
         sys.exit("bench_torch.py: --compile needs --warmup >= 1 (the compilation must not be timed)")
+    if args.compile and not hasattr(torch, "compile"):
+        sys.exit(f"bench_torch.py: --compile: PyTorch {torch.__version__} has no torch.compile (2.0 and later)")
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -1,6 +1,7 @@
 #include "train/plan_cost.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "train/metrics.h"
 #include "train/pipeline.h"
@@ -16,6 +17,13 @@ void add(CommCounters& c, CommOp op, uint64_t calls, uint64_t sent) {
   c[op].sent_bytes += sent;
 }
 
+// The scalar collectives (the loss, norms and flags: a few doubles each) count in the group's traffic
+// and also in `scalars`, which the time model prices as the small host messages they are.
+void add_scalars(CommCounters& c, CommCounters& scalars, CommOp op, uint64_t calls, uint64_t sent) {
+  add(c, op, calls, sent);
+  add(scalars, op, calls, sent);
+}
+
 // Rows of a micro-batch on one rank: B T / cp tokens.
 int64_t rows_per_micro(const TrainOptions& o, const PlanLayout& l) { return int64_t(o.batch_size) * o.seq_len / l.cp; }
 
@@ -27,7 +35,7 @@ bool noise_from_ranks(const TrainOptions& o, const PlanLayout& l) {
   return l.dp * l.cp > 1 && (zero <= 1 || (zero == 2 && o.grad_accum == 1));
 }
 
-CommCounters dp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
+CommCounters dp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank, CommCounters& scalars) {
   CommCounters c;
   const int D = l.dp * l.cp, zero = o.parallel.zero, m = o.grad_accum;
   if (D == 1) return c;
@@ -57,12 +65,13 @@ CommCounters dp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank)
   // global norm over the parameters it covers.
   const bool noise = noise_from_ranks(o, l);
   const int doubles = 1 + (zero >= 1) + noise + (noise && (plan_embedding_rows(o, l) || l.pp > 1) && zero >= 1);
-  add(c, CommOp::all_gather, uint64_t(doubles), uint64_t(doubles) * d1 * 8);
-  if (o.precision == DType::f16 && zero >= 1) add(c, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, D, 0));
+  add_scalars(c, scalars, CommOp::all_gather, uint64_t(doubles), uint64_t(doubles) * d1 * 8);
+  if (o.precision == DType::f16 && zero >= 1)
+    add_scalars(c, scalars, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, D, 0));
   return c;
 }
 
-CommCounters tp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
+CommCounters tp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank, CommCounters& scalars) {
   CommCounters c;
   const int P = l.tp;
   if (P == 1) return c;
@@ -93,8 +102,8 @@ CommCounters tp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank)
   // The squared gradient norm, and the noise scale's per-replica norm summed over the replica's tp ranks
   // (under pp also its global norm without the tied wte).
   const uint64_t doubles = 1 + uint64_t(noise_from_ranks(o, l)) * (l.pp > 1 ? 2 : 1);
-  add(c, CommOp::all_gather, doubles, doubles * p1 * 8);
-  if (o.precision == DType::f16) add(c, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, P, 0));
+  add_scalars(c, scalars, CommOp::all_gather, doubles, doubles * p1 * 8);
+  if (o.precision == DType::f16) add_scalars(c, scalars, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, P, 0));
   return c;
 }
 
@@ -115,7 +124,7 @@ CommCounters cp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank)
   return c;
 }
 
-CommCounters pp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
+CommCounters pp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank, CommCounters& scalars) {
   CommCounters c;
   if (l.pp == 1) return c;
   const model::StagePlan plan = stage_plan(o, pp_rank);
@@ -134,14 +143,16 @@ CommCounters pp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank)
   // The loss (on the last stage) and the squared gradient norm summed over the stages as doubles; with
   // the noise scale, its per-replica norm and its global norm without the tied wte too.
   const uint64_t doubles = 2 + 2 * uint64_t(noise_from_ranks(o, l));
-  add(c, CommOp::all_gather, doubles, doubles * uint64_t(l.pp - 1) * 8);
-  if (o.precision == DType::f16) add(c, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, l.pp, 0));
+  add_scalars(c, scalars, CommOp::all_gather, doubles, doubles * uint64_t(l.pp - 1) * 8);
+  if (o.precision == DType::f16)
+    add_scalars(c, scalars, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, l.pp, 0));
   return c;
 }
 
 // Bytes of the step's passes over whole gradients outside backward and the optimizer (train/trainer.cpp,
-// parallel/data_parallel.cpp): zeroing them at the start of the step (the full buffer at ZeRO 0-1, the
-// shard from ZeRO-1 on), the clipping norm (over the shard from ZeRO-1 on), and the noise scale's
+// parallel/data_parallel.cpp): zeroing them (the full buffer once a step at ZeRO 0-1; the shard from
+// ZeRO-1 on, and at ZeRO 2-3 each unit's gradient buffer as it is allocated, every micro-batch), the
+// clipping norm (over the shard from ZeRO-1 on), and the noise scale's
 // norms (each replica's own gradient, and the second norm over the shard where the embeddings went as
 // rows or under pp). `shard`: elements of the optimizer's shard of pipeline rank `pp_rank`.
 double grad_pass_bytes(const TrainOptions& o, const PlanLayout& l, int pp_rank, double shard) {
@@ -149,17 +160,23 @@ double grad_pass_bytes(const TrainOptions& o, const PlanLayout& l, int pp_rank, 
   for (int64_t n : plan_units(o, l, pp_rank)) local += double(n);
   const int zero = o.parallel.zero;
   const double norm_over = zero >= 1 ? shard : local;
-  double b = (zero <= 1 ? local : 0) + (zero >= 1 ? shard : 0) + norm_over;
+  double b = (zero <= 1 ? local : o.grad_accum * local) + (zero >= 1 ? shard : 0) + norm_over;
   const bool from_micro = l.dp * l.cp == 1 && o.grad_accum > 1 && zero <= 1 && l.tp == 1 && l.pp == 1;
   if (from_micro || noise_from_ranks(o, l)) b += local;
   if (noise_from_ranks(o, l) && (plan_embedding_rows(o, l) || l.pp > 1) && zero >= 1) b += shard;
   return 4.0 * b;
 }
 
-// Ring steps of each op for the alpha term.
-double latency_steps(CommOp op, int n) {
+// Latency steps of each op for the alpha term: rings (n - 1 steps per pass, every step as slow as its
+// slowest hop), except that an all-reduce takes the cheaper of a ring's 2 (n - 1) steps and a tree's
+// 2 ceil(log2 n) (up and down; NCCL's double binary trees keep a ring's bandwidth at a tree's
+// latency). Scalar collectives (`small`): ceil(log2 n) steps, twice for an all-reduce (MPI libraries
+// move small messages by recursive doubling or Bruck's algorithm).
+double latency_steps(CommOp op, int n, bool small) {
+  const double log_steps = std::ceil(std::log2(double(n)));
+  if (small) return op == CommOp::all_reduce ? std::min(2.0 * (n - 1), 2 * log_steps) : std::min(n - 1.0, log_steps);
   switch (op) {
-    case CommOp::all_reduce: return 2.0 * (n - 1);
+    case CommOp::all_reduce: return std::min(2.0 * (n - 1), 2 * log_steps);
     case CommOp::reduce_scatter:
     case CommOp::all_gather:
     case CommOp::broadcast: return n - 1;
@@ -168,22 +185,40 @@ double latency_steps(CommOp op, int n) {
 }
 
 // alpha-beta per op; a reduction also reads two operands and writes one for each element it sums,
-// at the memory bandwidth (the host reductions of the CPU backend; on a GPU a small share).
-double comm_seconds(const CommCounters& c, int n, const LinkSpec& link, double memory_bytes_per_s) {
+// at the memory bandwidth (the host reductions of the CPU backend; on a GPU a small share). `small`:
+// c holds scalar collectives only.
+double comm_seconds(const CommCounters& c, int n, const LinkSpec& link, double memory_bytes_per_s, bool small = false) {
   double t = 0;
   for (int op = 0; op < parallel::kNumCommOps; op++) {
     const parallel::CommOpCount& k = c[CommOp(op)];
-    t += double(k.calls) * latency_steps(CommOp(op), n) * link.latency_s + double(k.sent_bytes) / link.bytes_per_s;
+    t += double(k.calls) * latency_steps(CommOp(op), n, small) * link.latency_s + double(k.sent_bytes) / link.bytes_per_s;
     if (CommOp(op) == CommOp::all_reduce || CommOp(op) == CommOp::reduce_scatter)
       t += 3.0 * double(k.sent_bytes) / memory_bytes_per_s;
   }
   return t;
 }
 
+// A group's traffic priced in two parts: the scalar collectives over all `n` ranks of the group as
+// small messages, the rest as rings of `ring` ranks (2 for the pipeline's neighbour messages).
+double group_seconds(const CommCounters& c, const CommCounters& scalars, int n, int ring, const LinkSpec& link,
+                     double memory_bytes_per_s) {
+  CommCounters rest = c;
+  for (int op = 0; op < parallel::kNumCommOps; op++) {
+    rest[CommOp(op)].calls -= scalars[CommOp(op)].calls;
+    rest[CommOp(op)].sent_bytes -= scalars[CommOp(op)].sent_bytes;
+  }
+  return comm_seconds(rest, ring, link, memory_bytes_per_s) + comm_seconds(scalars, n, link, memory_bytes_per_s, true);
+}
+
 }  // namespace
 
 CommPlan plan_comm(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
-  return {dp_traffic(o, l, pp_rank), tp_traffic(o, l, pp_rank), cp_traffic(o, l, pp_rank), pp_traffic(o, l, pp_rank)};
+  CommPlan c;
+  c.dp = dp_traffic(o, l, pp_rank, c.dp_scalars);
+  c.tp = tp_traffic(o, l, pp_rank, c.tp_scalars);
+  c.cp = cp_traffic(o, l, pp_rank);
+  c.pp = pp_traffic(o, l, pp_rank, c.pp_scalars);
+  return c;
 }
 
 TimePlan plan_time(const TrainOptions& o, const PlanLayout& l, const Hardware& hw, const CommPlan& comm,
@@ -213,10 +248,11 @@ TimePlan plan_time(const TrainOptions& o, const PlanLayout& l, const Hardware& h
   t.memory_s = act_bytes / hw.memory_bytes_per_s;
   t.optimizer_s = shard * (28.0 + cb) / hw.optimizer_rate();  // read m, v, master, grad; write m, v, master, copy
   t.grad_passes_s = grad_pass_bytes(o, l, mem.pp_rank, shard) / hw.reduction_rate();
-  t.tp_s = comm_seconds(comm.tp, l.tp, hw.link_for_span(l.tp), hw.memory_bytes_per_s);
-  t.cp_s = comm_seconds(comm.cp, l.cp, hw.link_for_span(l.tp * l.cp), hw.memory_bytes_per_s);
-  t.pp_s = comm_seconds(comm.pp, 2, hw.link_for_span(l.tp * l.cp * l.pp), hw.memory_bytes_per_s);
-  t.dp_s = comm_seconds(comm.dp, l.dp * l.cp, hw.link_for_span(l.world()), hw.memory_bytes_per_s);
+  const double bw = hw.memory_bytes_per_s;
+  t.tp_s = group_seconds(comm.tp, comm.tp_scalars, l.tp, l.tp, hw.link_for_span(l.tp), bw);
+  t.cp_s = comm_seconds(comm.cp, l.cp, hw.link_for_span(l.tp * l.cp), bw);
+  t.pp_s = group_seconds(comm.pp, comm.pp_scalars, l.pp, 2, hw.link_for_span(l.tp * l.cp * l.pp), bw);
+  t.dp_s = group_seconds(comm.dp, comm.dp_scalars, l.dp * l.cp, l.dp * l.cp, hw.link_for_span(l.world()), bw);
   t.dp_exposed_s = t.dp_s * (1.0 - hw.dp_overlap);
   t.bubble = pipe.bubble_over_ideal;
   const double per_micro_work = t.gemm_s + t.attention_s + t.memory_s + t.tp_s + t.cp_s;

@@ -32,6 +32,9 @@ namespace mt::train {
 
 struct CommPlan {
   parallel::CommCounters dp, tp, cp, pp;  // per step, for the rank shown (group rank 0)
+  // The scalar collectives among them (loss, norms, flags), which the time model prices as small
+  // messages (logarithmic latency) rather than as rings.
+  parallel::CommCounters dp_scalars, tp_scalars, pp_scalars;
 };
 CommPlan plan_comm(const TrainOptions& o, const PlanLayout& l, int pp_rank);
 

@@ -153,7 +153,9 @@ TEST(EmulatedMoe, PlanMatchesTheCpu) {
     EXPECT_EQ(got.assignment_of, want.assignment_of);
     int dropped = 0;
     for (int32_t r : got.row_of) dropped += r < 0;
-    if (c.cap >= 0 && c.N * c.K > c.cap * c.used) EXPECT_GT(dropped, 0) << "the case was meant to drop";
+    if (c.cap >= 0 && c.N * c.K > c.cap * c.used) {
+      EXPECT_GT(dropped, 0) << "the case was meant to drop";
+    }
     for (int e = c.used; e < c.E; e++) EXPECT_EQ(got.load[size_t(e)], 0);
   }
 }

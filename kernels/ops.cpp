@@ -338,7 +338,8 @@ void moe_combine(S* y, const S* rows, const float* gate, const S* base, const in
 template <class S>
 void moe_combine_bwd(S* drows, float* dgate, const S* dy, const S* rows, const float* gate, const int32_t* row_of,
                      const int32_t* assignment_of, int64_t M, int N, int K, int C, const Ctx& ctx) {
-  MT_DISPATCH_COST(3.0 * M * C, 3.0 * M * C * sizeof(S), cpu::moe_combine_bwd<S>(drows, dgate, dy, rows, gate, row_of, N, K, C),
+  MT_DISPATCH_COST(3.0 * M * C, 3.0 * M * C * sizeof(S),
+                   cpu::moe_combine_bwd<S>(drows, dgate, dy, rows, gate, row_of, N, K, C),
                    cuda::moe_combine_bwd<S>(drows, dgate, dy, rows, gate, row_of, assignment_of, M, N, K, C, ctx));
 }
 

@@ -53,7 +53,8 @@ struct Routed {
 };
 
 Routed route_cpu(const std::vector<float>& z, const float* bias, const RouteShape& s) {
-  Routed r{std::vector<float>(size_t(s.N) * s.E), std::vector<float>(size_t(s.N)), std::vector<float>(size_t(s.N) * s.K),
+  Routed r{std::vector<float>(size_t(s.N) * s.E), std::vector<float>(size_t(s.N)),
+           std::vector<float>(size_t(s.N) * s.K),
            std::vector<double>(size_t(s.N)), std::vector<int32_t>(size_t(s.N) * s.K)};
   mt::cpu::moe_route(r.probs.data(), r.lse.data(), r.lse_sq.data(), r.expert.data(), r.gate.data(), z.data(), bias,
                      s.N, s.E, s.K);
@@ -201,7 +202,8 @@ TYPED_TEST(EmulatedMoeMoves, MovesMatchTheCpuBitForBit) {
 
     std::vector<S> want(size_t(M * C)), got = nans<S>(want.size());
     mt::cpu::moe_permute<S>(want.data(), x.data(), asg, M, c.K, C);
-    if (M > 0) run(mk::items_shape(M * C), mk::permute_kernel<D>, dev_ptr(got.data()), dev_ptr(x.data()), asg, c.K, C, M * C);
+    if (M > 0)
+      run(mk::items_shape(M * C), mk::permute_kernel<D>, dev_ptr(got.data()), dev_ptr(x.data()), asg, c.K, C, M * C);
     EXPECT_TRUE(same_bits(got, want)) << "permute";
 
     want.assign(size_t(A * C), S{}), got = nans<S>(want.size());

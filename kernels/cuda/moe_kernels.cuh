@@ -62,7 +62,8 @@ MT_KERNEL_INLINE __global__ void route_stats_kernel(double* sums, const float* p
                                                     int E) {
   const int i = int(blockIdx.x);
   double s = 0;
-  for (int t = int(threadIdx.x); t < N; t += int(blockDim.x)) s += i < E ? double(probs[int64_t(t) * E + i]) : lse_sq[t];
+  for (int t = int(threadIdx.x); t < N; t += int(blockDim.x))
+    s += i < E ? double(probs[int64_t(t) * E + i]) : lse_sq[t];
   s = block_reduce(s, SumOp{}, 0.0);
   if (threadIdx.x == 0) sums[i] = s;
 }

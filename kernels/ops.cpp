@@ -279,6 +279,82 @@ MT_BLOCK_OPS_INSTANTIATE(bf16)
 MT_BLOCK_OPS_INSTANTIATE(f16)
 #undef MT_BLOCK_OPS_INSTANTIATE
 
+// Mixture of experts: data movement and the router's small per-token loops (no FLOPs booked).
+void moe_route(float* probs, float* lse, double* lse_sq, int32_t* expert, float* gate, const float* logits,
+               const float* bias, int N, int E, int K, const Ctx& ctx) {
+  MT_CHECK(N >= 0 && E > 0 && K >= 1 && K <= E, "moe_route: N %d, E %d, K %d", N, E, K);
+  MT_DISPATCH_COST(0.0, 12.0 * N * E + 16.0 * N * K,
+                   cpu::moe_route(probs, lse, lse_sq, expert, gate, logits, bias, N, E, K),
+                   cuda::moe_route(probs, lse, lse_sq, expert, gate, logits, bias, N, E, K, ctx));
+}
+
+void moe_route_stats(double* sums, const float* probs, const double* lse_sq, int N, int E, const Ctx& ctx) {
+  MT_DISPATCH_COST(0.0, 4.0 * N * E + 8.0 * N, cpu::moe_route_stats(sums, probs, lse_sq, N, E),
+                   cuda::moe_route_stats(sums, probs, lse_sq, N, E, ctx));
+}
+
+void moe_route_bwd(float* dlogits, const float* dgate, const float* probs, const float* lse, const int32_t* expert,
+                   const float* gate, const int32_t* load, int N, int E, int K, double aux_weight, double z_weight,
+                   const Ctx& ctx) {
+  MT_DISPATCH_COST(0.0, 8.0 * N * E + 12.0 * N * K,
+                   cpu::moe_route_bwd(dlogits, dgate, probs, lse, expert, gate, load, N, E, K, aux_weight, z_weight),
+                   cuda::moe_route_bwd(dlogits, dgate, probs, lse, expert, gate, load, N, E, K, aux_weight, z_weight,
+                                       ctx));
+}
+
+void moe_plan(int32_t* load, int32_t* offset, int32_t* row_of, int32_t* assignment_of, const int32_t* expert, int N,
+              int K, int E, int64_t capacity, const Ctx& ctx) {
+  MT_DISPATCH_COST(0.0, 16.0 * N * K, cpu::moe_plan(load, offset, row_of, assignment_of, expert, N, K, E, capacity),
+                   cuda::moe_plan(load, offset, row_of, assignment_of, expert, N, K, E, capacity, ctx));
+}
+
+template <class S>
+void moe_permute(S* out, const S* x, const int32_t* assignment_of, int64_t M, int K, int C, const Ctx& ctx) {
+  MT_DISPATCH_COST(0.0, 2.0 * M * C * sizeof(S), cpu::moe_permute<S>(out, x, assignment_of, M, K, C),
+                   cuda::moe_permute<S>(out, x, assignment_of, M, K, C, ctx));
+}
+
+template <class S>
+void moe_unpermute(S* out, const S* rows, const int32_t* row_of, int64_t A, int C, const Ctx& ctx) {
+  MT_DISPATCH_COST(0.0, 2.0 * A * C * sizeof(S), cpu::moe_unpermute<S>(out, rows, row_of, A, C),
+                   cuda::moe_unpermute<S>(out, rows, row_of, A, C, ctx));
+}
+
+template <class S>
+void moe_permute_bwd(S* dx, const S* drows, const float* extra, const int32_t* row_of, int N, int K, int C,
+                     const Ctx& ctx) {
+  MT_DISPATCH_COST(0.0, (double(K) + 1) * N * C * sizeof(S), cpu::moe_permute_bwd<S>(dx, drows, extra, row_of, N, K, C),
+                   cuda::moe_permute_bwd<S>(dx, drows, extra, row_of, N, K, C, ctx));
+}
+
+template <class S>
+void moe_combine(S* y, const S* rows, const float* gate, const S* base, const int32_t* row_of, int N, int K, int C,
+                 const Ctx& ctx) {
+  MT_DISPATCH_COST(2.0 * N * K * C, (double(K) + 2) * N * C * sizeof(S),
+                   cpu::moe_combine<S>(y, rows, gate, base, row_of, N, K, C),
+                   cuda::moe_combine<S>(y, rows, gate, base, row_of, N, K, C, ctx));
+}
+
+template <class S>
+void moe_combine_bwd(S* drows, float* dgate, const S* dy, const S* rows, const float* gate, const int32_t* row_of,
+                     const int32_t* assignment_of, int64_t M, int N, int K, int C, const Ctx& ctx) {
+  MT_DISPATCH_COST(3.0 * M * C, 3.0 * M * C * sizeof(S),
+                   cpu::moe_combine_bwd<S>(drows, dgate, dy, rows, gate, row_of, N, K, C),
+                   cuda::moe_combine_bwd<S>(drows, dgate, dy, rows, gate, row_of, assignment_of, M, N, K, C, ctx));
+}
+
+#define MT_MOE_OPS_INSTANTIATE(S)                                                                                 \
+  template void moe_permute<S>(S*, const S*, const int32_t*, int64_t, int, int, const Ctx&);                      \
+  template void moe_unpermute<S>(S*, const S*, const int32_t*, int64_t, int, const Ctx&);                         \
+  template void moe_permute_bwd<S>(S*, const S*, const float*, const int32_t*, int, int, int, const Ctx&);        \
+  template void moe_combine<S>(S*, const S*, const float*, const S*, const int32_t*, int, int, int, const Ctx&);  \
+  template void moe_combine_bwd<S>(S*, float*, const S*, const S*, const float*, const int32_t*, const int32_t*,  \
+                                   int64_t, int, int, int, const Ctx&);
+MT_MOE_OPS_INSTANTIATE(float)
+MT_MOE_OPS_INSTANTIATE(bf16)
+MT_MOE_OPS_INSTANTIATE(f16)
+#undef MT_MOE_OPS_INSTANTIATE
+
 #define MT_OPS_INSTANTIATE(S)                                                                                     \
   template void encoder_fwd<S>(S*, const int32_t*, const int32_t*, const S*, const S*, int, int, int, const Ctx&); \
   template void encoder_bwd<S>(float*, float*, const S*, const int32_t*, const int32_t*, int, int, int,           \

@@ -178,6 +178,51 @@ template <class S>
 void xent_slice_finish(float* losses, S* dlogits, const S* logits, const float* stats, int P,
                        const int32_t* targets, float dloss, int col0, int N, int V, int Vl, const Ctx& ctx);
 
+// Mixture of experts (moe/; the CPU twins in kernels/cpu/moe.cpp, the kernels in kernels/cuda/moe.cu).
+// N tokens, E experts, K choices per token; assignment a = t K + j is token t's j-th choice; M rows
+// kept (the permuted rows, expert by expert). Every array lives in the memory of ctx's device.
+//
+// The router on fp32 logits (N,E): probs (N,E) = softmax; lse (N) its log-sum-exp (fp32) and lse_sq
+// (N) that log-sum-exp squared in double (the z-loss's sum); expert (N,K) the K largest scores
+// p_i + bias_i (bias (E) or nullptr), best first, ties to the lower index; gate (N,K) the chosen
+// probabilities renormalised to sum to one (K > 1) or p itself (K = 1). moe/router.h has the model.
+void moe_route(float* probs, float* lse, double* lse_sq, int32_t* expert, float* gate, const float* logits,
+               const float* bias, int N, int E, int K, const Ctx& ctx);
+// sums (E+1, double): sum over tokens of probs[:, i], then the sum of lse_sq (moe::route_summary).
+void moe_route_stats(double* sums, const float* probs, const double* lse_sq, int N, int E, const Ctx& ctx);
+// dlogits (N,E) assigned: the gradient of sum dgate-weighted gates + aux_weight A + z_weight Z (the
+// balance loss over load (E) assignments per expert, and the z-loss); see moe::route_backward.
+void moe_route_bwd(float* dlogits, const float* dgate, const float* probs, const float* lse, const int32_t* expert,
+                   const float* gate, const int32_t* load, int N, int E, int K, double aux_weight, double z_weight,
+                   const Ctx& ctx);
+// The dispatch plan of expert (N,K): load (E) assignments per expert, offset (E+1) first row of each
+// expert's block (at most `capacity` rows each; capacity < 0: no limit), row_of (N K) each
+// assignment's row or -1 when dropped, assignment_of (M) the assignment each row holds. Rows within an
+// expert in increasing a (stable). moe/dispatch.h has the model.
+void moe_plan(int32_t* load, int32_t* offset, int32_t* row_of, int32_t* assignment_of, const int32_t* expert, int N,
+              int K, int E, int64_t capacity, const Ctx& ctx);
+// out (M,C): row r = x[assignment_of[r] / K].
+template <class S>
+void moe_permute(S* out, const S* x, const int32_t* assignment_of, int64_t M, int K, int C, const Ctx& ctx);
+// out (A,C): row a = rows[row_of[a]], zero where dropped.
+template <class S>
+void moe_unpermute(S* out, const S* rows, const int32_t* row_of, int64_t A, int C, const Ctx& ctx);
+// dx (N,C) assigned: extra_t (fp32, nullptr: none) + the sum of drows over token t's kept rows in
+// choice order, in fp32, rounded once.
+template <class S>
+void moe_permute_bwd(S* dx, const S* drows, const float* extra, const int32_t* row_of, int N, int K, int C,
+                     const Ctx& ctx);
+// y (N,C) assigned: base_t (nullptr: zero; may alias y) + sum over t's kept choices j of
+// gate[t K + j] rows[row_of[t K + j]], in fp32 in choice order, rounded once.
+template <class S>
+void moe_combine(S* y, const S* rows, const float* gate, const S* base, const int32_t* row_of, int N, int K, int C,
+                 const Ctx& ctx);
+// drows (M,C) assigned: gate_a dy_t; dgate (N K) assigned: <dy_t, rows[row_of(a)]> summed in double in
+// column order (0 if dropped). assignment_of (M) as moe_plan leaves it.
+template <class S>
+void moe_combine_bwd(S* drows, float* dgate, const S* dy, const S* rows, const float* gate, const int32_t* row_of,
+                     const int32_t* assignment_of, int64_t M, int N, int K, int C, const Ctx& ctx);
+
 // out = in converted (rounded to nearest even when narrowing). Instantiated for float <-> bf16/f16
 // and float -> float (a copy).
 template <class D, class S>

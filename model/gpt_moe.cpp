@@ -11,7 +11,15 @@
 //
 // The two extra losses enter the objective as N x (alpha A + beta Z) per micro-batch of N tokens,
 // weighted by the pass's dloss like the token losses: their share of the mean loss is that of the
-// micro-batch's tokens. The CPU backend only (TrainOptions::validate refuses the others).
+// micro-batch's tokens.
+//
+// Both backends run this code: the router's top-k, the plan and the moves are ops (kernels/ops.h,
+// kernels/cpu/moe.cpp and kernels/cuda/moe.cu) on the run's memory, and the experts' GEMMs are the
+// matmul op, one per expert with rows (moe/experts.h). Once per layer, between the plan and the
+// experts, the host receives the plan's summary in one copy (the router's statistics, the loads,
+// the experts' offsets, each assignment's expert and row: 8 (E + 1) + 4 (2E + 1) + 8 N K bytes): the
+// offsets size the experts' GEMMs, the rest feeds the step's routing statistics. Expert parallelism
+// moves rows through a host communicator, so it stays on the CPU backend.
 //
 // Tensor parallelism: the mixture is not split. Each tp rank runs it whole on the rows it holds (its
 // 1/tp of them under sequence parallelism, whose weight gradients are then partial sums over tp,
@@ -45,11 +53,66 @@ std::vector<moe::ExpertWeights<S>> local_experts(const LayerParams& lp, const mo
   const std::vector<MlpParams> mine(lp.experts.begin() + x.rank * x.local, lp.experts.begin() + (x.rank + 1) * x.local);
   return expert_weights<S>(mine, w);
 }
+// The plan's arrays inside MoeActs::plan_arrays: the router's sums (E+1 doubles), then i32 load (E),
+// offset (E+1), expert (A) and row_of (A), one block so that the host reads it in one copy.
+struct PlanView {
+  double* sums;
+  int32_t *load, *offset, *expert, *row_of;
+};
+size_t plan_bytes(int E, int64_t A) { return size_t(E + 1) * 8 + size_t(2 * E + 1 + 2 * A) * 4; }
+PlanView plan_view(void* base, int E, int64_t A) {
+  PlanView v;
+  v.sums = static_cast<double*>(base);
+  v.load = reinterpret_cast<int32_t*>(v.sums + E + 1);
+  v.offset = v.load + E;
+  v.expert = v.offset + E + 1;
+  v.row_of = v.expert + A;
+  return v;
+}
+PlanView plan_view(const MoeActs& m) {
+  return plan_view(m.plan_arrays.data(), m.routing.E, int64_t(m.routing.N) * m.routing.K);
+}
 }  // namespace
 
 template <class S>
+void Pass<S>::route_and_plan(int l, const float* logits, MoeActs& m) {
+  const MoeConfig& mc = m_.cfg_.moe;
+  const int N = Ns_, E = mc.experts, K = mc.top_k;
+  const int64_t A = int64_t(N) * K, cap = moe::expert_capacity(mc.capacity, N, K, E);
+  Buffer bias, lse_sq = f32(2 * int64_t(N));  // (N) doubles
+  if (mc.balance == MoeBalance::bias) {
+    bias = f32(E);
+    ar_.mem().upload(bias.data(), m_.moe_bias_[size_t(l)].data(), size_t(E) * sizeof(float));
+  }
+  m.probs = f32(int64_t(N) * E);
+  m.lse = f32(N);
+  m.gate = f32(A);
+  m.plan_arrays = ar_.alloc_uninitialized(kAct, plan_bytes(E, A));
+  m.assignment_of = ar_.alloc_uninitialized(kAct, size_t(A) * 4);
+  const PlanView v = plan_view(m.plan_arrays.data(), E, A);
+  double* sq = static_cast<double*>(lse_sq.data());
+  ops::moe_route(m.probs.f32(), m.lse.f32(), sq, v.expert, m.gate.f32(), logits, bias ? bias.f32() : nullptr, N, E, K,
+                 c_);
+  ops::moe_route_stats(v.sums, m.probs.f32(), sq, N, E, c_);
+  ops::moe_plan(v.load, v.offset, v.row_of, m.assignment_of.i32(), v.expert, N, K, E, cap, c_);
+  // The one copy to the host: the experts' GEMMs need the offsets, the step's statistics the rest.
+  std::vector<double> host(plan_bytes(E, A) / 8 + 1);
+  ar_.mem().download(host.data(), m.plan_arrays.data(), plan_bytes(E, A));
+  const PlanView h = plan_view(host.data(), E, A);
+  moe::Routing& r = m.routing;
+  r.N = N, r.E = E, r.K = K;
+  r.expert.assign(h.expert, h.expert + A);
+  r.load.assign(h.load, h.load + E);
+  moe::route_summary(r, h.sums);
+  moe::DispatchPlan& plan = m.plan;
+  plan.N = N, plan.K = K, plan.E = E, plan.capacity = cap;
+  plan.offset.assign(h.offset, h.offset + E + 1);
+  plan.row_of.assign(h.row_of, h.row_of + A);
+  plan.dropped = A - plan.rows();
+}
+
+template <class S>
 void Pass<S>::moe_forward(int l, S* x_next, LayerActs& a) {
-  MT_CHECK(c_.device == Device::cpu, "mixture-of-experts layers run on the CPU backend");
   const LayerParams& lp = m_.layers_[size_t(l)];
   const MoeConfig& mc = m_.cfg_.moe;
   const int N = Ns_, C = C_, F = 4 * C_, E = mc.experts, K = mc.top_k;  // this rank's rows
@@ -73,13 +136,11 @@ void Pass<S>::moe_forward(int l, S* x_next, LayerActs& a) {
   }
   Buffer logits = f32(int64_t(N) * E);
   moe::router_logits(logits.f32(), x32, wr, N, C, E, c_);
-  const bool bias = mc.balance == MoeBalance::bias;
-  m.routing = moe::route(logits.f32(), bias ? m_.moe_bias_[size_t(l)].data() : nullptr, N, E, K);
-  m.plan = moe::plan_dispatch(m.routing.expert.data(), N, K, E, moe::expert_capacity(mc.capacity, N, K, E));
+  route_and_plan(l, logits.f32(), m);
   const int64_t M = m.plan.rows();
   m.rows = act(M * C);
   m.out = act(M * C);
-  moe::permute(p(m.rows), ln2, m.plan, C);
+  ops::moe_permute(p(m.rows), ln2, m.assignment_of.i32(), M, K, C, c_);
   const std::function<const S*(int)> wf = [&](int i) { return w(i); };
   if (m_.ep_ != nullptr && m_.ep_->size() > 1) {
     // Expert parallelism: the rows to their experts' ranks, this rank's experts, the outputs back.
@@ -112,7 +173,7 @@ void Pass<S>::moe_forward(int l, S* x_next, LayerActs& a) {
     ops::add(x_next, base, p(tmp), NC_, c_);
     base = x_next;
   }
-  moe::combine(x_next, p(m.out), m.routing.gate.data(), base, m.plan, C);
+  ops::moe_combine(x_next, p(m.out), m.gate.f32(), base, plan_view(m).row_of, N, K, C, c_);
   if (in_backward_) return;  // a recompute: this forward was counted already
   MoeLayerStats& s = m_.moe_stats_[size_t(l)];
   for (int e = 0; e < E; e++) s.load[size_t(e)] += m.routing.load[size_t(e)];
@@ -136,7 +197,9 @@ void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
   const S* ln2 = p(a.ln2);
   // Combine, then the experts.
   Buffer drows = act(M * C), dgate = f32(int64_t(N) * K);
-  moe::combine_backward(p(drows), dgate.f32(), dx, p(m.out), m.routing.gate.data(), m.plan, C);
+  const PlanView pv = plan_view(m);
+  ops::moe_combine_bwd(p(drows), dgate.f32(), dx, p(m.out), m.gate.f32(), pv.row_of, m.assignment_of.i32(), M, N, K,
+                       C, c_);
   Buffer din = act(M * C);
   std::vector<moe::ExpertGrads> eg;
   for (const MlpParams& e : lp.experts) eg.push_back({g(e.fc_w), g(e.fc_b), g(e.proj_w), g(e.proj_b)});
@@ -163,7 +226,8 @@ void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
   const double scale = double(dloss_) * N;
   const double aux_w = mc.balance == MoeBalance::aux ? scale * mc.aux_coef : 0.0, z_w = scale * mc.z_coef;
   Buffer dlogits = f32(int64_t(N) * E), dx32 = f32(int64_t(N) * C);
-  moe::route_backward(dlogits.f32(), dgate.f32(), m.routing, aux_w, z_w);
+  ops::moe_route_bwd(dlogits.f32(), dgate.f32(), m.probs.f32(), m.lse.f32(), pv.expert, m.gate.f32(), pv.load, N, E, K,
+                     aux_w, z_w, c_);
   const float* x32 = nullptr;
   const float* wr = nullptr;
   Buffer w32;
@@ -180,19 +244,27 @@ void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
   // The shared experts (each its own GEMMs over every token), into the fp32 sum.
   float* acc = dx32.f32();
   if (!lp.shared.empty()) {
-    Buffer dpart = act(NC_), dfc = act(int64_t(N) * F);
+    Buffer dpart = act(NC_), dfc = act(int64_t(N) * F), d32;
     for (size_t i = 0; i < lp.shared.size(); i++) {
       const MlpParams& sh = lp.shared[i];
       ops::matmul_bwd(p(dfc), g(sh.proj_w), g(sh.proj_b), dx, p(m.shared_h[i]), w(sh.proj_w), N, F, C, c_,
                       p(m.shared_pre[i]));
       ops::matmul_bwd(p(dpart), g(sh.fc_w), g(sh.fc_b), p(dfc), ln2, w(sh.fc_w), N, C, F, c_);
-      const S* d = p(dpart);
-      for (int64_t k = 0; k < NC_; k++) acc[k] += load(d[k]);
+      if constexpr (std::is_same_v<S, float>) {
+        ops::add(acc, acc, p(dpart), NC_, c_);
+      } else {
+        if (!d32) d32 = f32(NC_);
+        ops::convert(d32.f32(), p(dpart), NC_, c_);  // exact: the fp32 sum adds the S values
+        ops::add(acc, acc, d32.f32(), NC_, c_);
+      }
     }
   }
-  moe::permute_backward(p(ws.dln), p(din), acc, m.plan, C);
+  ops::moe_permute_bwd(p(ws.dln), p(din), acc, pv.row_of, N, K, C, c_);
 }
 
+template void Pass<float>::route_and_plan(int, const float*, MoeActs&);
+template void Pass<bf16>::route_and_plan(int, const float*, MoeActs&);
+template void Pass<f16>::route_and_plan(int, const float*, MoeActs&);
 template void Pass<float>::moe_forward(int, float*, LayerActs&);
 template void Pass<bf16>::moe_forward(int, bf16*, LayerActs&);
 template void Pass<f16>::moe_forward(int, f16*, LayerActs&);

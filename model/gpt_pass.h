@@ -15,11 +15,16 @@
 namespace mt::model {
 
 // What a mixture layer's forward keeps for its backward (model/gpt_moe.cpp): the routing and the
-// dispatch plan (host vectors), the router's fp32 input (a 16-bit run), the permuted rows, the
-// experts' hidden states and outputs, and each shared expert's hidden states. M = kept assignments.
+// dispatch plan in the run's memory (probs, lse, gate; the plan's arrays), their host summary (the
+// expert choices, loads, offsets and rows: routing.probs/lse/gate stay empty), the router's fp32
+// input (a 16-bit run), the permuted rows, the experts' hidden states and outputs, and each shared
+// expert's hidden states. M = kept assignments, A = N K assignments.
 struct MoeActs {
   moe::Routing routing;
   moe::DispatchPlan plan;
+  Buffer probs, lse, gate;                 // (N,E), (N), (A) fp32
+  Buffer plan_arrays;                      // sums (E+1) f64, load (E), offset (E+1), expert (A), row_of (A) i32
+  Buffer assignment_of;                    // (A) i32, the first M meaningful
   Buffer x32;                              // (N,C) fp32 router input (empty when S is float)
   Buffer rows, h_pre, h, out;              // (M,C), (M,4C), (M,4C), (M,C)
   // Expert parallelism: the exchange of this layer's rows, and the rows this rank's experts received
@@ -172,6 +177,9 @@ class Pass {
   // routed experts of ln2; its backward leaves dL/d ln2 in ws.dln and adds the weights' gradients,
   // the router's including the load-balancing and z-losses.
   void moe_forward(int l, S* x_next, LayerActs& a);
+  // The router's top-k on logits (N,E) and the dispatch plan into m, on the run's device, with the
+  // plan's summary copied to the host once (m.routing's choices and loads, m.plan's offsets and rows).
+  void route_and_plan(int l, const float* logits, MoeActs& m);
   void moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws);
   void layer_forward(int l, const S* x, S* x_next, LayerActs& a, Workspace& ws, const int32_t* doc);
   // defer != nullptr (zb1's B_input): the input gradient only, the op outputs' gradients kept in it.

@@ -14,6 +14,9 @@
 // tokens); combine <-> combine_backward. On one rank nothing crosses a wire; with expert parallelism
 // the permuted rows would travel by all_to_all_v (parallel/comm.h) in both directions: M C elements
 // out and back per layer, M the kept assignments.
+//
+// The arithmetic is the ops' CPU twin (kernels/cpu/moe.cpp); the model calls the ops themselves
+// (kernels/ops.h `moe_*`), which run on either backend.
 #pragma once
 #include <cstddef>
 #include <cstdint>

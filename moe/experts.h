@@ -3,6 +3,11 @@
 // interface (kernels/ops.h), with GELU as the first GEMM's epilogue and its derivative fused into the
 // second's backward, as the dense MLP does. An expert with no rows is skipped (its gradients get
 // nothing added). No collective: on one rank every expert is local.
+//
+// On CUDA the same loop runs cuBLASLt matmuls (kernels/cuda/matmul.cu), one pair per expert with rows,
+// sized by the plan's offsets on the host. Not one grouped call (cublasGemmGroupedBatchedEx): it takes
+// no bias or GELU epilogue and no fused GELU backward, so the experts would round differently from the
+// dense MLP, and it would need libcublas beside cuBLASLt.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/cpu_ops.h"
 #include "runtime/check.h"
 
 namespace mt::moe {
@@ -15,80 +16,28 @@ Routing route(const float* logits, const float* bias, int N, int E, int K) {
   r.lse.resize(size_t(N));
   r.expert.resize(size_t(N) * K);
   r.gate.resize(size_t(N) * K);
+  std::vector<double> lse_sq(static_cast<size_t>(N)), sums(size_t(E) + 1);
+  cpu::moe_route(r.probs.data(), r.lse.data(), lse_sq.data(), r.expert.data(), r.gate.data(), logits, bias, N, E, K);
+  cpu::moe_route_stats(sums.data(), r.probs.data(), lse_sq.data(), N, E);
   r.load.assign(size_t(E), 0);
-  std::vector<double> mean_p(size_t(E), 0.0);
-  std::vector<char> taken(static_cast<size_t>(E));
-  double z_sum = 0;
-  for (int t = 0; t < N; t++) {
-    const float* z = logits + int64_t(t) * E;
-    float* p = r.probs.data() + int64_t(t) * E;
-    float mx = z[0];
-    for (int i = 1; i < E; i++) mx = std::max(mx, z[i]);
-    double sum = 0;
-    for (int i = 0; i < E; i++) sum += std::exp(double(z[i]) - mx);
-    for (int i = 0; i < E; i++) p[i] = float(std::exp(double(z[i]) - mx) / sum);
-    const double lse = double(mx) + std::log(sum);
-    r.lse[size_t(t)] = float(lse);
-    z_sum += lse * lse;
-    for (int i = 0; i < E; i++) mean_p[size_t(i)] += p[i];
-    // Top-k by score, best first; on equal scores the lower index wins (strict > below).
-    std::fill(taken.begin(), taken.end(), 0);
-    double gsum = 0;
-    for (int j = 0; j < K; j++) {
-      int best = -1;
-      float best_s = 0;
-      for (int i = 0; i < E; i++) {
-        if (taken[size_t(i)]) continue;
-        const float s = p[i] + (bias ? bias[i] : 0.f);
-        if (best < 0 || s > best_s) best = i, best_s = s;
-      }
-      taken[size_t(best)] = 1;
-      r.expert[size_t(t) * K + j] = best;
-      r.load[size_t(best)]++;
-      gsum += p[best];
-    }
-    for (int j = 0; j < K; j++) {
-      const float pe = p[r.expert[size_t(t) * K + j]];
-      r.gate[size_t(t) * K + j] = K == 1 ? pe : float(pe / gsum);
-    }
-  }
-  if (N > 0) {
-    double a = 0;
-    for (int i = 0; i < E; i++) a += double(r.load[size_t(i)]) / (double(N) * K) * (mean_p[size_t(i)] / N);
-    r.balance = E * a;
-    r.z = z_sum / N;
-  }
+  for (int32_t e : r.expert) r.load[size_t(e)]++;
+  route_summary(r, sums.data());
   return r;
 }
 
-void route_backward(float* dlogits, const float* dgate, const Routing& r, double aux_weight, double z_weight) {
+void route_summary(Routing& r, const double* sums) {
+  if (r.N == 0) return;
   const int N = r.N, E = r.E, K = r.K;
-  if (N == 0) return;
-  // dA/dp_{t,i} = E f_i / N with f_i = load_i / (N K); dZ/dz_{t,i} = 2 lse_t p_{t,i} / N.
-  std::vector<double> daux(static_cast<size_t>(E));
-  for (int i = 0; i < E; i++) daux[size_t(i)] = aux_weight * E * (double(r.load[size_t(i)]) / (double(N) * K)) / N;
-  std::vector<double> dp(static_cast<size_t>(E));
-  for (int t = 0; t < N; t++) {
-    const float* p = r.probs.data() + int64_t(t) * E;
-    const int32_t* ex = r.expert.data() + int64_t(t) * K;
-    const float* dg = dgate + int64_t(t) * K;
-    for (int i = 0; i < E; i++) dp[size_t(i)] = daux[size_t(i)];
-    if (K == 1) {
-      dp[size_t(ex[0])] += dg[0];
-    } else {
-      // g_j = p_{e_j} / s with s the sum of the chosen p: dg_j/dp_{e_m} = (delta_jm - g_j) / s.
-      double s = 0, dot = 0;
-      for (int j = 0; j < K; j++) s += p[ex[j]];
-      for (int j = 0; j < K; j++) dot += double(dg[j]) * r.gate[size_t(t) * K + j];
-      for (int j = 0; j < K; j++) dp[size_t(ex[j])] += (double(dg[j]) - dot) / s;
-    }
-    // Softmax backward: dz_i = p_i (dp_i - sum_j p_j dp_j), plus the z-loss term.
-    double pdp = 0;
-    for (int i = 0; i < E; i++) pdp += double(p[i]) * dp[size_t(i)];
-    const double zterm = z_weight * 2.0 * r.lse[size_t(t)] / N;
-    float* dz = dlogits + int64_t(t) * E;
-    for (int i = 0; i < E; i++) dz[i] = float(double(p[i]) * (dp[size_t(i)] - pdp + zterm));
-  }
+  double a = 0;
+  for (int i = 0; i < E; i++) a += double(r.load[size_t(i)]) / (double(N) * K) * (sums[i] / N);
+  r.balance = E * a;
+  r.z = sums[E] / N;
+}
+
+void route_backward(float* dlogits, const float* dgate, const Routing& r, double aux_weight, double z_weight) {
+  const std::vector<int32_t> load(r.load.begin(), r.load.end());
+  cpu::moe_route_bwd(dlogits, dgate, r.probs.data(), r.lse.data(), r.expert.data(), r.gate.data(), load.data(), r.N,
+                     r.E, r.K, aux_weight, z_weight);
 }
 
 void router_logits(float* logits, const float* x, const float* w, int N, int C, int E, const ops::Ctx& ctx) {

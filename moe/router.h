@@ -35,8 +35,12 @@ struct Routing {
   double z = 0;                 // Z = mean lse^2
 };
 
-// logits (N, E) -> routing. `bias` (E) or nullptr (no routing bias).
+// logits (N, E) -> routing. `bias` (E) or nullptr (no routing bias). Host arrays: the arithmetic is
+// the CPU twin of the ops (kernels/cpu/moe.cpp); the model calls ops::moe_route on either backend.
 Routing route(const float* logits, const float* bias, int N, int E, int K);
+// balance and z of r (N, E, K and load set) from ops::moe_route_stats's sums: sum_t p_{t,i} (E), then
+// sum_t lse_t^2.
+void route_summary(Routing& r, const double* sums);
 
 // The gradient of the objective J = sum_{t,j} dgate[t,j]-weighted gates + aux_weight A + z_weight Z
 // with respect to the logits: dlogits (N, E) is assigned. `dgate` (N, K): dJ/dgate.

@@ -87,4 +87,25 @@ void scale(T* x, T s, int64_t N);
 void round_to(float* x, int64_t N, int dtype /* mt::DType */);
 bool all_finite(const float* x, int64_t N);
 
+// Mixture-of-experts ops (kernels/cpu/moe.cpp; semantics in kernels/ops.h). The router's arrays are
+// fp32 (double for the finite-difference tests' storage type too); the moves are templated on S.
+void moe_route(float* probs, float* lse, double* lse_sq, int32_t* expert, float* gate, const float* logits,
+               const float* bias, int N, int E, int K);
+void moe_route_stats(double* sums, const float* probs, const double* lse_sq, int N, int E);
+void moe_route_bwd(float* dlogits, const float* dgate, const float* probs, const float* lse, const int32_t* expert,
+                   const float* gate, const int32_t* load, int N, int E, int K, double aux_weight, double z_weight);
+void moe_plan(int32_t* load, int32_t* offset, int32_t* row_of, int32_t* assignment_of, const int32_t* expert, int N,
+              int K, int E, int64_t capacity);
+template <class S>
+void moe_permute(S* out, const S* x, const int32_t* assignment_of, int64_t M, int K, int C);
+template <class S>
+void moe_unpermute(S* out, const S* rows, const int32_t* row_of, int64_t A, int C);
+template <class S>
+void moe_permute_bwd(S* dx, const S* drows, const float* extra, const int32_t* row_of, int N, int K, int C);
+template <class S>
+void moe_combine(S* y, const S* rows, const float* gate, const S* base, const int32_t* row_of, int N, int K, int C);
+template <class S>
+void moe_combine_bwd(S* drows, float* dgate, const S* dy, const S* rows, const float* gate, const int32_t* row_of,
+                     int N, int K, int C);
+
 }  // namespace mt::cpu

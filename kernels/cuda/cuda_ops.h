@@ -85,6 +85,28 @@ void xent_slice_stats(float* stats, const S* logits, const int32_t* targets, int
 template <class S>
 void xent_slice_finish(float* losses, S* dlogits, const S* logits, const float* stats, int P, const int32_t* targets,
                        float dloss, int col0, int N, int V, int Vl, const ops::Ctx& ctx);
+// Mixture of experts (moe.cu, kernels in moe_kernels.cuh).
+void moe_route(float* probs, float* lse, double* lse_sq, int32_t* expert, float* gate, const float* logits,
+               const float* bias, int N, int E, int K, const ops::Ctx& ctx);
+void moe_route_stats(double* sums, const float* probs, const double* lse_sq, int N, int E, const ops::Ctx& ctx);
+void moe_route_bwd(float* dlogits, const float* dgate, const float* probs, const float* lse, const int32_t* expert,
+                   const float* gate, const int32_t* load, int N, int E, int K, double aux_weight, double z_weight,
+                   const ops::Ctx& ctx);
+void moe_plan(int32_t* load, int32_t* offset, int32_t* row_of, int32_t* assignment_of, const int32_t* expert, int N,
+              int K, int E, int64_t capacity, const ops::Ctx& ctx);
+template <class S>
+void moe_permute(S* out, const S* x, const int32_t* assignment_of, int64_t M, int K, int C, const ops::Ctx& ctx);
+template <class S>
+void moe_unpermute(S* out, const S* rows, const int32_t* row_of, int64_t A, int C, const ops::Ctx& ctx);
+template <class S>
+void moe_permute_bwd(S* dx, const S* drows, const float* extra, const int32_t* row_of, int N, int K, int C,
+                     const ops::Ctx& ctx);
+template <class S>
+void moe_combine(S* y, const S* rows, const float* gate, const S* base, const int32_t* row_of, int N, int K, int C,
+                 const ops::Ctx& ctx);
+template <class S>
+void moe_combine_bwd(S* drows, float* dgate, const S* dy, const S* rows, const float* gate, const int32_t* row_of,
+                     const int32_t* assignment_of, int64_t M, int N, int K, int C, const ops::Ctx& ctx);
 template <class D, class S>
 void convert(D* out, const S* in, int64_t N, const ops::Ctx& ctx);
 void adamw(float* params, float* m, float* v, const float* grads, int64_t N, float lr, float beta1, float beta2,

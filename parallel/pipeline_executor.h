@@ -10,25 +10,26 @@
 // Communication and its pairs: send_activation -> recv_activation (forward), send_gradient ->
 // recv_gradient (the backward twin). Two ways to issue them (Pairing):
 //
-// ahead (host communicators: MPI's sends are eager). Following the schedule's contract: every receive is posted
-// (recv_async) one compute action ahead of where it is listed, so the message lands while the rank
-// computes; per peer they are posted in list order, so the k-th send from a rank matches the k-th
-// receive from it, with one tag. A send starts when listed (send_async) and is completed only at the
-// end of the step, or when it is seen complete, which frees its buffer; no send is waited for before
-// a later action, so the validator's proof of deadlock freedom (eager sends, blocking receives)
-// applies. Per step a rank sends m v messages each way, a = B T C elements each (first and last
-// stage excepted for gradients and activations respectively).
+// ahead (host communicators: MPI's sends are eager). Following the schedule's contract: every
+// receive is posted (recv_async) one compute action ahead of where it is listed, so the message
+// lands while the rank computes; per peer they are posted in list order, so the k-th send from a
+// rank matches the k-th receive from it, with one tag. A send starts when listed (send_async) and is
+// completed only at the end of the step, or when it is seen complete, which frees its buffer; no
+// send is waited for before a later action, so the validator's proof of deadlock freedom (eager
+// sends, blocking receives) applies. Per step a rank sends m v messages each way, a = B T C elements
+// each (first and last stage excepted for gradients and activations respectively).
 //
-// paired (device communicators: NCCL's sends wait for their receives, and its operations run in issue
-// order on one stream, so a receive posted ahead would hold up the sends queued behind it). Before each
-// compute action the executor issues one exchange, the sends listed since the previous compute action
-// and the receives listed before this one, as one send_recv (grouped: its halves progress together),
-// and orders the compute action after it; sends after the last compute action go at the end. Nothing
-// is posted ahead, so both sides issue their messages in list order, which is how NCCL matches them
-// (it has no tags). check_exchanges (parallel/pipeline_exchange.h) proves at construction that the
-// schedule cannot deadlock this way even though every send waits for its receive (gpipe, 1f1b and
-// zb1 always pass; many interleaved schedules do not, and are refused). On a device "ordered after" costs no host wait (CommHandle::wait orders the compute
-// stream after the exchange's event).
+// paired (device communicators: NCCL's sends wait for their receives, and its operations run in
+// issue order on one stream, so a receive posted ahead would hold up the sends queued behind it).
+// Before each compute action the executor issues one exchange, the send listed since the previous
+// compute action and the receive listed before this one, as one send_recv (grouped: its halves
+// progress together), and orders the compute action after it; a send after the last compute action
+// goes at the end. Nothing is posted ahead, so both sides issue their messages in list order, which
+// is how NCCL matches them (it has no tags). check_exchanges (parallel/pipeline_exchange.h) proves at
+// construction that the schedule cannot deadlock this way even though every send waits for its
+// receive: gpipe, 1f1b and zb1 always pass; many interleaved schedules do not, and are refused. On a
+// device "ordered after" costs no host wait (CommHandle::wait orders the compute stream after the
+// exchange's event).
 //
 // Data parallelism. Before each compute action the stages are told whether it is the last on this
 // rank to touch its chunk's weight gradients (the chunk's last B), or the last F of the chunk (where

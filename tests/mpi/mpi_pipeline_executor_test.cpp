@@ -52,7 +52,8 @@ class ToyStages final : public parallel::PipelineStages {
   }
   Buffer backward_input(int chunk, int micro, Buffer dy) override { return backward(chunk, micro, std::move(dy)); }
   void backward_weight(int chunk, int micro) override {
-    if (!backwards_.count({chunk, micro})) errors_.push_back(strfmt("W of chunk %d micro %d before B_input", chunk, micro));
+    if (!backwards_.count({chunk, micro}))
+      errors_.push_back(strfmt("W of chunk %d micro %d before B_input", chunk, micro));
   }
 
   const std::vector<std::string>& errors() const { return errors_; }

@@ -83,8 +83,10 @@ TEST(PipelineParallelGpu, EveryScheduleMatchesTheCpuRun) {
   if (!missing.empty()) GTEST_SKIP() << missing;
   const std::string data = shared_corpus(world);
   const int steps = 6;
-  std::vector<Layout> ls = {{.pp = W, .schedule = "gpipe"}, {.pp = W, .schedule = "1f1b"},
-                            {.pp = W, .schedule = "zb1"}, {.pp = W, .accum = 2, .schedule = "1f1b", .attention = "flash"}};
+  std::vector<Layout> ls = {{.pp = W, .schedule = "gpipe"},
+                            {.pp = W, .schedule = "1f1b"},
+                            {.pp = W, .schedule = "zb1"},
+                            {.pp = W, .accum = 2, .schedule = "1f1b", .attention = "flash"}};
   if (W == 4) ls.push_back({.pp = 2, .dp = 2, .zero = 1, .schedule = "1f1b"});  // with dp's NCCL communicator
   for (const Layout& l : ls) {
     Trainer cpu(options(data, l, steps, Device::cpu), &world);

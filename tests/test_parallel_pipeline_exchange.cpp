@@ -1,15 +1,20 @@
 // Paired exchanges (parallel/pipeline_exchange.h): gpipe, 1f1b and zb1 run to the end on the whole
 // schedule grid when sends wait for their receives (NCCL) and each rank pairs the messages between two
 // compute actions into one exchange; a schedule where two ranks each send before they receive (some
-// interleaved ones among them) is caught, naming both.
+// interleaved ones among them) is caught, naming both. And the executor, in paired mode, issues
+// exactly those exchanges, one call each, each before its compute action: the order the check proved.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "parallel/pipeline_exchange.h"
+#include "parallel/pipeline_executor.h"
 #include "parallel/pipeline_sim.h"
 #include "runtime/check.h"
+#include "runtime/memory.h"
 
 namespace mt::parallel {
 namespace {
@@ -112,6 +117,95 @@ TEST(PipelineExchange, TwoSendsBetweenComputeActionsAreRefused) {
     EXPECT_NE(w.find("rank 3, action 2"), std::string::npos) << w;
     EXPECT_NE(w.find("a second send"), std::string::npos) << w;
   }
+}
+
+// One rank of a pipeline as the executor sees it, with no peers: a Comm that records every
+// point-to-point call and completes it at once, and stages that record every compute action.
+class RecordingComm final : public Comm {
+ public:
+  RecordingComm(int rank, int size, std::vector<std::string>& log) : Comm(rank, size, Device::cpu, "pp"), log_(log) {}
+
+ protected:
+  CommHandle do_send_recv(const void*, size_t, int dst, void* recv_buf, size_t recv_count, int src, DType t,
+                          int) override {
+    log_.push_back(strfmt("exchange send %d recv %d", dst, src));
+    if (src >= 0) std::fill_n(static_cast<char*>(recv_buf), recv_count * dtype_size(t), 0);
+    return {};
+  }
+  CommHandle do_all_reduce(void*, size_t, DType, ReduceOp) override { return unused(); }
+  CommHandle do_reduce_scatter(const void*, void*, size_t, DType, ReduceOp) override { return unused(); }
+  CommHandle do_all_gather(const void*, void*, size_t, DType) override { return unused(); }
+  CommHandle do_all_to_all_v(const void*, std::span<const size_t>, void*, std::span<const size_t>, DType) override {
+    return unused();
+  }
+  CommHandle do_broadcast(void*, size_t, DType, int) override { return unused(); }
+  CommHandle do_barrier() override { return unused(); }
+  std::unique_ptr<Comm> do_split(int, int, const std::string&, Arena*) override { unused(); return nullptr; }
+
+ private:
+  static CommHandle unused() { fail("the pipeline executor called a collective"); }
+  std::vector<std::string>& log_;
+};
+
+class RecordingStages final : public PipelineStages {
+ public:
+  RecordingStages(const Schedule& s, int rank, std::vector<std::string>& log, Arena& arena)
+      : s_(s), rank_(rank), log_(log), arena_(arena) {}
+  size_t message_elems() const override { return 8; }
+  DType message_dtype() const override { return DType::f32; }
+  Buffer alloc_message() override { return arena_.alloc(MemCategory::activations, 32); }
+  void before(const Action&, bool) override {}
+  Buffer forward(int chunk, int micro, Buffer) override {
+    log_.push_back(describe(F(chunk, micro)));
+    return s_.stage(rank_, chunk) + 1 < s_.stages() ? alloc_message() : Buffer();
+  }
+  Buffer backward(int chunk, int micro, Buffer) override {
+    log_.push_back(describe(B(chunk, micro)));
+    return s_.stage(rank_, chunk) > 0 ? alloc_message() : Buffer();
+  }
+  Buffer backward_input(int chunk, int micro, Buffer) override {
+    log_.push_back(describe({ActionKind::backward_input, chunk, micro, -1}));
+    return s_.stage(rank_, chunk) > 0 ? alloc_message() : Buffer();
+  }
+  void backward_weight(int chunk, int micro) override {
+    log_.push_back(describe({ActionKind::backward_weight, chunk, micro, -1}));
+  }
+
+ private:
+  const Schedule& s_;
+  int rank_;
+  std::vector<std::string>& log_;
+  Arena& arena_;
+};
+
+TEST(PipelineExchange, ThePairedExecutorIssuesExactlyTheCheckedExchanges) {
+  Arena arena(host_memory());
+  int runs = 0;
+  for (ScheduleKind k : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::zb1})
+    for (int p = 2; p <= 4; p++)
+      for (int m : {1, 2, p + 1, 2 * p}) {
+        const Schedule s = build_schedule({k, p, m, 1});
+        for (int r = 0; r < p; r++) {
+          const std::vector<Action>& l = s.ranks[size_t(r)];
+          std::vector<std::string> want;
+          const std::vector<Exchange> ex = paired_exchanges(l, r);
+          size_t e = 0;
+          for (size_t i = 0; i <= l.size(); i++) {
+            for (; e < ex.size() && ex[e].before == i; e++)
+              want.push_back(strfmt("exchange send %d recv %d", ex[e].send >= 0 ? l[size_t(ex[e].send)].peer : -1,
+                                    ex[e].recv >= 0 ? l[size_t(ex[e].recv)].peer : -1));
+            if (i < l.size() && is_compute(l[i].kind)) want.push_back(describe(l[i]));
+          }
+          std::vector<std::string> got;
+          RecordingComm comm(r, p, got);
+          RecordingStages stages(s, r, got, arena);
+          PipelineExecutor exec(s, comm, Pairing::paired);
+          exec.run(stages);
+          ASSERT_EQ(got, want) << schedule_kind_name(k) << " p=" << p << " m=" << m << " rank " << r;
+          runs++;
+        }
+      }
+  EXPECT_EQ(runs, 3 * (2 + 3 + 4) * 4);
 }
 
 }  // namespace

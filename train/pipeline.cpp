@@ -129,17 +129,27 @@ void check_pipeline_options(const TrainOptions& o) {
   else if (kind == parallel::ScheduleKind::interleaved && L % (p * v) != 0)
     fail("pp.schedule=interleaved: model.n_layer %d is not divisible by --pp %d x pp.virtual %d (or give each "
          "stage's layers with pp.layers)", L, p, v);
-  if (o.device == Device::cuda) {
-    // NCCL's sends wait for their receives: the executor pairs each compute action's messages into
-    // one exchange, which some schedules cannot run without deadlock (parallel/pipeline_exchange.h).
+  if (o.device == Device::cuda && o.parallel.pp_exchange == "ahead")
+    fail("pp.exchange=ahead with --device cuda: NCCL's sends wait for their receives, so receives posted ahead "
+         "would hold up the sends queued behind them; use pp.exchange=auto or paired");
+  if (pipeline_pairing(o) == parallel::Pairing::paired) {
+    // The executor pairs each compute action's messages into one exchange, which some schedules
+    // cannot run without deadlock when sends wait for their receives (parallel/pipeline_exchange.h).
     try {
       parallel::check_exchanges(parallel::build_schedule(pipeline_spec(o)));
     } catch (const Error& e) {
-      fail("pp.schedule=%s with --device cuda (--pp %d, grad_accum %d, pp.virtual %d): its messages cannot run as "
-           "NCCL's paired exchanges without deadlock (%s); use gpipe, 1f1b or zb1",
-           o.parallel.pp_schedule.c_str(), p, o.grad_accum, v, e.what());
+      fail("pp.schedule=%s with %s (--pp %d, grad_accum %d, pp.virtual %d): its messages cannot run as paired "
+           "exchanges without deadlock under NCCL (%s); use gpipe, 1f1b or zb1",
+           o.parallel.pp_schedule.c_str(), o.device == Device::cuda ? "--device cuda" : "pp.exchange=paired", p,
+           o.grad_accum, v, e.what());
     }
   }
+}
+
+parallel::Pairing pipeline_pairing(const TrainOptions& o) {
+  const std::string& x = o.parallel.pp_exchange;
+  if (x == "paired" || (x == "auto" && o.device == Device::cuda)) return parallel::Pairing::paired;
+  return parallel::Pairing::ahead;
 }
 
 namespace {
@@ -159,10 +169,12 @@ Pipeline::Pipeline(const TrainOptions& o, parallel::Comm& pp, parallel::Comm& me
       dp_(dp),
       arena_(arena),
       ctx_(ctx),
-      exec_(checked_schedule(o), messages, parallel::pairing_for(messages)) {
+      exec_(checked_schedule(o), messages, pipeline_pairing(o)) {
   MT_CHECK(messages.device() == arena.device() && messages.size() == pp.size() && messages.rank() == pp.rank(),
            "pipeline: messages on communicator '%s' (%s) for a run in %s memory", messages.name().c_str(),
            device_name(messages.device()), device_name(arena.device()));
+  MT_CHECK(parallel::pairing_for(messages) == parallel::Pairing::ahead || exec_.pairing() == parallel::Pairing::paired,
+           "pipeline: a device communicator ('%s') needs paired exchanges", messages.name().c_str());
   gpt_.set_keep_stage_losses(true);
 }
 

@@ -127,10 +127,10 @@ class PipelineExecutor {
 
  private:
   using Key = std::tuple<ActionKind, int, int>;  // (message kind, chunk, micro)
-  struct Message {
+  struct Message {  // the handle is declared last, so it is destroyed (waited for) before its buffers
     Buffer buf;
-    CommHandle handle;
     Buffer sent;  // paired: the buffer sent in the same exchange, in flight until `handle` completes
+    CommHandle handle;
   };
   void post_receives_through(size_t end, PipelineStages& stages);
   Buffer take_produced(const Action& send);

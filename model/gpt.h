@@ -158,6 +158,11 @@ class GPT {
   Buffer stage_backward_input(StageContext& c, Buffer dy);
   void stage_backward_weight(StageContext& c);
   double stage_loss(const StageContext& c) const;
+  // Training losses left in the arena's memory: with keep set, the last stage's backward (B or B_input)
+  // does not sum its per-token losses on the host (a device synchronisation per micro-batch) but keeps
+  // them, N = B T f32 values, for take_stage_losses; the caller sums them once per step. Default off.
+  void set_keep_stage_losses(bool keep) { keep_stage_losses_ = keep; }
+  Buffer take_stage_losses(StageContext& c);
   // Elements of the activation a stage hands on (its residual stream: B T C, or B T C / tp under
   // sequence parallelism), in the compute dtype.
   int64_t stage_activation_elems(const MicroBatch& mb) const;
@@ -239,6 +244,7 @@ class GPT {
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
   int emb_unit_ = -1, pos_unit_ = -1, final_unit_ = -1;
   Recompute recompute_ = Recompute::none;
+  bool keep_stage_losses_ = false;
   Attention attention_ = Attention::materialized;
   // Per unit: whether it is acquired (a weight read outside acquire/release fails in every precision).
   std::vector<char> acquired_;

@@ -82,6 +82,7 @@ struct StageState final : StageContext {
   Buffer lnf, lnf_mean, lnf_rstd, dlnf, losses;  // last stage
   double loss_sum = 0;
   bool loss_done = false;
+  bool keep_losses = false;  // training: backward leaves `losses` for GPT::take_stage_losses
   Buffer dx;  // after backward: the gradient of the stage's input
   // zb1: after B_input, per layer what W needs (the activations stay in xs and acts until then).
   std::vector<LayerGrads> deferred;

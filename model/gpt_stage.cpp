@@ -272,7 +272,7 @@ void Pass<S>::backward(StageState& st, Buffer dy, bool split) {
   if (!split) st.xs[0].reset();
   if (st.first) embed_backward(st, dx, ws);
   else st.dx = std::move(dx);
-  if (st.last) {
+  if (st.last && !st.keep_losses) {
     st.loss_sum = sum_losses(st.losses);  // waits for the whole backward on a device
     st.loss_done = true;
     st.losses.reset();
@@ -335,6 +335,7 @@ std::unique_ptr<StageContext> GPT::forward_chunk(int chunk, const MicroBatch& mb
   st->last = plan_.last && chunk + 1 == int(plan_.chunks.size());
   st->train = mode == Mode::train;
   st->dloss = dloss;
+  st->keep_losses = st->train && st->last && keep_stage_losses_;
   // Which activations each layer keeps until backward. The flash path never keeps probabilities,
   // only the (B,NH,T) log-sum-exp, so for it selective is the same as none.
   const bool flash = attention_ == Attention::flash;
@@ -400,6 +401,13 @@ double GPT::stage_loss(const StageContext& c) const {
   const StageState& st = static_cast<const StageState&>(c);
   MT_CHECK(st.last && st.loss_done, "stage_loss: not the last stage, or its loss is not summed yet");
   return st.loss_sum;
+}
+
+Buffer GPT::take_stage_losses(StageContext& c) {
+  StageState& st = static_cast<StageState&>(c);
+  MT_CHECK(st.keep_losses && st.losses, "take_stage_losses: not the last stage's training backward with keep set, "
+           "or taken twice");
+  return std::move(st.losses);
 }
 
 // The whole model: every chunk of a plan that holds the first and the last stage, forward in order

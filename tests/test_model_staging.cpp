@@ -149,6 +149,39 @@ TEST_P(DeviceStaging, EveryHostArrayCrossesThroughTheArenasMemOps) {
   EXPECT_EQ(g_traffic.down, size_t(cfg.vocab_size) * sizeof(float));
 }
 
+// A pipeline's last stage keeps its losses on the device (GPT::set_keep_stage_losses): its backward
+// downloads nothing, and the losses it hands over sum, in the model's own order, to the very loss the
+// unkept path returns; taking them twice, or from a backward that did not keep them, fails.
+TEST_P(DeviceStaging, KeptStageLossesStayOnTheDevice) {
+  const GPTConfig cfg = small_config();
+  std::mt19937_64 rng(testing::test_seed() + 2);
+  const Batch b = random_batch(cfg, rng);
+  const Result want = train_once(fake_device(), cfg, b, GetParam());
+  Arena arena(fake_device());
+  ParamStore store;
+  GPT gpt(cfg, store);
+  store.finalize(arena, GetParam());
+  gpt.init_weights(7);
+  gpt.set_arena(&arena);
+  store.zero_grads();
+  gpt.set_keep_stage_losses(true);
+  g_traffic = Traffic();
+  std::unique_ptr<StageContext> ctx = gpt.stage_forward(0, b.view(), Buffer(), 1.f / float(b.B * b.T), true);
+  EXPECT_FALSE(gpt.stage_backward(*ctx, Buffer())) << "stage 0 has no input gradient";
+  EXPECT_EQ(g_traffic.down, 0u) << "the losses stay in device memory";
+  const Buffer losses = gpt.take_stage_losses(*ctx);
+  ASSERT_EQ(losses.bytes(), size_t(b.B * b.T) * sizeof(float));
+  double sum = 0;
+  for (int i = 0; i < b.B * b.T; i++) sum += double(losses.f32()[i]);
+  EXPECT_EQ(sum, want.loss);
+  EXPECT_EQ(0, std::memcmp(store.grads(), want.grads.data(), want.grads.size() * sizeof(float)));
+  EXPECT_THROW(gpt.take_stage_losses(*ctx), Error);
+  gpt.set_keep_stage_losses(false);
+  std::unique_ptr<StageContext> plain = gpt.stage_forward(0, b.view(), Buffer(), 1.f, true);
+  gpt.stage_backward(*plain, Buffer());
+  EXPECT_THROW(gpt.take_stage_losses(*plain), Error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Precisions, DeviceStaging, ::testing::Values(DType::f32, DType::bf16),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 

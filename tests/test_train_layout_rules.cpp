@@ -94,11 +94,38 @@ TEST(LayoutRules, EachBadPipelineOptionNamesItself) {
   expect_error([&] { parse_train_options(four({"pp.virtual=2"})); }, "pp.virtual=2", "--pp 2");
   expect_error([&] { parse_train_options(four({"pp.layers=4"})); }, "pp.layers=4", "--pp 2");
   expect_error([&] { parse_train_options(four({"--pp", "2", "pp.virtual=0"})); }, "pp.virtual");
-  expect_error([&] { parse_train_options(four({"--pp", "2", "device=cuda"})); }, "--pp 2 with --device cuda");
   // What fits: uneven stages, interleaving with whole rounds, m < p for 1f1b.
   EXPECT_NO_THROW(parse_train_options(four({"--pp", "2", "pp.layers=1,3"})));
   EXPECT_NO_THROW(parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "pp.virtual=2", "grad_accum=4"})));
+  // pp.exchange: paired on the CPU takes the same check; ahead on cuda is refused; a bad value names itself.
+  expect_error([&] { parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "pp.virtual=2",
+                                               "grad_accum=4", "pp.exchange=paired"})); },
+               "pp.schedule=interleaved with pp.exchange=paired", "without deadlock");
+  EXPECT_NO_THROW(parse_train_options(four({"--pp", "2", "pp.schedule=zb1", "pp.exchange=paired"})));
+  expect_error([&] { parse_train_options(four({"--pp", "2", "device=cuda", "pp.exchange=ahead"})); },
+               "pp.exchange=ahead with --device cuda");
+  expect_error([&] { parse_train_options(four({"--pp", "2", "pp.exchange=eager"})); }, "pp.exchange=eager");
+  EXPECT_EQ(parse_train_options(four({"--pp", "2"})).to_json()["pp"]["exchange"], "auto");
   EXPECT_NO_THROW(parse_train_options(four({"--pp", "4", "pp.schedule=gpipe", "grad_accum=1"})));
+  // GPUs: the messages travel over NCCL (whether this build and machine have a GPU is the trainer's
+  // check, not the options').
+  EXPECT_NO_THROW(parse_train_options(four({"--pp", "2", "device=cuda"})));
+  EXPECT_NO_THROW(parse_train_options(four({"--pp", "2", "pp.schedule=zb1", "device=cuda", "precision=bf16"})));
+  EXPECT_NO_THROW(parse_train_options(four({"--pp", "4", "pp.schedule=gpipe", "grad_accum=3", "device=cuda"})));
+  // Interleaved rounds that deadlock when every send waits for its receive (NCCL) are refused there.
+  expect_error([&] { parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "pp.virtual=2",
+                                               "grad_accum=4", "device=cuda"})); },
+               "pp.schedule=interleaved with --device cuda", "without deadlock");
+  EXPECT_NO_THROW(parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "pp.virtual=2", "grad_accum=4"})));
+  // pp.exchange: paired on the CPU takes the same check; ahead on cuda is refused; a bad value names itself.
+  expect_error([&] { parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "pp.virtual=2",
+                                               "grad_accum=4", "pp.exchange=paired"})); },
+               "pp.schedule=interleaved with pp.exchange=paired", "without deadlock");
+  EXPECT_NO_THROW(parse_train_options(four({"--pp", "2", "pp.schedule=zb1", "pp.exchange=paired"})));
+  expect_error([&] { parse_train_options(four({"--pp", "2", "device=cuda", "pp.exchange=ahead"})); },
+               "pp.exchange=ahead with --device cuda");
+  expect_error([&] { parse_train_options(four({"--pp", "2", "pp.exchange=eager"})); }, "pp.exchange=eager");
+  EXPECT_EQ(parse_train_options(four({"--pp", "2"})).to_json()["pp"]["exchange"], "auto");
   const TrainOptions o = parse_train_options(four({"--pp", "4", "pp.schedule=gpipe"}));
   EXPECT_EQ(o.to_json()["pp"]["schedule"], "gpipe");
 }

@@ -113,6 +113,9 @@ const std::vector<OptionEntry>& option_table() {
          o.parallel.pp_schedule = v; }, "parallel", "pipeline schedule: gpipe | 1f1b | interleaved | zb1"},
       {"pp.virtual", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp_virtual = parse_int(k, v); }, "parallel", "model chunks per pipeline rank (interleaved: 2 or more)"},
       {"pp.layers", [](TrainOptions& o, auto&, auto& v) { o.parallel.pp_layers = v; }, "parallel", "layers per stage, e.g. 3,3,2,4 ('': balanced by FLOPs, the classifier counted; even under interleaved)"},
+      {"pp.exchange", [](TrainOptions& o, auto&, auto& v) {
+         if (v != "auto" && v != "ahead" && v != "paired") fail("pp.exchange=%s: expected auto, ahead or paired", v.c_str());
+         o.parallel.pp_exchange = v; }, "parallel", "pipeline messages: ahead (receives posted one compute action early; host) | paired (one send+receive exchange per compute action; what NCCL needs) | auto (paired on cuda)"},
       {"batch_size", [](TrainOptions& o, auto& k, auto& v) { o.batch_size = parse_int(k, v); }, "batch", "rows per micro-batch per data-parallel rank (B)"},
       {"global_batch", [](TrainOptions& o, auto& k, auto& v) { o.global_batch = parse_int(k, v); }, "batch", "rows per optimizer step over all ranks (0: B x dp x grad_accum)"},
       {"seq_len", [](TrainOptions& o, auto& k, auto& v) { o.seq_len = parse_int(k, v); }, "batch", "tokens per row (T), at most model.block_size"},
@@ -400,7 +403,8 @@ nlohmann::json TrainOptions::to_json() const {
                     {"zero", parallel.zero}, {"bucket_mb", parallel.bucket_mb}, {"embedding_rows", parallel.embedding_rows},
                     {"sdc_every", parallel.sdc_every},
                     {"sdc_flip_step", parallel.sdc_flip_step}, {"sdc_flip_rank", parallel.sdc_flip_rank}}},
-      {"pp", {{"schedule", parallel.pp_schedule}, {"virtual", parallel.pp_virtual}, {"layers", parallel.pp_layers}}},
+      {"pp", {{"schedule", parallel.pp_schedule}, {"virtual", parallel.pp_virtual}, {"layers", parallel.pp_layers},
+              {"exchange", parallel.pp_exchange}}},
       {"ckpt", {{"dir", ckpt.dir}, {"keep", ckpt.keep}, {"async", ckpt.async},
                 {"writer_priority", checkpoint::writer_priority_name(ckpt.writer_priority)},
                 {"sync_fallback", ckpt.sync_fallback}, {"fault_phase", ckpt.fault_phase},

@@ -61,6 +61,9 @@ struct ParallelOptions {
   std::string pp_schedule = "1f1b";  // pp.schedule: gpipe | 1f1b | interleaved | zb1
   int pp_virtual = 1;                // pp.virtual: chunks per pipeline rank (interleaved: 2 or more)
   std::string pp_layers;             // pp.layers=3,3,2,4: each stage's layers ("": even)
+  // pp.exchange: how the executor issues messages (parallel/pipeline_executor.h): auto (paired on
+  // cuda, ahead on the CPU) | ahead | paired.
+  std::string pp_exchange = "auto";
 };
 
 // Checkpoints (checkpoint/): where, how many, async or not, and fault injection for recovery tests.

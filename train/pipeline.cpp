@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <sstream>
 
+#include "kernels/ops.h"
+#include "parallel/pipeline_exchange.h"
 #include "parallel/pipeline_sim.h"
 #include "runtime/check.h"
 
@@ -127,9 +129,27 @@ void check_pipeline_options(const TrainOptions& o) {
   else if (kind == parallel::ScheduleKind::interleaved && L % (p * v) != 0)
     fail("pp.schedule=interleaved: model.n_layer %d is not divisible by --pp %d x pp.virtual %d (or give each "
          "stage's layers with pp.layers)", L, p, v);
-  if (o.device != Device::cpu)
-    fail("--pp %d with --device %s: pipeline parallelism runs on the CPU backend so far (its messages travel over "
-         "the host communicator)", p, device_name(o.device));
+  if (o.device == Device::cuda && o.parallel.pp_exchange == "ahead")
+    fail("pp.exchange=ahead with --device cuda: NCCL's sends wait for their receives, so receives posted ahead "
+         "would hold up the sends queued behind them; use pp.exchange=auto or paired");
+  if (pipeline_pairing(o) == parallel::Pairing::paired) {
+    // The executor pairs each compute action's messages into one exchange, which some schedules
+    // cannot run without deadlock when sends wait for their receives (parallel/pipeline_exchange.h).
+    try {
+      parallel::check_exchanges(parallel::build_schedule(pipeline_spec(o)));
+    } catch (const Error& e) {
+      fail("pp.schedule=%s with %s (--pp %d, grad_accum %d, pp.virtual %d): its messages cannot run as paired "
+           "exchanges without deadlock under NCCL (%s); use gpipe, 1f1b or zb1",
+           o.parallel.pp_schedule.c_str(), o.device == Device::cuda ? "--device cuda" : "pp.exchange=paired", p,
+           o.grad_accum, v, e.what());
+    }
+  }
+}
+
+parallel::Pairing pipeline_pairing(const TrainOptions& o) {
+  const std::string& x = o.parallel.pp_exchange;
+  if (x == "paired" || (x == "auto" && o.device == Device::cuda)) return parallel::Pairing::paired;
+  return parallel::Pairing::ahead;
 }
 
 namespace {
@@ -140,10 +160,22 @@ parallel::Schedule checked_schedule(const TrainOptions& o) {
 }
 }  // namespace
 
-Pipeline::Pipeline(const TrainOptions& o, parallel::Comm& pp, model::GPT& gpt, ParamStore& store,
-                   parallel::DataParallel& dp, Arena& arena)
-    : pp_(pp), gpt_(gpt), store_(store), dp_(dp), arena_(arena), exec_(checked_schedule(o), pp) {
-  MT_CHECK(arena.device() == Device::cpu, "pipeline parallelism on the CPU backend only");
+Pipeline::Pipeline(const TrainOptions& o, parallel::Comm& pp, parallel::Comm& messages, model::GPT& gpt,
+                   ParamStore& store, parallel::DataParallel& dp, Arena& arena, const ops::Ctx& ctx)
+    : pp_(pp),
+      msg_(messages),
+      gpt_(gpt),
+      store_(store),
+      dp_(dp),
+      arena_(arena),
+      ctx_(ctx),
+      exec_(checked_schedule(o), messages, pipeline_pairing(o)) {
+  MT_CHECK(messages.device() == arena.device() && messages.size() == pp.size() && messages.rank() == pp.rank(),
+           "pipeline: messages on communicator '%s' (%s) for a run in %s memory", messages.name().c_str(),
+           device_name(messages.device()), device_name(arena.device()));
+  MT_CHECK(parallel::pairing_for(messages) == parallel::Pairing::ahead || exec_.pairing() == parallel::Pairing::paired,
+           "pipeline: a device communicator ('%s') needs paired exchanges", messages.name().c_str());
+  gpt_.set_keep_stage_losses(true);
 }
 
 Buffer Pipeline::alloc_message() {
@@ -183,7 +215,18 @@ Buffer Pipeline::backward_input_or_whole(int chunk, int micro, Buffer dy, bool s
   model::StageContext& ctx = context(chunk, micro, split ? "B_input" : "backward");
   Buffer dx = split ? gpt_.stage_backward_input(ctx, std::move(dy)) : gpt_.stage_backward(ctx, std::move(dy));
   const bool last_stage = gpt_.plan().last && chunk + 1 == int(gpt_.plan().chunks.size());
-  if (last_stage) losses_[size_t(micro)] = gpt_.stage_loss(ctx);
+  if (last_stage) {
+    // Copied into the step's buffer on the device's stream; summed on the host once, by loss_sum.
+    const Buffer l = gpt_.take_stage_losses(ctx);
+    if (!losses_) {
+      loss_bytes_ = l.bytes();
+      losses_ = arena_.alloc_uninitialized(MemCategory::activations, loss_bytes_ * micro_->size());
+    }
+    MT_CHECK(l.bytes() == loss_bytes_, "pipeline: micro-batch %d has %zu bytes of losses, not %zu", micro, l.bytes(),
+             loss_bytes_);
+    arena_.mem().move(static_cast<char*>(losses_.data()) + loss_bytes_ * size_t(micro), l.data(), loss_bytes_);
+    loss_taken_[size_t(micro)] = 1;
+  }
   return dx;
 }
 
@@ -192,21 +235,36 @@ void Pipeline::backward_weight(int chunk, int micro) {
   contexts_.erase({chunk, micro});
 }
 
-double Pipeline::step(const std::vector<HostBatch>& micro, float dloss) {
+void Pipeline::step(const std::vector<HostBatch>& micro, float dloss) {
   micro_ = &micro;
   dloss_ = dloss;
-  losses_.assign(micro.size(), 0.0);
+  losses_.reset();
+  loss_taken_.assign(micro.size(), 0);
   elems_ = size_t(gpt_.stage_activation_elems(view(micro[0])));
   exec_.run(*this);
   MT_CHECK(contexts_.empty(), "pipeline: %zu stage contexts left after the step", contexts_.size());
   micro_ = nullptr;
-  double sum = 0;  // in micro-batch order, as a single rank adds them
-  for (double l : losses_) sum += l;
+}
+
+double Pipeline::loss_sum() {
+  if (!losses_) return 0;  // not the last stage
+  for (size_t k = 0; k < loss_taken_.size(); k++)
+    MT_CHECK(loss_taken_[k], "pipeline: no loss for micro-batch %zu on the last stage", k);
+  std::vector<float> host(losses_.bytes() / sizeof(float));
+  arena_.mem().download(host.data(), losses_.data(), losses_.bytes());
+  losses_.reset();
+  const size_t n = loss_bytes_ / sizeof(float);
+  double sum = 0;  // each micro-batch's tokens in order (GPT's own sum), then the micro-batches in order
+  for (size_t k = 0; k < loss_taken_.size(); k++) {
+    double mb = 0;
+    for (size_t i = 0; i < n; i++) mb += double(host[k * n + i]);
+    sum += mb;
+  }
   return sum;
 }
 
 nlohmann::json Pipeline::step_json() {
-  const parallel::PipelineStats& s = exec_.stats();
+  const parallel::PipelineStats& s = exec_.stats();  // device timers: waits for the device once
   constexpr size_t kFields = 4;
   const double mine[kFields] = {s.run_s, s.compute_s, s.forward_s / std::max(1, s.forwards),
                                 s.backward_s / std::max(1, s.backwards)};
@@ -239,16 +297,18 @@ double Pipeline::forward_loss(const HostBatch& b) {
   for (int c = 0; c < v; c++) {
     const int s = c * p + r;
     Buffer in;
+    // Every rank issues its messages in stage order, each the next one its peer waits for: a chain,
+    // safe under rendezvous sends too (NCCL).
     if (s > 0) {
       in = alloc_message();
-      pp_.recv(in.data(), elems_, message_dtype(), (s - 1) % p);
+      msg_.recv(in.data(), elems_, message_dtype(), (s - 1) % p);
     }
     std::unique_ptr<model::StageContext> ctx = gpt_.stage_forward(c, view(b), std::move(in), 0.f, false);
     if (s == S - 1) {
-      loss = gpt_.stage_loss(*ctx);
+      loss = gpt_.stage_loss(*ctx);  // eval: summed on the host (a device waits here, once per batch)
     } else {
       sent.push_back(gpt_.take_stage_output(*ctx));
-      sends.push_back(pp_.send_async(sent.back().data(), elems_, message_dtype(), (s + 1) % p));
+      sends.push_back(msg_.send_async(sent.back().data(), elems_, message_dtype(), (s + 1) % p));
     }
   }
   for (parallel::CommHandle& h : sends) h.wait();
@@ -275,9 +335,12 @@ void Pipeline::sum_tied_grads() {
   }
   MT_CHECK(g != nullptr, "pipeline: no part of wte's gradient on this rank");
   const int peer = r == 0 ? p - 1 : 0;
-  std::vector<float> other(static_cast<size_t>(n));
-  pp_.send_recv(g, size_t(n), peer, other.data(), size_t(n), peer, DType::f32);
-  for (int64_t i = 0; i < n; i++) g[i] += other[size_t(i)];
+  // The other copy's part lands in arena memory and is added where the gradient lives (a device
+  // kernel on GPUs): g + other on one rank, other + g on its peer, the same bits (IEEE addition
+  // commutes).
+  Buffer other = arena_.alloc_uninitialized(MemCategory::comm, size_t(n) * sizeof(float));
+  msg_.send_recv(g, size_t(n), peer, other.data(), size_t(n), peer, DType::f32);
+  ops::add(g, g, other.f32(), n, ctx_);
 }
 
 }  // namespace mt::train

@@ -19,6 +19,13 @@
 // of pp rank 0 only (ParamEntry::replicated has kAxisPp), and a checkpoint stores it once.
 // Bytes: the wte gradient (Vp C / (tp dp) fp32 elements under ZeRO 1-3, Vp C / tp under ZeRO-0)
 // each way per step between pp ranks 0 and pp - 1.
+//
+// Where things live. Messages, the received half of the tied gradient and the last stage's per-token
+// losses are arena memory (the GPU's on --device cuda) and travel over the message communicator: the
+// pp group's host communicator on the CPU, an NCCL communicator of the same ranks on GPUs (the
+// executor then pairs each step's sends and receives, parallel/pipeline_exchange.h). The host sees
+// one thing per step: the losses, downloaded once by loss_sum() after the step's reductions are
+// queued; the few scalars summed over pp (loss, norms, bubble figures) go over the host communicator.
 #pragma once
 #include <map>
 #include <memory>
@@ -38,10 +45,14 @@ namespace mt::train {
 // Fails with one line naming the option unless the pipeline options fit the model: pp.schedule and
 // pp.virtual (parallel/pipeline_schedule.h's rules, with grad_accum micro-batches), every stage at
 // least one layer (pp x pp.virtual <= n_layer), pp.layers with one positive count per stage summing
-// to n_layer, interleaved with n_layer divisible by pp x pp.virtual unless pp.layers is given, and
-// (for now) the CPU backend. Nothing to check with pp = 1 beyond pp.virtual = 1 and no pp.layers.
+// to n_layer, interleaved with n_layer divisible by pp x pp.virtual unless pp.layers is given; with
+// paired exchanges (cuda, or pp.exchange=paired) a schedule check_exchanges accepts, and on cuda not
+// pp.exchange=ahead. (With --device cuda, context parallelism and mixtures of experts are refused where
+// their own options are checked.) Nothing to check with pp = 1 beyond pp.virtual = 1 and no pp.layers.
 void check_pipeline_options(const TrainOptions& o);
 parallel::ScheduleSpec pipeline_spec(const TrainOptions& o);
+// How the executor issues messages: pp.exchange, or with auto paired on cuda (NCCL) and ahead on the CPU.
+parallel::Pairing pipeline_pairing(const TrainOptions& o);
 // Layers of each of the pp x pp.virtual stages: pp.layers as given; equal chunks under interleaved;
 // otherwise balanced_layers by the model's FLOPs per token (the classifier's on the last stage).
 std::vector<int> stage_layers(const TrainOptions& o);
@@ -54,19 +65,29 @@ model::StagePlan stage_plan(const TrainOptions& o, int pp_rank);
 
 class Pipeline final : public parallel::PipelineStages {
  public:
-  Pipeline(const TrainOptions& o, parallel::Comm& pp, model::GPT& gpt, ParamStore& store,
-           parallel::DataParallel& dp, Arena& arena);
+  // `pp`: the pipeline group's host communicator (scalars); `messages`: the communicator activations,
+  // gradients and the tied gradient travel over, in the arena's memory (`pp` itself on the CPU, an
+  // NcclComm over the same ranks on GPUs). `ctx`: the run's device and stream.
+  Pipeline(const TrainOptions& o, parallel::Comm& pp, parallel::Comm& messages, model::GPT& gpt, ParamStore& store,
+           parallel::DataParallel& dp, Arena& arena, const ops::Ctx& ctx);
 
-  // One step's forward and backward of `micro` through the schedule; returns the sum of the per-token
-  // losses on the last stage (0 elsewhere). Gradients are reduced over dp as units complete; call
-  // DataParallel::finish_grads and then sum_tied_grads.
-  double step(const std::vector<HostBatch>& micro, float dloss);
+  // One step's forward and backward of `micro` through the schedule. Gradients are reduced over dp as
+  // units complete; call DataParallel::finish_grads, sum_tied_grads, then loss_sum.
+  void step(const std::vector<HostBatch>& micro, float dloss);
+  // The step's sum of per-token losses on the last stage (0 elsewhere): downloaded from the arena
+  // (waiting for the device there) and summed per micro-batch in token order, then over the
+  // micro-batches in order, as a single rank sums them.
+  double loss_sum();
   // Forward only of one batch through every stage: the loss sum on the last stage, 0 elsewhere.
   double forward_loss(const HostBatch& b);
   // After finish_grads: the two copies of wte's gradient summed (first and last stage; no-op elsewhere).
   void sum_tied_grads();
-  const parallel::PipelineStats& stats() const { return exec_.stats(); }
+  const parallel::PipelineStats& stats() { return exec_.stats(); }
   void set_trace(Trace* trace) { exec_.set_trace(trace); }
+  // Device timers for the executor's figures (parallel/pipeline_executor.h): a GPU run's bubble.
+  void set_timers(std::unique_ptr<ops::OpTimer> span, std::unique_ptr<ops::OpTimer> compute) {
+    exec_.set_timers(std::move(span), std::move(compute));
+  }
   // The last step's measured figures of every rank of this pipeline, as metrics.jsonl logs them
   // under "pp": idle_s (per pp rank: the longest rank's run of the schedule, the step's pipeline
   // phase, less the rank's time in F and B), bubble_ranks (idle_s over that phase, each in [0, 1)),
@@ -87,10 +108,12 @@ class Pipeline final : public parallel::PipelineStages {
 
  private:
   parallel::Comm& pp_;
+  parallel::Comm& msg_;
   model::GPT& gpt_;
   ParamStore& store_;
   parallel::DataParallel& dp_;
   Arena& arena_;
+  ops::Ctx ctx_;
   parallel::PipelineExecutor exec_;
   // The step in progress.
   const std::vector<HostBatch>* micro_ = nullptr;
@@ -100,7 +123,9 @@ class Pipeline final : public parallel::PipelineStages {
   std::map<std::pair<int, int>, std::unique_ptr<model::StageContext>> contexts_;
   model::StageContext& context(int chunk, int micro, const char* action);
   Buffer backward_input_or_whole(int chunk, int micro, Buffer dy, bool split);
-  std::vector<double> losses_;  // per micro-batch (last stage)
+  Buffer losses_;                 // the last stage's per-token losses, micro-batch after micro-batch
+  size_t loss_bytes_ = 0;         // of one micro-batch
+  std::vector<char> loss_taken_;  // per micro-batch
 };
 
 }  // namespace mt::train

@@ -301,7 +301,14 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& l, int pp_rank, 
   uint64_t staging = 0;
   if (D > 1 && zero <= 1) staging = std::min<uint64_t>(total * 4, uint64_t(o.parallel.bucket_mb * 1024 * 1024) + *std::max_element(s.size.begin(), s.size.end()) * 4);
   if (l.tp > 1) staging = std::max<uint64_t>(staging, uint64_t(o.batch_size) * (o.seq_len / l.cp) * o.model.n_embd * cb);
-  b[cat(MemCategory::comm)] = sizeof(double) + t.comm + staging;
+  // Under pp the first and the last stage receive the other copy's part of wte's gradient (fp32, this
+  // rank's dp shard of it) into arena memory before adding it (train/pipeline.cpp sum_tied_grads).
+  uint64_t tied = 0;
+  if (l.pp > 1 && (s.first || s.last) && s.emb >= 0) {
+    const uint64_t wte = uint64_t(s.size[size_t(s.emb)]);
+    tied = (zero == 0 ? wte : (wte + uint64_t(D) - 1) / uint64_t(D)) * 4;
+  }
+  b[cat(MemCategory::comm)] = sizeof(double) + t.comm + staging + tied;
   // Activations: what each micro-batch keeps, times the micro-batches in flight, plus the workspace of
   // the pass at the peak (backward of the top layer, or the classifier at the end of the forward).
   const ActModel a = act_model(o, l);
@@ -325,7 +332,10 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& l, int pp_rank, 
   // Pipeline messages beyond the stash: the receive posted for the next action, a non-last stage's
   // incoming gradient (it becomes the stage's dx), and a non-first stage's gradient send in flight.
   const uint64_t messages = l.pp > 1 ? uint64_t(1 + !s.last + !s.first) * a.resid : 0;
-  const uint64_t held = uint64_t(double(stash) * in_flight + 0.5) + messages;
+  // The last stage keeps every micro-batch's per-token losses (fp32) until the step's end.
+  const uint64_t losses =
+      l.pp > 1 && s.last ? uint64_t(o.grad_accum) * uint64_t(o.batch_size) * uint64_t(o.seq_len / l.cp) * 4 : 0;
+  const uint64_t held = uint64_t(double(stash) * in_flight + 0.5) + messages + losses;
   mp.in_flight = in_flight;
   mp.stash_per_micro = stash;
   const uint64_t bwd_net = bwd_ws > head_freed ? bwd_ws - head_freed : 0;

@@ -182,7 +182,27 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   }
   // The noise scale's per-rank norm: each parameter once over tp and pp, the tied copies left out.
   if (tp_.active() || mesh_->pp() > 1) dp_->set_counted_entries(noise_scale_entries());
-  if (mesh_->pp() > 1) pipeline_ = std::make_unique<Pipeline>(o_, mesh_->pp_comm(), *gpt_, store_, *dp_, arena_);
+  if (mesh_->pp() > 1) {
+    // On the GPU activations, their gradients and the tied gradient travel over NCCL, bootstrapped by
+    // the pp group's host communicator (which keeps the scalars), on its own stream; the executor
+    // pairs each step's sends and receives (parallel/pipeline_exchange.h) and its bubble is timed with
+    // CUDA events on the compute stream.
+    parallel::Comm* messages = &mesh_->pp_comm();
+    if (o_.device == Device::cuda) {
+#ifdef MT_HAVE_NCCL
+      pp_device_comm_ =
+          std::make_unique<parallel::NcclComm>(mesh_->pp_comm(), static_cast<cudaStream_t>(ctx_.stream), "pp.nccl");
+      messages = pp_device_comm_.get();
+#else
+      fail("--pp %d with --device cuda needs a build with NCCL (this one has none)", mesh_->pp());
+#endif
+    }
+    pipeline_ = std::make_unique<Pipeline>(o_, mesh_->pp_comm(), *messages, *gpt_, store_, *dp_, arena_, ctx_);
+#ifdef MT_HAVE_CUDA
+    if (o_.device == Device::cuda)
+      pipeline_->set_timers(cuda::make_event_timer(ctx_.stream), cuda::make_event_timer(ctx_.stream));
+#endif
+  }
   adam_ = std::make_unique<AdamW>(o_.optim, store_, dp_->segments(), arena_);
   step_scalars_ = arena_.alloc(MemCategory::optimizer, sizeof(StepScalars));
   micro_.resize(size_t(o_.grad_accum));
@@ -208,7 +228,8 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   }
   if (trace_) {
     for (parallel::Comm* c : {&mesh_->dp_comm(), &mesh_->tp_comm(), &mesh_->pp_comm(), &mesh_->cp_comm(),
-                              &mesh_->cp_dp_comm(), dp_device_comm_.get(), tp_device_comm_.get(), &world_})
+                              &mesh_->cp_dp_comm(), dp_device_comm_.get(), tp_device_comm_.get(),
+                              pp_device_comm_.get(), &world_})
       if (c && c->size() > 1) c->set_trace(trace_.get());
     if (pipeline_) pipeline_->set_trace(trace_.get());
   }
@@ -220,6 +241,7 @@ Trainer::~Trainer() = default;
 parallel::CommCounters Trainer::group_counters(parallel::MeshDim d) const {
   const parallel::Comm* device = d == parallel::MeshDim::dp ? dp_device_comm_.get()
                                  : d == parallel::MeshDim::tp ? tp_device_comm_.get()
+                                 : d == parallel::MeshDim::pp ? pp_device_comm_.get()
                                                               : nullptr;
   parallel::CommCounters c = d == parallel::MeshDim::dp ? replicas().counters() : mesh_->comm(d).counters();
   if (device) c += device->counters();
@@ -229,7 +251,7 @@ parallel::CommCounters Trainer::group_counters(parallel::MeshDim d) const {
 void Trainer::reset_group_counters() {
   for (parallel::Comm* c :
        {&mesh_->dp_comm(), &mesh_->tp_comm(), &mesh_->pp_comm(), &mesh_->cp_comm(), &mesh_->cp_dp_comm(),
-        dp_device_comm_.get(), tp_device_comm_.get()})
+        dp_device_comm_.get(), tp_device_comm_.get(), pp_device_comm_.get()})
     if (c) c->reset_counters();
   if (mesh_->ep() > 1) mesh_->ep_comm().reset_counters();
 }
@@ -328,7 +350,7 @@ StepResult Trainer::step() {
   // waits inside a step only for the logged loss (and for fp16's finiteness check).
   StepScalars* dev = scalars();
   if (pipeline_) {
-    loss_sum = pipeline_->step(micro_, dloss);  // the schedule decides each micro-batch's last-ness
+    pipeline_->step(micro_, dloss);  // the schedule decides each micro-batch's last-ness
   } else {
     for (size_t k = 0; k < micro_.size(); k++) {
       dp_->set_last_micro(k + 1 == micro_.size());
@@ -338,7 +360,10 @@ StepResult Trainer::step() {
     }
   }
   dp_->finish_grads();
-  if (pipeline_) pipeline_->sum_tied_grads();
+  if (pipeline_) {
+    pipeline_->sum_tied_grads();
+    loss_sum = pipeline_->loss_sum();  // the step's one wait for the device, with the reductions queued
+  }
   // Only the last pipeline stage has losses: the sum over pp is its sum, exactly.
   double total = parallel::all_reduce_sum_double(dp, loss_sum);
   if (pipeline_) total = parallel::all_reduce_sum_double(mesh_->pp_comm(), total);

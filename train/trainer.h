@@ -176,6 +176,7 @@ class Trainer {
   std::unique_ptr<parallel::Mesh> mesh_;
   std::unique_ptr<parallel::Comm> dp_device_comm_;  // NCCL over the dp group (cuda, dp > 1 or ZeRO)
   std::unique_ptr<parallel::Comm> tp_device_comm_;  // NCCL over the tp group (cuda, tp > 1)
+  std::unique_ptr<parallel::Comm> pp_device_comm_;  // NCCL over the pp group (cuda, pp > 1): the messages
   ParamStore store_;
   std::unique_ptr<model::GPT> gpt_;
   std::unique_ptr<parallel::DataParallel> dp_;

@@ -262,6 +262,36 @@ TEST(PipelineParallel, MetricsLogTheMeasuredBubbleAndPipelineBytes) {
   EXPECT_EQ(seen, steps);
 }
 
+// The paired exchanges GPUs use (one grouped send and receive per compute action, nothing posted
+// ahead: parallel/pipeline_exchange.h), here over MPI through the whole trainer: the same arithmetic in
+// the same order as posting receives ahead, so the same bits (losses, norms, final weights); only when
+// messages move differs.
+TEST(PipelineParallel, PairedExchangesGiveTheBitsOfPostingAhead) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  const std::string data = shared_corpus(world);
+  const int steps = 4;
+  std::vector<Layout> ls = {{.pp = W, .schedule = "gpipe"},
+                            {.pp = W, .schedule = "1f1b"},
+                            {.pp = W, .accum = 3, .schedule = "zb1", .recompute = "full"}};
+  if (W == 4) ls.push_back({.pp = 2, .dp = 2, .zero = 1, .schedule = "1f1b"});
+  for (const Layout& l : ls) {
+    TrainOptions ahead = options(data, l, 2, steps), paired = ahead;
+    ahead.parallel.pp_exchange = "ahead";
+    paired.parallel.pp_exchange = "paired";
+    Trainer ta(ahead, &world);
+    const Curve want = train_curve(ta, steps);
+    Trainer tb(paired, &world);
+    const Curve got = train_curve(tb, steps);
+    EXPECT_EQ(got.loss, want.loss) << l.str();
+    EXPECT_EQ(got.norm, want.norm) << l.str();
+    ASSERT_EQ(got.weights.size(), want.weights.size());
+    for (size_t i = 0; i < want.weights.size(); i++)
+      EXPECT_EQ(std::memcmp(got.weights[i].data(), want.weights[i].data(), want.weights[i].size() * 4), 0)
+          << l.str() << ": tensor " << i;
+  }
+}
+
 // The evaluation loss and the first step's loss are bitwise the single rank's: the stages run the same
 // operations, the messages carry the activations exactly, and the last stage adds the micro-batches'
 // losses in the same order. (Later steps differ in the last bits: the gradient norm is summed per

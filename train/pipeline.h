@@ -65,6 +65,9 @@ class Pipeline final : public parallel::PipelineStages {
   double forward_loss(const HostBatch& b);
   // After finish_grads: the two copies of wte's gradient summed (first and last stage; no-op elsewhere).
   void sum_tied_grads();
+  // Expert parallelism's second data parallelism (the experts held apart): told each micro-batch's
+  // last-ness alongside the dense one.
+  void set_expert_data_parallel(parallel::DataParallel* x) { xdp_ = x; }
   const parallel::PipelineStats& stats() const { return exec_.stats(); }
   void set_trace(Trace* trace) { exec_.set_trace(trace); }
   // The last step's measured figures of every rank of this pipeline, as metrics.jsonl logs them
@@ -90,6 +93,7 @@ class Pipeline final : public parallel::PipelineStages {
   model::GPT& gpt_;
   ParamStore& store_;
   parallel::DataParallel& dp_;
+  parallel::DataParallel* xdp_ = nullptr;
   Arena& arena_;
   parallel::PipelineExecutor exec_;
   // The step in progress.

@@ -202,6 +202,7 @@ PlanRequest parse_plan_request(const std::vector<std::string>& args) {
   l.tp = o.parallel.tp;
   l.pp = o.parallel.pp;
   l.cp = o.parallel.cp;
+  l.ep = o.parallel.ep;
   const int model_ranks = l.tp * l.pp * l.cp;
   if (o.parallel.dp > 0) {
     l.dp = o.parallel.dp;
@@ -212,6 +213,9 @@ PlanRequest parse_plan_request(const std::vector<std::string>& args) {
       fail("gpus=%d is not divisible by tp %d x pp %d x cp %d = %d", gpus, l.tp, l.pp, l.cp, model_ranks);
     l.dp = std::max(1, gpus / model_ranks);
   }
+  if (!r.search && (l.dp * l.cp) % l.ep != 0)
+    fail("--ep %d does not divide dp %d x cp %d = %d: expert parallelism is carved from the data-parallel ranks", l.ep,
+         l.dp, l.cp, l.dp * l.cp);
   if (o.global_batch > 0 && r.search) {
     // Each layout of the search sizes its own micro-batch from the global batch.
     r.global_rows = o.global_batch;

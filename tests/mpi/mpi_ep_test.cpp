@@ -95,6 +95,13 @@ TEST(ExpertExchange, RowsReachTheirExpertsInOrderAndComeBackUnchanged) {
   check_exchange(expert, N, K, E);
 }
 
+// The whole model's entries in their order (the one-rank store's; global_master's under any layout).
+std::vector<ParamEntry> model_entries(const model::GPTConfig& cfg) {
+  ParamStore s;
+  model::GPT g(cfg, s);
+  return s.entries();
+}
+
 TrainOptions options(const std::string& data, int batch, int dp, int ep, int zero = 0, double capacity = 0) {
   TrainOptions o = train::parse_train_options(
       {"model=tiny-moe", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
@@ -137,6 +144,41 @@ TEST(ExpertParallel, DroplessLayoutsMatchTheSingleRankRunForEveryZeroStage) {
       EXPECT_EQ(c[parallel::CommOp::all_to_all].calls, 2u * 5u) << name(W, ep, zero);
       EXPECT_GT(c[parallel::CommOp::all_to_all].sent_bytes, 0u) << name(W, ep, zero);
       EXPECT_EQ(t.mesh().ep_comm().size(), ep);
+    }
+}
+
+// Each rank of an ep group stores its own E/E' experts of every mixture layer and no other (their names
+// keep the global expert index), apart from the dense weights: the expert store's units are sharded
+// over the expert-data group, the model's over dp x cp. Every expert is held by exactly one rank of
+// each ep group.
+TEST(ExpertParallel, EachRankStoresOnlyItsOwnExperts) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  for (int ep = 2; ep <= W; ep *= 2)
+    for (int zero : {0, 3}) {
+      const TrainOptions o = options(data, 2, W, ep, zero);
+      Trainer t(o, &world);
+      const int E = o.model.moe.experts, per = E / ep, r = t.mesh().ep_comm().rank();
+      const std::string what = name(W, ep, zero) + " rank " + std::to_string(world.rank());
+      for (const ParamEntry& e : t.params().entries())
+        EXPECT_EQ(e.name.find(".mlp.experts."), std::string::npos) << what << ": " << e.name << " in the dense store";
+      std::vector<int32_t> held(size_t(E), 0);
+      for (const ParamEntry& e : t.expert_params().entries()) {
+        const size_t at = e.name.find(".mlp.experts.");
+        ASSERT_NE(at, std::string::npos) << what << ": " << e.name;
+        const int x = std::stoi(e.name.substr(at + 13));
+        EXPECT_GE(x, r * per) << what << ": " << e.name;
+        EXPECT_LT(x, (r + 1) * per) << what << ": " << e.name;
+        held[size_t(x)] = 1;
+      }
+      EXPECT_EQ(t.expert_params().entries().size(), size_t(2 * 4 * per)) << what;  // 2 layers, 4 tensors each
+      ASSERT_NE(t.expert_data_parallel(), nullptr) << what;
+      EXPECT_EQ(t.expert_params().shard_multiple(), W / ep) << what << ": sharded over the expert-data group";
+      // Over the ep group every expert once.
+      t.mesh().ep_comm().all_reduce(held.data(), held.size(), DType::i32, parallel::ReduceOp::sum);
+      for (int x = 0; x < E; x++) EXPECT_EQ(held[size_t(x)], 1) << what << ": expert " << x;
     }
 }
 
@@ -211,19 +253,25 @@ TEST(ExpertParallel, StateSavedUnderOneExpertLayoutResumesUnderAnother) {
       Trainer t(options(data, G / W, W, m.from_ep, m.from_zero), &world);
       for (int i = 0; i < 5; i++) t.step();
       t.save_state(at);
-      // `ckpt export` writes each expert under its own name, as the trainer holds it.
+      // `ckpt export` writes every expert under its own name (each stored by one ep rank), as the
+      // trainer holds it (global_master: the whole model's entry order).
       const std::vector<std::vector<float>> w = t.global_master();
+      const std::vector<ParamEntry> all = model_entries(t.options().model);
+      ASSERT_EQ(w.size(), all.size());
       world.barrier();
       if (world.rank() == 0) {
         const std::string out = at + "/export.safetensors";
         train::export_checkpoint(at + "/" + checkpoint::step_dir_name(5), out, false);
         const SafetensorsFile f = SafetensorsFile::read(out);
-        for (const std::string n : {"transformer.h.1.mlp.experts.3.c_fc.weight", "transformer.h.0.mlp.experts.0.c_proj.bias"}) {
-          const ParamEntry* e = t.params().find(n);
-          ASSERT_NE(e, nullptr) << n;
+        int experts = 0;
+        for (size_t i = 0; i < all.size(); i++) {
+          const std::string& n = all[i].name;
+          if (n.find(".mlp.experts.") == std::string::npos) continue;
+          experts++;
           ASSERT_NE(f.find(n), nullptr) << n;
-          EXPECT_EQ(f.to_f32(n), w[size_t(e - t.params().entries().data())]) << n;
+          EXPECT_EQ(f.to_f32(n), w[i]) << n;
         }
+        EXPECT_EQ(experts, 2 * 4 * t.options().model.moe.experts);  // 2 mixture layers, 4 tensors an expert
       }
     }
     world.barrier();

@@ -379,7 +379,7 @@ StepResult Trainer::step() {
   r.loss = total / valid;
   r.t_forward = gpt_->times().forward;
   r.t_backward = gpt_->times().backward;
-  r.t_grad_wait = dp_->stats().grad_wait_s;
+  r.t_grad_wait = dp_->stats().grad_wait_s + (expert_dp_ ? expert_dp_->stats().grad_wait_s : 0.0);
 
   const auto t_opt = clock_type::now();
   if (ckpt_) ckpt_->snapshot_fence();

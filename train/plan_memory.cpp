@@ -142,7 +142,8 @@ constexpr double kDeviceLogitsBytes = double(1 << 30);
 // parameters (ZeRO-3), unit gradient buffers and reduce-scatter chunks (ZeRO 2-3).
 struct Transients {
   uint64_t params = 0, grads = 0, comm = 0;
-  std::vector<int> gathers;  // ZeRO-3: all-gathers of each unit (the model's store)
+  std::vector<int> gathers;   // ZeRO-3: all-gathers of each unit (the model's store)
+  std::vector<int> xgathers;  // the same for the expert store's units
 };
 
 // When the reductions complete: by the next poll (instant), while the next unit's backward runs (the
@@ -153,6 +154,7 @@ Transients replay(const StageUnits& s, int zero, int D, int ep, size_t cb, bool 
                   Progress progress = Progress::next_unit) {
   Transients peak;
   peak.gathers.assign(s.size.size(), 0);
+  peak.xgathers.assign(s.xsize.size(), 0);
   if (zero < 2) return peak;
   // Each engine (a DataParallel) polls its own reductions and prefetches its own next unit.
   struct Engine {
@@ -222,6 +224,7 @@ Transients replay(const StageUnits& s, int zero, int D, int ep, size_t cb, bool 
       bump();
     }
   peak.gathers = eng[0].gathers;
+  peak.xgathers = eng[1].gathers;
   return peak;
 }
 
@@ -291,6 +294,17 @@ std::vector<int> plan_unit_gathers(const TrainOptions& o, const PlanLayout& l, i
   const int zero = o.parallel.zero;
   if (zero != 3) return std::vector<int>(s.size.size(), 0);
   return replay(s, zero, l.dp * l.cp, l.ep, dtype_size(o.precision), false, o.grad_accum).gathers;
+}
+
+std::vector<int64_t> plan_expert_units(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
+  return stage_units(o, l, pp_rank).xsize;
+}
+
+std::vector<int> plan_expert_unit_gathers(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
+  const StageUnits s = stage_units(o, l, pp_rank);
+  const int zero = o.parallel.zero;
+  if (zero != 3) return std::vector<int>(s.xsize.size(), 0);
+  return replay(s, zero, l.dp * l.cp, l.ep, dtype_size(o.precision), false, o.grad_accum).xgathers;
 }
 
 bool plan_embedding_rows(const TrainOptions& o, const PlanLayout& l) {

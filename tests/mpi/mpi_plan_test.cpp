@@ -122,7 +122,8 @@ TEST(Plan, PredictionsEqualTheTrainersMeasurements) {
 }
 
 // Expert parallelism holds each rank's E/ep routed experts apart, sharded over the expert-data group:
-// on every ZeRO stage the plan's model-state bytes equal the arena's for ep 1, 2 and (4 ranks) 4, and
+// on every ZeRO stage the plan's model-state bytes and the dp group's bytes per step (the experts'
+// over the expert-data group included) equal the trainer's for ep 1, 2 and (4 ranks) 4, and
 // the params bytes a rank saves against ep 1 are the experts it no longer stores (fp32, ZeRO-0: every
 // byte of them, 1 - 1/ep of the experts' 4 bytes per parameter, up to the units' padding).
 TEST(Plan, ExpertParallelModelStateEqualsTheTrainers) {
@@ -156,6 +157,9 @@ TEST(Plan, ExpertParallelModelStateEqualsTheTrainers) {
         EXPECT_LE(mp.bytes[size_t(MemCategory::grads)], mp.grads_bound) << what;
         EXPECT_LE(g, mp.grads_bound) << what;
       }
+      // The dp group's bytes: the dense weights' over dp x cp and the experts' over the expert-data group.
+      expect_same_counters(t.group_counters(parallel::MeshDim::dp), plan_comm(t.options(), PlanLayout{W, 1, 1, 1, ep}, 0, t.mesh().coord(parallel::MeshDim::dp)).dp,
+                           what + " dp");
       const uint64_t params = m.peak[size_t(MemCategory::params)];
       if (world.rank() == 0)
         std::printf("%s: params %llu grads %zu optimizer %zu (planned %llu %llu %llu)\n", what.c_str(),

@@ -172,15 +172,17 @@ GPT::GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel
 void GPT::init_weights(uint64_t seed) {
   MT_CHECK(store_.finalized(), "init_weights before the ParamStore is finalized");
   MT_CHECK(store_.master() != nullptr, "init_weights needs the full master weights");
-  MT_CHECK(!experts_.apart() || (xstore_.finalized() && xstore_.master()), "init_weights: the expert store is not ready");
+  // A pipeline stage without mixture layers holds no experts: its expert store stays empty (unfinalized).
+  const bool apart = experts_.apart() && !xstore_.entries().empty();
+  MT_CHECK(!apart || (xstore_.finalized() && xstore_.master()), "init_weights: the expert store is not ready");
   std::mt19937_64 rng(seed);
   // Built on the host (in place when the master is host memory), then uploaded in one copy; the same
   // for the expert store when the experts are held apart.
   const bool on_host = store_.mem().device == Device::cpu;
   std::vector<float> staging(on_host ? 0 : size_t(store_.total_numel()));
   float* master = on_host ? store_.master() : staging.data();
-  std::vector<float> xstaging(on_host || !experts_.apart() ? 0 : size_t(xstore_.total_numel()));
-  float* xmaster = !experts_.apart() ? master : on_host ? xstore_.master() : xstaging.data();
+  std::vector<float> xstaging(on_host || !apart ? 0 : size_t(xstore_.total_numel()));
+  float* xmaster = !apart ? master : on_host ? xstore_.master() : xstaging.data();
   const ParamStore* in = &store_;  // the store `normal` writes into
   float* in_master = master;
   const float std0 = 0.02f;
@@ -250,7 +252,7 @@ void GPT::init_weights(uint64_t seed) {
   fill(lnf_b_, 0.f);
   if (!on_host) store_.mem().upload(store_.master(), master, staging.size() * sizeof(float));
   if (store_.full_compute()) store_.refresh_compute();  // else the sharding engine derives compute
-  if (!experts_.apart()) return;
+  if (!apart) return;
   if (!on_host) xstore_.mem().upload(xstore_.master(), xmaster, xstaging.size() * sizeof(float));
   if (xstore_.full_compute()) xstore_.refresh_compute();
 }

@@ -345,6 +345,49 @@ TEST(ExpertParallel, PipelineStagesWithMixtureLayersMatchTheSingleRankRun) {
   }
 }
 
+// pp2 x dp2 x ep2 with one mixture layer, on the last stage: the first stage holds no experts at all
+// (an empty expert store, yet it joins the norm's and the checkpoint's collectives), and the run still
+// follows the single-rank one; saved there, it resumes alone with the reference's next losses.
+TEST(ExpertParallel, AStageWithoutMixtureLayersHoldsNoExperts) {
+  parallel::Comm& world = mpi_world().comm();
+  if (world.size() != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  const int B = 2, steps = 6;
+  auto with_one_mixture = [&](TrainOptions o) {
+    o.model.moe.every = 2;  // layer 1 only
+    o.grad_accum = 2;
+    o.steps = steps + 2;
+    return o;
+  };
+  Trainer ref(with_one_mixture(options(data, 2 * B, 1, 1)));
+  const Curve want = train_curve(ref, steps);
+  char root[256] = {};
+  if (world.rank() == 0) std::snprintf(root, sizeof root, "%s", make_temp_dir("mt_ep_stage").c_str());
+  world.broadcast(root, sizeof root / 4, DType::i32, 0);
+  for (int zero : {0, 3}) {
+    TrainOptions o = with_one_mixture(options(data, B, 2, 2, zero));
+    o.parallel.pp = 2;
+    Trainer t(o, &world);
+    const bool first = t.mesh().coord(parallel::MeshDim::pp) == 0;
+    EXPECT_EQ(t.expert_params().entries().empty(), first);
+    EXPECT_EQ(t.expert_data_parallel() == nullptr, first);
+    const Curve got = train_curve(t, steps);
+    const std::string what = "pp 2 x dp 2 x ep 2, one mixture layer, zero " + std::to_string(zero);
+    const CurveErr e = curve_err(got, want);
+    if (world.rank() == 0) std::printf("%s: %s\n", what.c_str(), e.str().c_str());
+    expect_fp32_match(e, what);
+    if (zero == 3) t.save_state(root);
+  }
+  world.barrier();
+  TrainOptions a = with_one_mixture(options(data, 2 * B, 1, 1));
+  a.resume = root;
+  Trainer t(a);
+  for (int i = 0; i < 2; i++) {
+    const double got = t.step().loss, w = ref.step().loss;
+    EXPECT_LE(std::fabs(got - w) / w, 1e-5) << "step " << steps + i + 1;
+  }
+}
+
 // Tensor-parallel pairs run the mixture whole on their rows (each its half under sequence
 // parallelism, all of them without): tp2 on 2 ranks, tp2 x dp2 x ep2 on 4, against the single-rank
 // run, the bias (from loads summed over tp under sp) equal to the single rank's.

@@ -345,6 +345,42 @@ TEST(ExpertParallel, PipelineStagesWithMixtureLayersMatchTheSingleRankRun) {
   }
 }
 
+// The gradient noise scale's two norms cover the same parameters: each dense one once, the experts held
+// apart not at all (a rank's own expert gradient is made from its whole ep group's tokens). After one
+// step the estimate gives back the big-batch |G|^2 it was fed, g2_big = ((D-1) g2 + g2_small) / D
+// (the first update's g2 = (D g2_big - g2_small) / (D - 1), b_small = b_big / D),
+// which must be the dense weights' |G|^2 from the reduced gradients (the embeddings left out when they
+// went as rows, as both norms leave them out then).
+TEST(ExpertParallel, NoiseScaleNormsCountTheDenseWeightsOnceAndLeaveTheExpertsOut) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  for (int rows : {0, 1}) {
+    TrainOptions o = options(data, 2, W, 2, 1);
+    o.optim.grad_clip = 0;  // the gradients as reduced
+    o.parallel.embedding_rows = rows;
+    Trainer t(o, &world);
+    const train::StepResult r = t.step();
+    // (One step of two ranks' norms may estimate a negative |G|^2, so valid() is not asked: g2() is
+    // what the update computed either way.)
+    const double D = W, g2_big = ((D - 1) * t.noise_scale().g2() + r.local_grad_sq) / D;
+    const std::vector<std::vector<float>> g = t.global_grads();
+    const std::vector<ParamEntry> all = model_entries(o.model);
+    double dense = 0, experts = 0;
+    for (size_t i = 0; i < all.size(); i++) {
+      double sq = 0;
+      for (float x : g[i]) sq += double(x) * x;
+      if (all[i].name.find(".mlp.experts.") != std::string::npos)
+        experts += sq;
+      else if (!rows || all[i].name.rfind("transformer.w", 0) != 0)  // wte, wpe
+        dense += sq;
+    }
+    EXPECT_GT(experts, 0);
+    EXPECT_NEAR(g2_big, dense, 1e-5 * dense) << "rows " << rows << ": experts " << experts;
+  }
+}
+
 // pp2 x dp2 x ep2 with one mixture layer, on the last stage: the first stage holds no experts at all
 // (an empty expert store, yet it joins the norm's and the checkpoint's collectives), and the run still
 // follows the single-rank one; saved there, it resumes alone with the reference's next losses.

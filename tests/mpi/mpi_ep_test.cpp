@@ -277,6 +277,15 @@ TEST(ExpertParallel, StateSavedUnderOneExpertLayoutResumesUnderAnother) {
         }
         EXPECT_EQ(experts, 2 * 4 * t.options().model.moe.experts);  // 2 mixture layers, 4 tensors an expert
       }
+      world.barrier();
+      // And back: init_from the export under the other expert layout imports every rank's own experts.
+      TrainOptions back = options(data, G / W, W, m.from_ep == 2 ? W : 2, 1);
+      back.init_from = at + "/export.safetensors";
+      Trainer u(back, &world);
+      const std::vector<std::vector<float>> v = u.global_master();
+      for (size_t i = 0; i < all.size(); i++)
+        if (all[i].name.find(".mlp.experts.") != std::string::npos || all[i].name.find("ln_f") != std::string::npos)
+          EXPECT_EQ(v[i], w[i]) << all[i].name << ": imported under ep " << back.parallel.ep;
     }
     world.barrier();
     for (int to : m.to_ep) {

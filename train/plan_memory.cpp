@@ -158,6 +158,8 @@ Transients replay(const StageUnits& s, int zero, int D, int ep, size_t cb, bool 
   if (zero < 2) return peak;
   // Each engine (a DataParallel) polls its own reductions and prefetches its own next unit.
   struct Engine {
+    Engine(const std::vector<int64_t>& units, int ranks)
+        : size(&units), D(ranks), gathered(units.size(), 0), grads(units.size(), 0), gathers(units.size(), 0) {}
     const std::vector<int64_t>* size;
     int D;
     std::vector<char> gathered, grads;
@@ -165,13 +167,7 @@ Transients replay(const StageUnits& s, int zero, int D, int ep, size_t cb, bool 
     int last = -1;
     std::vector<int> gathers;
   };
-  Engine eng[2] = {{&s.size, D}, {&s.xsize, D / std::max(ep, 1)}};
-  for (Engine& k : eng) {
-    const size_t U = k.size->size();
-    k.gathered.assign(U, 0);
-    k.grads.assign(U, 0);
-    k.gathers.assign(U, 0);
-  }
+  Engine eng[2] = {Engine(s.size, D), Engine(s.xsize, D / std::max(ep, 1))};
   uint64_t p = 0, g = 0, c = 0;
   auto bump = [&] {
     peak.params = std::max(peak.params, p);

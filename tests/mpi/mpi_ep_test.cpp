@@ -283,9 +283,11 @@ TEST(ExpertParallel, StateSavedUnderOneExpertLayoutResumesUnderAnother) {
       back.init_from = at + "/export.safetensors";
       Trainer u(back, &world);
       const std::vector<std::vector<float>> v = u.global_master();
-      for (size_t i = 0; i < all.size(); i++)
-        if (all[i].name.find(".mlp.experts.") != std::string::npos || all[i].name.find("ln_f") != std::string::npos)
+      for (size_t i = 0; i < all.size(); i++) {
+        if (all[i].name.find(".mlp.experts.") != std::string::npos || all[i].name.find("ln_f") != std::string::npos) {
           EXPECT_EQ(v[i], w[i]) << all[i].name << ": imported under ep " << back.parallel.ep;
+        }
+      }
     }
     world.barrier();
     for (int to : m.to_ep) {

@@ -63,7 +63,8 @@ struct LayerParams {
   int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1, ln2_w = -1, ln2_b = -1, fc_w = -1,
       fc_b = -1, fcproj_w = -1, fcproj_b = -1;
   int router_w = -1;                     // mlp.router.weight (E, C)
-  std::vector<MlpParams> experts;        // mlp.experts.e.{c_fc,c_proj}.{weight,bias}
+  std::vector<MlpParams> experts;        // mlp.experts.e.{c_fc,c_proj}.{weight,bias}, by global expert index;
+                                         // held apart (ExpertPlacement): the expert store's, -1 if not held
   std::vector<MlpParams> shared;         // mlp.shared_experts.s.*
 };
 

@@ -48,10 +48,20 @@ void GPT::check_tensor_parallel(const GPTConfig& cfg, int tp) {
 
 StageContext::~StageContext() = default;
 
-GPT::GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel& tp, const StagePlan& plan)
-    : cfg_(cfg), store_(store), tp_(tp), plan_(plan.chunks.empty() ? StagePlan::whole(cfg.n_layer) : plan) {
+GPT::GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel& tp, const StagePlan& plan,
+         const ExpertPlacement& experts)
+    : cfg_(cfg),
+      store_(store),
+      tp_(tp),
+      plan_(plan.chunks.empty() ? StagePlan::whole(cfg.n_layer) : plan),
+      experts_(experts),
+      xstore_(experts.apart() ? *experts.store : store) {
   cfg_.validate();
   check_tensor_parallel(cfg_, tp.size());
+  MT_CHECK(!experts.apart() || (experts.store != nullptr && experts.store != &store),
+           "expert placement over %d ranks without a store of its own", experts.ranks);
+  MT_CHECK(!experts.apart() || (cfg_.moe.experts % experts.ranks == 0 && experts.rank >= 0 && experts.rank < experts.ranks),
+           "expert placement: rank %d of %d for %d experts", experts.rank, experts.ranks, cfg_.moe.experts);
   const int L = cfg_.n_layer;
   for (size_t c = 0; c < plan_.chunks.size(); c++) {
     const StagePlan::Chunk& k = plan_.chunks[c];
@@ -64,9 +74,10 @@ GPT::GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel
   // A replicated parameter is a replica over tp; under sequence parallelism the ones applied to the
   // residual stream (LayerNorms, positions) see 1/tp of the rows, so their gradients are partial.
   const uint8_t rep = P > 1 ? kAxisTp : 0, seq = tp.splits_sequence() ? kAxisTp : 0;
+  ParamStore* into = &store;  // where `whole` registers (the expert store for held-apart experts)
   auto whole = [&](const std::string& name, std::vector<int64_t> shape, bool wd, uint8_t partial) {
     ParamBox b{shape, std::vector<int64_t>(shape.size(), 0), shape};
-    return store.add_part(name, shape, shape, std::move(b), wd, rep, partial);
+    return into->add_part(name, shape, shape, std::move(b), wd, rep, partial);
   };
   // A matrix split along dimension `dim` of `space` (its global elements, possibly reshaped).
   auto split = [&](const std::string& name, std::vector<int64_t> shape, std::vector<int64_t> global,
@@ -94,6 +105,7 @@ GPT::GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel
   }
   layers_.assign(size_t(L), LayerParams());
   layer_units_.assign(size_t(L), -1);
+  expert_units_.assign(size_t(L), -1);
   moe_bias_.assign(size_t(L), {});
   reset_moe_stats();
   for (const StagePlan::Chunk& k : plan_.chunks) {
@@ -127,7 +139,17 @@ GPT::GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel
           m.proj_b = whole(q + "c_proj.bias", {C}, false, seq);
           return m;
         };
-        for (int e = 0; e < cfg_.moe.experts; e++) lp.experts.push_back(mlp(p + "mlp.experts." + std::to_string(e) + "."));
+        // Held apart (expert parallelism): this rank's experts only, a unit of their own in the expert
+        // store; the others stay -1, as in a layer another stage holds.
+        const int per = cfg_.moe.experts / experts_.ranks, lo = experts_.rank * per;
+        if (experts_.apart()) {
+          expert_units_[size_t(l)] = xstore_.num_units();
+          xstore_.begin_unit("h." + std::to_string(l) + ".experts");
+          into = &xstore_;
+        }
+        lp.experts.assign(size_t(cfg_.moe.experts), MlpParams{});
+        for (int e = lo; e < lo + per; e++) lp.experts[size_t(e)] = mlp(p + "mlp.experts." + std::to_string(e) + ".");
+        into = &store;
         for (int e = 0; e < cfg_.moe.shared; e++)
           lp.shared.push_back(mlp(p + "mlp.shared_experts." + std::to_string(e) + "."));
         moe_bias_[size_t(l)].assign(size_t(E), 0.f);
@@ -150,11 +172,19 @@ GPT::GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel
 void GPT::init_weights(uint64_t seed) {
   MT_CHECK(store_.finalized(), "init_weights before the ParamStore is finalized");
   MT_CHECK(store_.master() != nullptr, "init_weights needs the full master weights");
+  // A pipeline stage without mixture layers holds no experts: its expert store stays empty (unfinalized).
+  const bool apart = experts_.apart() && !xstore_.entries().empty();
+  MT_CHECK(!apart || (xstore_.finalized() && xstore_.master()), "init_weights: the expert store is not ready");
   std::mt19937_64 rng(seed);
-  // Built on the host (in place when the master is host memory), then uploaded in one copy.
+  // Built on the host (in place when the master is host memory), then uploaded in one copy; the same
+  // for the expert store when the experts are held apart.
   const bool on_host = store_.mem().device == Device::cpu;
   std::vector<float> staging(on_host ? 0 : size_t(store_.total_numel()));
   float* master = on_host ? store_.master() : staging.data();
+  std::vector<float> xstaging(on_host || !apart ? 0 : size_t(xstore_.total_numel()));
+  float* xmaster = !apart ? master : on_host ? xstore_.master() : xstaging.data();
+  const ParamStore* in = &store_;  // the store `normal` writes into
+  float* in_master = master;
   const float std0 = 0.02f;
   const float std_res = std0 / std::sqrt(2.0f * float(cfg_.n_layer));
   const int64_t C = cfg_.n_embd;
@@ -163,7 +193,7 @@ void GPT::init_weights(uint64_t seed) {
   // tensors it does not hold too), starts from the same model.
   std::vector<float> whole;
   auto keep_box = [&](const ParamEntry& e) {
-    float* w = master + e.offset;
+    float* w = in_master + e.offset;
     for_each_global_run(e, 0, e.numel, [&](int64_t gb, int64_t ge, int64_t local) {
       std::copy(whole.begin() + gb, whole.begin() + ge, w + local);
     });
@@ -174,12 +204,12 @@ void GPT::init_weights(uint64_t seed) {
     whole.assign(size_t(rows * cols), 0.f);  // padded vocabulary rows stay zero
     const int64_t n = (rows_used < 0 ? rows : rows_used) * cols;
     for (int64_t i = 0; i < n; i++) whole[size_t(i)] = d(rng);
-    if (idx >= 0) keep_box(store_.entry(idx));
+    if (idx >= 0) keep_box(in->entry(idx));
   };
   auto fill = [&](int idx, float v) {
     if (idx < 0) return;
-    const ParamEntry& e = store_.entry(idx);
-    float* w = master + e.offset;
+    const ParamEntry& e = in->entry(idx);
+    float* w = in_master + e.offset;
     for (int64_t i = 0; i < e.numel; i++) w[i] = v;
   };
   normal(wte_, cfg_.padded_vocab(), C, std0, cfg_.vocab_size);
@@ -201,10 +231,15 @@ void GPT::init_weights(uint64_t seed) {
       for (const auto& [group, n] : {std::pair{&lp.experts, cfg_.moe.experts}, std::pair{&lp.shared, cfg_.moe.shared}})
         for (int k = 0; k < n; k++) {
           const MlpParams m = size_t(k) < group->size() ? (*group)[size_t(k)] : MlpParams{};
+          const bool routed = group == &lp.experts;
+          in = routed ? &xstore_ : &store_;
+          in_master = routed ? xmaster : master;
           normal(m.fc_w, 4 * C, C, std0);
           fill(m.fc_b, 0.f);
           normal(m.proj_w, C, 4 * C, std_res);
           fill(m.proj_b, 0.f);
+          in = &store_;
+          in_master = master;
         }
       continue;
     }
@@ -217,6 +252,9 @@ void GPT::init_weights(uint64_t seed) {
   fill(lnf_b_, 0.f);
   if (!on_host) store_.mem().upload(store_.master(), master, staging.size() * sizeof(float));
   if (store_.full_compute()) store_.refresh_compute();  // else the sharding engine derives compute
+  if (!apart) return;
+  if (!on_host) xstore_.mem().upload(xstore_.master(), xmaster, xstaging.size() * sizeof(float));
+  if (xstore_.full_compute()) xstore_.refresh_compute();
 }
 
 void GPT::reset_moe_stats() {

@@ -63,7 +63,8 @@ struct LayerParams {
   int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1, ln2_w = -1, ln2_b = -1, fc_w = -1,
       fc_b = -1, fcproj_w = -1, fcproj_b = -1;
   int router_w = -1;                     // mlp.router.weight (E, C)
-  std::vector<MlpParams> experts;        // mlp.experts.e.{c_fc,c_proj}.{weight,bias}
+  std::vector<MlpParams> experts;        // mlp.experts.e.{c_fc,c_proj}.{weight,bias}, by global expert index;
+                                         // held apart (ExpertPlacement): the expert store's, -1 if not held
   std::vector<MlpParams> shared;         // mlp.shared_experts.s.*
 };
 
@@ -102,6 +103,18 @@ struct StagePlan {
   static StagePlan whole(int n_layer) { return StagePlan{{Chunk{0, n_layer}}, true, true}; }
 };
 
+// Expert parallelism's placement of the experts (moe/ep_exchange.h): with ranks > 1 this rank holds
+// experts [rank E/ranks, (rank + 1) E/ranks) of every mixture layer it holds, and only those, in
+// `store`, a second ParamStore beside the model's (one unit "h.l.experts" per mixture layer, names with
+// the GLOBAL expert index), so that their gradients can be reduced over the expert-data group and
+// sharded by ZeRO there, apart from the dense weights' dp x cp. ranks = 1: every expert, in the layer's
+// own unit of the model's store.
+struct ExpertPlacement {
+  int ranks = 1, rank = 0;
+  ParamStore* store = nullptr;  // required when ranks > 1
+  bool apart() const { return ranks > 1; }
+};
+
 // What a stage's forward keeps for its backward (model/gpt_stage.h); opaque to callers.
 class StageContext {
  public:
@@ -119,8 +132,9 @@ class GPT {
   // split matrix, each entry's box saying which; the caller checks the layout rules first
   // (check_tensor_parallel).
   // `plan`: the layers this rank holds (pipeline parallelism); only their parameters are registered.
+  // `experts`: expert parallelism's placement (default: every expert in `store`).
   GPT(const GPTConfig& cfg, ParamStore& store, const parallel::TensorParallel& tp = parallel::TensorParallel(),
-      const StagePlan& plan = StagePlan());
+      const StagePlan& plan = StagePlan(), const ExpertPlacement& experts = ExpertPlacement());
   // Fails, naming --tp and the numbers, unless `cfg` splits evenly over tp ranks: heads, 4 C and the
   // padded vocabulary divisible by tp.
   static void check_tensor_parallel(const GPTConfig& cfg, int tp);
@@ -187,6 +201,13 @@ class GPT {
   // down; the last stage's own wte at the end of its forward, where its gradient is complete).
   // nullptr: no hooks (everything resident).
   void set_unit_hooks(UnitHooks* hooks) { hooks_ = hooks; }
+  // Experts held apart (ExpertPlacement::apart): the expert store's units get their own hooks, called
+  // with the layer's (acquired after it, released before it, reported ready after it).
+  void set_expert_hooks(UnitHooks* hooks) { xhooks_ = hooks; }
+  const ExpertPlacement& expert_placement() const { return experts_; }
+  ParamStore& expert_store() const { return xstore_; }  // the model's store unless held apart
+  // Layer l's unit in the expert store (-1: a dense layer, one not held, or experts not held apart).
+  int expert_unit(int l) const { return expert_units_[size_t(l)]; }
   // Called with "forward" when a training forward starts and "backward" when its backward starts
   // (fault injection for recovery tests).
   void set_phase_hook(std::function<void(const char*)> hook) { phase_hook_ = std::move(hook); }
@@ -239,6 +260,9 @@ class GPT {
   StagePlan plan_;
   std::vector<LayerParams> layers_;  // by global layer index (entries of layers not held are -1)
   std::vector<int> layer_units_;     // by global layer index; -1 when not held
+  ExpertPlacement experts_;
+  ParamStore& xstore_;               // where the experts are (store_ unless held apart)
+  std::vector<int> expert_units_;    // by global layer index; -1 unless held apart
   std::vector<std::vector<float>> moe_bias_;   // by global layer index (empty: dense)
   std::vector<MoeLayerStats> moe_stats_;        // by global layer index
   int wte_ = -1, wpe_ = -1, lnf_w_ = -1, lnf_b_ = -1;
@@ -261,6 +285,31 @@ class GPT {
   void grads_ready(int u) {
     if (hooks_) hooks_->grads_ready(u);
   }
+  // Layer l's unit and, held apart, its experts' unit.
+  std::vector<char> xacquired_;  // per expert-store unit (held apart)
+  void acquire_layer(int l, bool grads) {
+    acquire(layer_units_[size_t(l)], grads);
+    const int x = expert_units_[size_t(l)];
+    if (x < 0) return;
+    if (xhooks_) xhooks_->acquire(x, grads);
+    xacquired_[size_t(x)] = 1;
+  }
+  void release_layer(int l) {
+    const int x = expert_units_[size_t(l)];
+    if (x >= 0) {
+      xacquired_[size_t(x)] = 0;
+      if (xhooks_) xhooks_->release(x);
+    }
+    release(layer_units_[size_t(l)]);
+  }
+  void layer_grads_ready(int l) {
+    grads_ready(layer_units_[size_t(l)]);
+    const int x = expert_units_[size_t(l)];
+    if (x >= 0 && xhooks_) xhooks_->grads_ready(x);
+  }
+  // Whether expert entry i's unit is acquired (in whichever store holds the experts).
+  bool expert_acquired(int unit) const { return experts_.apart() ? xacquired_[size_t(unit)] : acquired_[size_t(unit)]; }
+  UnitHooks* xhooks_ = nullptr;
   Arena* arena_ = nullptr;
   ops::Ctx ctx_;
   PhaseTimes times_;

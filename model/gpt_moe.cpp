@@ -28,10 +28,8 @@
 //
 // Expert parallelism (GPT::set_expert_parallel, moe/ep_exchange.h): routing, the plan (capacity, drops)
 // and the combine stay with the tokens' rank; only the permuted rows travel, to the ranks holding their
-// experts and back, in forward and again (as gradients) in backward. Every rank keeps every expert's
-// weights (the optimizer's state is shared out by ZeRO); a rank adds gradients to its own experts only,
-// and the sum over the data-parallel ranks (each expert's gradient is zero on the ranks not holding it)
-// is the expert's whole gradient.
+// experts and back, in forward and again (as gradients) in backward. A rank holds its own experts only
+// (GPT::expert_store, ExpertPlacement): their gradients are summed over the expert-data group.
 #include <type_traits>
 
 #include "model/gpt_pass.h"
@@ -141,7 +139,10 @@ void Pass<S>::moe_forward(int l, S* x_next, LayerActs& a) {
   m.rows = act(M * C);
   m.out = act(M * C);
   ops::moe_permute(p(m.rows), ln2, m.assignment_of.i32(), M, K, C, c_);
-  const std::function<const S*(int)> wf = [&](int i) { return w(i); };
+  const std::function<const S*(int)> wf = [&](int i) { return xw(i); };
+  MT_CHECK(!m_.experts_.apart() || (m_.ep_ != nullptr && m_.ep_->size() == m_.experts_.ranks),
+           "mixture layer %d: experts placed over %d ranks, but the ep group has %d", l, m_.experts_.ranks,
+           m_.ep_ ? m_.ep_->size() : 1);
   if (m_.ep_ != nullptr && m_.ep_->size() > 1) {
     // Expert parallelism: the rows to their experts' ranks, this rank's experts, the outputs back.
     parallel::Comm& ep = *m_.ep_;
@@ -201,9 +202,12 @@ void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
   ops::moe_combine_bwd(p(drows), dgate.f32(), dx, p(m.out), m.gate.f32(), pv.row_of, m.assignment_of.i32(), M, N, K,
                        C, c_);
   Buffer din = act(M * C);
-  std::vector<moe::ExpertGrads> eg;
-  for (const MlpParams& e : lp.experts) eg.push_back({g(e.fc_w), g(e.fc_b), g(e.proj_w), g(e.proj_b)});
-  const std::function<const S*(int)> wf = [&](int i) { return w(i); };
+  auto grads_of = [&](std::vector<MlpParams>::const_iterator b, std::vector<MlpParams>::const_iterator e) {
+    std::vector<moe::ExpertGrads> eg;
+    for (; b != e; ++b) eg.push_back({xg(b->fc_w), xg(b->fc_b), xg(b->proj_w), xg(b->proj_b)});
+    return eg;
+  };
+  const std::function<const S*(int)> wf = [&](int i) { return xw(i); };
   if (m.ep) {
     // The rows' gradient to the experts' ranks, the experts' backward there, the input gradient back.
     parallel::Comm& ep = *m_.ep_;
@@ -211,14 +215,14 @@ void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
     Buffer dmine = act(R * C), dh = act(R * F), dinmine = act(R * C);
     moe::to_experts(p(dmine), p(drows), m.ex, C, ep);
     drows.reset();
-    const std::vector<moe::ExpertGrads> local(eg.begin() + m.ex.rank * m.ex.local,
-                                              eg.begin() + (m.ex.rank + 1) * m.ex.local);
+    const std::vector<moe::ExpertGrads> local =
+        grads_of(lp.experts.begin() + m.ex.rank * m.ex.local, lp.experts.begin() + (m.ex.rank + 1) * m.ex.local);
     moe::experts_backward(p(dinmine), p(dh), local, p(dmine), p(m.rows), p(m.h_pre), p(m.h), m.ex.experts,
                           local_experts(lp, m.ex, wf), C, F, c_);
     moe::from_experts(p(din), p(dinmine), m.ex, C, ep);
   } else {
     Buffer dh = act(M * F);
-    moe::experts_backward(p(din), p(dh), eg, p(drows), p(m.rows), p(m.h_pre), p(m.h), m.plan,
+    moe::experts_backward(p(din), p(dh), grads_of(lp.experts.begin(), lp.experts.end()), p(drows), p(m.rows), p(m.h_pre), p(m.h), m.plan,
                           expert_weights<S>(lp.experts, wf), C, F, c_);
     drows.reset();
   }

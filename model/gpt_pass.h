@@ -98,7 +98,7 @@ template <class S>
 class Pass {
  public:
   Pass(GPT& m, const MicroBatch& mb)
-      : m_(m), s_(m.store_), ar_(*m.arena_), c_(m.ctx_), mb_(mb), tp_(m.tp_), B_(mb.B), T_(mb.T), C_(m.cfg_.n_embd),
+      : m_(m), s_(m.store_), xs_(m.xstore_), ar_(*m.arena_), c_(m.ctx_), mb_(mb), tp_(m.tp_), B_(mb.B), T_(mb.T), C_(m.cfg_.n_embd),
         NH_(m.cfg_.n_head), N_(mb.B * mb.T), P_(tp_.size()), Ns_(int(tp_.own_rows(N_))), Cl_(C_ / P_),
         NHl_(NH_ / P_), NC_(int64_t(Ns_) * C_), flash_(m.attention_ == Attention::flash), cp_(m.cp_) {
     MT_CHECK(flash_ || !cp_.active(), "context parallelism needs attention=flash (ring attention)");
@@ -173,6 +173,14 @@ class Pass {
   // Unit u's parameters (and gradient buffer) about to be used: the hooks materialise them.
   void acquire(int u, bool grads) { m_.acquire(u, grads); }
   float* g(int i) const { return s_.grad(i); }
+  // The same for a routed expert's entry i (in the expert store when expert parallelism holds the
+  // experts apart, GPT::expert_store).
+  const S* xw(int i) const {
+    const ParamEntry& e = xs_.entry(i);
+    MT_CHECK(m_.expert_acquired(e.unit), "expert weight '%s' read outside an acquire of its unit", e.name.c_str());
+    return xs_.compute_as<S>(i);
+  }
+  float* xg(int i) const { return xs_.grad(i); }
 
   // A mixture layer's MLP (model/gpt_moe.cpp): x_next = res2 + shared experts + the gate-weighted
   // routed experts of ln2; its backward leaves dL/d ln2 in ws.dln and adds the weights' gradients,
@@ -202,6 +210,7 @@ class Pass {
 
   GPT& m_;
   ParamStore& s_;
+  ParamStore& xs_;  // the routed experts' store (s_ unless held apart)
   Arena& ar_;
   const ops::Ctx& c_;
   const MicroBatch& mb_;

@@ -135,9 +135,9 @@ void Pass<S>::forward(StageState& st, Buffer input, GPT::Mode mode, float* last_
     if (st.keep_layer) alloc_layer(a, st.keep_att, !m_.cfg_.is_moe_layer(l));
     st.xs[size_t(i) + 1] = act(NC_);
     if (!st.keep_att) borrow_att(a);
-    acquire(m_.layer_unit(l), false);
+    m_.acquire_layer(l, false);
     layer_forward(l, p(st.xs[size_t(i)]), p(st.xs[size_t(i) + 1]), a, ws, st.doc);
-    m_.release(m_.layer_unit(l));
+    m_.release_layer(l);
     if (!st.keep_att) borrow_att(a);
     if (!st.train) st.xs[size_t(i)].reset();
   }
@@ -247,7 +247,7 @@ void Pass<S>::backward(StageState& st, Buffer dy, bool split) {
       defer->d_qkv = act(3 * NCl);
       defer->d_ln1 = act(NC_);
     }
-    acquire(m_.layer_unit(l), !split);
+    m_.acquire_layer(l, !split);
     if (st.keep_layer) {
       layer_backward(l, p(dx), p(st.xs[size_t(i)]), a, ws, st.doc, defer);
     } else {  // full recompute: re-run this layer's forward from its saved input, then its backward
@@ -257,14 +257,14 @@ void Pass<S>::backward(StageState& st, Buffer dy, bool split) {
       layer_backward(l, p(dx), p(st.xs[size_t(i)]), a, ws, st.doc, defer);
       borrow_att(a);
     }
-    m_.release(m_.layer_unit(l));
+    m_.release_layer(l);
     if (split) {  // what W does not read
       a.qkv.reset();
       a.att.reset();
       a.lse.reset();
       a.fch.reset();
     } else {
-      m_.grads_ready(m_.layer_unit(l));
+      m_.layer_grads_ready(l);
       if (st.keep_layer) a = LayerActs();
     }
   }
@@ -290,10 +290,10 @@ void Pass<S>::weight_backward(StageState& st) {
   ws.dln = act(NC_);  // the LayerNorm backward's input gradient, unused
   for (int i = st.l1 - st.l0 - 1; i >= 0; i--) {  // top down, as the unsplit backward hands units over
     const int l = st.l0 + i;
-    acquire(m_.layer_unit(l), true);
+    m_.acquire_layer(l, true);
     layer_weight_backward(l, p(st.xs[size_t(i)]), st.acts[size_t(i)], st.deferred[size_t(i)], ws);
-    m_.release(m_.layer_unit(l));
-    m_.grads_ready(m_.layer_unit(l));
+    m_.release_layer(l);
+    m_.layer_grads_ready(l);
     st.acts[size_t(i)] = LayerActs();
     st.deferred[size_t(i)] = LayerGrads();
     st.xs[size_t(i)].reset();
@@ -326,6 +326,7 @@ std::unique_ptr<StageContext> GPT::forward_chunk(int chunk, const MicroBatch& mb
                                                  float* last_logits) {
   MT_CHECK(chunk >= 0 && chunk < int(plan_.chunks.size()), "stage: chunk %d of %zu", chunk, plan_.chunks.size());
   if (acquired_.size() != size_t(store_.num_units())) acquired_.assign(size_t(store_.num_units()), 0);
+  if (xacquired_.size() != size_t(xstore_.num_units())) xacquired_.assign(size_t(xstore_.num_units()), 0);
   auto st = std::make_unique<StageState>();
   st->mb = mb;
   st->chunk = chunk;

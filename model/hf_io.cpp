@@ -48,7 +48,7 @@ void import_hf(const GPT& model, ParamStore& store, const std::string& path) {
                  e.name.c_str());
     std::vector<int64_t> want = e.global_shape;
     if (hf_is_conv1d(e.name)) std::swap(want[0], want[1]);
-    if (i == model.wte()) want[0] = cfg.vocab_size;
+    if (e.name == "transformer.wte.weight") want[0] = cfg.vocab_size;  // any store: the experts' too
     if (t->shape != want)
       fail("%s: tensor '%s' has shape %s but the model expects %s (model: vocab_size=%d block_size=%d n_layer=%d "
            "n_embd=%d)",

@@ -36,6 +36,11 @@ void Trainer::check_state_finite() {
   const int64_t n = dp_->shard_numel();
   int32_t bad = !ops::all_finite(dp_->master_shard(), n, ctx_) || !ops::all_finite(adam_->m(), n, ctx_) ||
                 !ops::all_finite(adam_->v(), n, ctx_);
+  if (expert_dp_) {  // the experts held apart: their shard and moments too
+    const int64_t x = expert_dp_->shard_numel();
+    bad = bad || !ops::all_finite(expert_dp_->master_shard(), x, ctx_) || !ops::all_finite(expert_adam_->m(), x, ctx_) ||
+          !ops::all_finite(expert_adam_->v(), x, ctx_);
+  }
   world_.all_reduce(&bad, 1, DType::i32, parallel::ReduceOp::max);
   if (!bad) return;
   wait_checkpoint();

@@ -185,6 +185,7 @@ Buffer Pipeline::alloc_message() {
 void Pipeline::before(const parallel::Action& a, bool last) {
   (void)a;
   dp_.set_last_micro(last);
+  if (xdp_) xdp_->set_last_micro(last);
 }
 
 Buffer Pipeline::forward(int chunk, int micro, Buffer input) {

@@ -82,6 +82,9 @@ class Pipeline final : public parallel::PipelineStages {
   double forward_loss(const HostBatch& b);
   // After finish_grads: the two copies of wte's gradient summed (first and last stage; no-op elsewhere).
   void sum_tied_grads();
+  // Expert parallelism's second data parallelism (the experts held apart): told each micro-batch's
+  // last-ness alongside the dense one.
+  void set_expert_data_parallel(parallel::DataParallel* x) { xdp_ = x; }
   const parallel::PipelineStats& stats() { return exec_.stats(); }
   void set_trace(Trace* trace) { exec_.set_trace(trace); }
   // Device timers for the executor's figures (parallel/pipeline_executor.h): a GPU run's bubble.
@@ -112,6 +115,7 @@ class Pipeline final : public parallel::PipelineStages {
   model::GPT& gpt_;
   ParamStore& store_;
   parallel::DataParallel& dp_;
+  parallel::DataParallel* xdp_ = nullptr;
   Arena& arena_;
   ops::Ctx ctx_;
   parallel::PipelineExecutor exec_;

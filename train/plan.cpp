@@ -202,6 +202,7 @@ PlanRequest parse_plan_request(const std::vector<std::string>& args) {
   l.tp = o.parallel.tp;
   l.pp = o.parallel.pp;
   l.cp = o.parallel.cp;
+  l.ep = o.parallel.ep;
   const int model_ranks = l.tp * l.pp * l.cp;
   if (o.parallel.dp > 0) {
     l.dp = o.parallel.dp;
@@ -212,6 +213,9 @@ PlanRequest parse_plan_request(const std::vector<std::string>& args) {
       fail("gpus=%d is not divisible by tp %d x pp %d x cp %d = %d", gpus, l.tp, l.pp, l.cp, model_ranks);
     l.dp = std::max(1, gpus / model_ranks);
   }
+  if (!r.search && (l.dp * l.cp) % l.ep != 0)
+    fail("--ep %d does not divide dp %d x cp %d = %d: expert parallelism is carved from the data-parallel ranks", l.ep,
+         l.dp, l.cp, l.dp * l.cp);
   if (o.global_batch > 0 && r.search) {
     // Each layout of the search sizes its own micro-batch from the global batch.
     r.global_rows = o.global_batch;
@@ -310,8 +314,13 @@ std::string plan_report(const std::vector<std::string>& args) {
               o.model_preset.c_str(), si(double(m.num_params()), "").c_str(), si(double(m.num_active_params()), "").c_str(),
               si(t.flops_per_token, "").c_str(), o.seq_len, si(t.hw_flops_per_token, "").c_str(),
               model::recompute_name(o.recompute));
-  s += strfmt("layout: %s on %d x %s, zero=%d, precision=%s, sp=%s, attention=%s (%s path)\n", layout_name(l).c_str(),
-              l.world(), r.hw.name.c_str(), o.parallel.zero, o.to_json()["precision"].get<std::string>().c_str(),
+  const std::string experts =  // expert parallelism: where the routed experts are stored and reduced
+      l.ep > 1 && o.model.moe.enabled()
+          ? strfmt(", ep=%d (%d of %d experts per rank, reduced over %d ranks)", l.ep, o.model.moe.experts / l.ep,
+                   o.model.moe.experts, l.dp * l.cp / l.ep)
+          : std::string();
+  s += strfmt("layout: %s%s on %d x %s, zero=%d, precision=%s, sp=%s, attention=%s (%s path)\n", layout_name(l).c_str(),
+              experts.c_str(), l.world(), r.hw.name.c_str(), o.parallel.zero, o.to_json()["precision"].get<std::string>().c_str(),
               o.sequence_parallel() ? "on" : "off", model::attention_name(o.attention_kind()), device_name(o.device));
   s += strfmt("batch: %d rows x %d tokens x grad_accum %d x dp %d = %s tokens per step, %s FLOPs per step\n",
               o.batch_size, o.seq_len, o.grad_accum, l.dp, si(t.tokens_per_step, "").c_str(),

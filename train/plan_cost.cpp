@@ -35,7 +35,35 @@ bool noise_from_ranks(const TrainOptions& o, const PlanLayout& l) {
   return l.dp * l.cp > 1 && (zero <= 1 || (zero == 2 && o.grad_accum == 1));
 }
 
-CommCounters dp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank, CommCounters& scalars) {
+// Expert parallelism's routed experts held apart: their own data parallelism over the expert-data
+// group (E = D / ep ranks), counted with the dp group's traffic as Trainer::group_counters does. The
+// same rules as the dense units' (no embedding rows); its scalars: the sharded norm's double from
+// ZeRO-1 on, fp16's finiteness flag.
+// ed_rank: the rank's index in its expert-data group (the dp x cp index over ep).
+void expert_data_traffic(CommCounters& c, CommCounters& scalars, const TrainOptions& o, const PlanLayout& l, int pp_rank,
+                         int ed_rank) {
+  const std::vector<int64_t> units = plan_expert_units(o, l, pp_rank);
+  const int E = l.dp * l.cp / std::max(l.ep, 1), zero = o.parallel.zero, m = o.grad_accum;
+  if (units.empty() || E == 1) return;
+  uint64_t P = 0;
+  for (int64_t n : units) P += uint64_t(n);
+  const uint64_t cb = dtype_size(o.precision), e1 = uint64_t(E - 1);
+  if (zero <= 1)
+    add(c, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(size_t(P), 4, E, 0));
+  else
+    add(c, CommOp::reduce_scatter, uint64_t(m) * units.size(), uint64_t(m) * e1 * (P / uint64_t(E)) * 4);
+  if (zero == 1 || zero == 2) add(c, CommOp::all_gather, units.size(), e1 * (P / uint64_t(E)) * cb);
+  if (zero == 3) {
+    const std::vector<int> g = plan_expert_unit_gathers(o, l, pp_rank);
+    for (size_t u = 0; u < units.size(); u++)
+      add(c, CommOp::all_gather, uint64_t(g[u]), uint64_t(g[u]) * e1 * uint64_t(units[u] / E) * cb);
+  }
+  if (zero >= 1) add_scalars(c, scalars, CommOp::all_gather, 1, e1 * 8);
+  if (o.precision == DType::f16 && zero >= 1)
+    add_scalars(c, scalars, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, E, ed_rank));
+}
+
+CommCounters dp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank, int dp_rank, CommCounters& scalars) {
   CommCounters c;
   const int D = l.dp * l.cp, zero = o.parallel.zero, m = o.grad_accum;
   if (D == 1) return c;
@@ -67,7 +95,17 @@ CommCounters dp_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank,
   const int doubles = 1 + (zero >= 1) + noise + (noise && (plan_embedding_rows(o, l) || l.pp > 1) && zero >= 1);
   add_scalars(c, scalars, CommOp::all_gather, uint64_t(doubles), uint64_t(doubles) * d1 * 8);
   if (o.precision == DType::f16 && zero >= 1)
-    add_scalars(c, scalars, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, D, 0));
+    add_scalars(c, scalars, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, D, dp_rank));
+  if (o.model.moe.enabled()) {
+    // The step's routing statistics (train/trainer_moe.cpp): per mixture layer of the whole model the
+    // loads, assignments, drops and tokens as int32, summed; the balance and z sums as doubles.
+    int layers = 0;
+    for (int k = 0; k < o.model.n_layer; k++) layers += o.model.is_moe_layer(k);
+    add_scalars(c, scalars, CommOp::all_reduce, 1,
+                parallel::all_reduce_sent_bytes(size_t(layers) * size_t(o.model.moe.experts + 3), 4, D, dp_rank));
+    add_scalars(c, scalars, CommOp::all_gather, uint64_t(2 * layers), uint64_t(2 * layers) * d1 * 8);
+  }
+  expert_data_traffic(c, scalars, o, l, pp_rank, dp_rank / std::max(l.ep, 1));
   return c;
 }
 
@@ -212,9 +250,9 @@ double group_seconds(const CommCounters& c, const CommCounters& scalars, int n, 
 
 }  // namespace
 
-CommPlan plan_comm(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
+CommPlan plan_comm(const TrainOptions& o, const PlanLayout& l, int pp_rank, int dp_rank) {
   CommPlan c;
-  c.dp = dp_traffic(o, l, pp_rank, c.dp_scalars);
+  c.dp = dp_traffic(o, l, pp_rank, dp_rank, c.dp_scalars);
   c.tp = tp_traffic(o, l, pp_rank, c.tp_scalars);
   c.cp = cp_traffic(o, l, pp_rank);
   c.pp = pp_traffic(o, l, pp_rank, c.pp_scalars);

@@ -31,12 +31,14 @@
 namespace mt::train {
 
 struct CommPlan {
-  parallel::CommCounters dp, tp, cp, pp;  // per step, for the rank shown (group rank 0)
+  parallel::CommCounters dp, tp, cp, pp;  // per step, for the rank shown (group rank 0; dp: dp_rank)
   // The scalar collectives among them (loss, norms, flags), which the time model prices as small
   // messages (logarithmic latency) rather than as rings.
   parallel::CommCounters dp_scalars, tp_scalars, pp_scalars;
 };
-CommPlan plan_comm(const TrainOptions& o, const PlanLayout& l, int pp_rank);
+// dp_rank: the rank's index in its dp x cp group (a few small reductions whose length does not divide
+// the group, the routing statistics' counts and fp16's flag, send a rank-dependent share).
+CommPlan plan_comm(const TrainOptions& o, const PlanLayout& l, int pp_rank, int dp_rank = 0);
 
 struct TimePlan {
   double gemm_s = 0, attention_s = 0, memory_s = 0;  // compute per step (one rank): GEMMs, attention

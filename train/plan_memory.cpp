@@ -21,13 +21,19 @@ int64_t padded_unit(const std::vector<int64_t>& entries, int D) {
   return n == 0 ? align : round_up(n, align);
 }
 
-// The units of a stage, as model/gpt.cpp registers them.
+// The units of a stage, as model/gpt.cpp registers them: the model's store, and under expert
+// parallelism (ep > 1, a mixture model) the store of the routed experts held apart, one unit per
+// mixture layer, padded for and sharded over the expert-data group (D / ep ranks).
 struct StageUnits {
-  std::vector<int64_t> size;  // padded elements
+  std::vector<int64_t> size;   // padded elements
+  std::vector<int64_t> xsize;  // the expert store's units
   int emb = -1, pos = -1, fin = -1;
-  std::vector<int> layers;    // unit of each of the stage's layers, in order
+  std::vector<int> layers;     // unit of each of the stage's layers, in order
+  std::vector<int> xlayers;    // each layer's expert-store unit (-1: none)
   bool first = true, last = true;
 };
+
+bool experts_apart(const TrainOptions& o, const PlanLayout& l) { return l.ep > 1 && o.model.moe.enabled(); }
 
 StageUnits stage_units(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
   const model::GPTConfig& m = o.model;
@@ -54,13 +60,22 @@ StageUnits stage_units(const TrainOptions& o, const PlanLayout& l, int pp_rank) 
     for (int layer = k.begin; layer < k.end; layer++) {
       std::vector<int64_t> e = {C, C, 3 * C / P * C, 3 * C / P, C * C / P, C, C, C};
       const std::vector<int64_t> mlp = {4 * C * C, 4 * C, 4 * C * C, C};
+      int xunit = -1;
       if (m.is_moe_layer(layer)) {
         e.push_back(int64_t(m.moe.experts) * C);
-        for (int x = 0; x < m.moe.experts + m.moe.shared; x++) e.insert(e.end(), mlp.begin(), mlp.end());
+        const bool apart = experts_apart(o, l);
+        for (int x = 0; x < m.moe.shared + (apart ? 0 : m.moe.experts); x++) e.insert(e.end(), mlp.begin(), mlp.end());
+        if (apart) {
+          std::vector<int64_t> x;
+          for (int k = 0; k < m.moe.experts / l.ep; k++) x.insert(x.end(), mlp.begin(), mlp.end());
+          xunit = int(s.xsize.size());
+          s.xsize.push_back(padded_unit(x, D / l.ep));
+        }
       } else {
         e.insert(e.end(), {4 * C / P * C, 4 * C / P, C * 4 * C / P, C});
       }
       s.layers.push_back(int(s.size.size()));
+      s.xlayers.push_back(xunit);
       s.size.push_back(padded_unit(e, D));
     }
   if (plan.last) {
@@ -73,10 +88,14 @@ StageUnits stage_units(const TrainOptions& o, const PlanLayout& l, int pp_rank) 
 // What the data-parallel engine does with the units during one micro-batch (parallel/data_parallel.cpp):
 // acquire (with or without a gradient buffer), release, gradient ready; replayed to find the peak of
 // the per-unit buffers of ZeRO 2-3.
+// engine 0: the model's store (data parallelism over dp x cp); 1: the experts held apart (over the
+// expert-data group). A layer's expert unit is acquired after the layer's, released before it and
+// reported ready after it (model/gpt.h acquire_layer).
 struct UnitEvent {
   enum Kind { acquire, release, ready } kind;
   int unit;
   bool grads = false;
+  int engine = 0;
 };
 
 std::vector<UnitEvent> micro_events(const StageUnits& s, bool emb_rows) {
@@ -84,19 +103,28 @@ std::vector<UnitEvent> micro_events(const StageUnits& s, bool emb_rows) {
   auto A = [&](int u, bool g) { ev.push_back({UnitEvent::acquire, u, g}); };
   auto R = [&](int u) { ev.push_back({UnitEvent::release, u}); };
   auto G = [&](int u) { ev.push_back({UnitEvent::ready, u}); };
+  auto layer = [&](size_t i, bool g, bool ready) {
+    const int u = s.layers[i], x = s.xlayers[i];
+    A(u, g);
+    if (x >= 0) ev.push_back({UnitEvent::acquire, x, g, 1}), ev.push_back({UnitEvent::release, x, false, 1});
+    R(u);
+    if (!ready) return;
+    G(u);
+    if (x >= 0) ev.push_back({UnitEvent::ready, x, false, 1});
+  };
   if (s.first) {
     A(s.emb, false);
     if (s.pos != s.emb) A(s.pos, false), R(s.pos);
     R(s.emb);
   }
-  for (int u : s.layers) A(u, false), R(u);
+  for (size_t i = 0; i < s.layers.size(); i++) layer(i, false, false);
   if (s.last) {
     A(s.fin, false), R(s.fin);
     A(s.emb, true), R(s.emb);
     if (emb_rows || !s.first) G(s.emb);
     A(s.fin, true), R(s.fin), G(s.fin);
   }
-  for (auto it = s.layers.rbegin(); it != s.layers.rend(); ++it) A(*it, true), R(*it), G(*it);
+  for (size_t i = s.layers.size(); i-- > 0;) layer(i, true, true);
   if (s.first && !emb_rows) {
     A(s.emb, true);
     if (s.pos != s.emb) A(s.pos, true), R(s.pos), G(s.pos);
@@ -114,71 +142,85 @@ constexpr double kDeviceLogitsBytes = double(1 << 30);
 // parameters (ZeRO-3), unit gradient buffers and reduce-scatter chunks (ZeRO 2-3).
 struct Transients {
   uint64_t params = 0, grads = 0, comm = 0;
-  std::vector<int> gathers;  // ZeRO-3: all-gathers of each unit
+  std::vector<int> gathers;   // ZeRO-3: all-gathers of each unit (the model's store)
+  std::vector<int> xgathers;  // the same for the expert store's units
 };
 
 // When the reductions complete: by the next poll (instant), while the next unit's backward runs (the
 // plan's figure), or only when the bound of two in flight forces a wait (bound).
 enum class Progress { instant, next_unit, bound };
 
-Transients replay(const StageUnits& s, int zero, int D, size_t cb, bool emb_rows, int micros,
+Transients replay(const StageUnits& s, int zero, int D, int ep, size_t cb, bool emb_rows, int micros,
                   Progress progress = Progress::next_unit) {
   Transients peak;
-  const size_t U = s.size.size();
-  peak.gathers.assign(U, 0);
+  peak.gathers.assign(s.size.size(), 0);
+  peak.xgathers.assign(s.xsize.size(), 0);
   if (zero < 2) return peak;
-  std::vector<char> gathered(U, 0), grads(U, 0);
+  // Each engine (a DataParallel) polls its own reductions and prefetches its own next unit.
+  struct Engine {
+    Engine(const std::vector<int64_t>& units, int ranks)
+        : size(&units), D(ranks), gathered(units.size(), 0), grads(units.size(), 0), gathers(units.size(), 0) {}
+    const std::vector<int64_t>* size;
+    int D;
+    std::vector<char> gathered, grads;
+    std::deque<int> pending;
+    int last = -1;
+    std::vector<int> gathers;
+  };
+  Engine eng[2] = {Engine(s.size, D), Engine(s.xsize, D / std::max(ep, 1))};
   uint64_t p = 0, g = 0, c = 0;
-  std::deque<int> pending;
-  int last = -1;
   auto bump = [&] {
     peak.params = std::max(peak.params, p);
     peak.grads = std::max(peak.grads, g);
     peak.comm = std::max(peak.comm, c);
   };
-  auto retire = [&] {  // the oldest reduction completes: its unit buffer and chunk are freed
-    const size_t v = size_t(pending.front());
-    pending.pop_front();
-    g -= uint64_t(s.size[v]) * 4;
-    c -= uint64_t(s.size[v] / D) * 4;
+  auto retire = [&](Engine& k) {  // the oldest reduction completes: its unit buffer and chunk are freed
+    const size_t v = size_t(k.pending.front());
+    k.pending.pop_front();
+    g -= uint64_t((*k.size)[v]) * 4;
+    c -= uint64_t((*k.size)[v] / k.D) * 4;
   };
-  auto gather = [&](int u) {
-    gathered[size_t(u)] = 1;
-    peak.gathers[size_t(u)]++;
-    p += uint64_t(s.size[size_t(u)]) * cb;
+  auto gather = [&](Engine& k, int u) {
+    k.gathered[size_t(u)] = 1;
+    k.gathers[size_t(u)]++;
+    p += uint64_t((*k.size)[size_t(u)]) * cb;
   };
-  for (int k = 0; k < micros; k++)  // the embeddings go as rows in the last micro-batch only
-    for (const UnitEvent& e : micro_events(s, emb_rows && k + 1 == micros)) {
-      const size_t u = size_t(e.unit);
+  for (int m = 0; m < micros; m++)  // the embeddings go as rows in the last micro-batch only
+    for (const UnitEvent& e : micro_events(s, emb_rows && m + 1 == micros)) {
+      Engine& k = eng[e.engine];
+      const size_t u = size_t(e.unit), U = k.size->size();
+      const uint64_t n = uint64_t((*k.size)[u]);
       if (e.kind == UnitEvent::acquire) {
         // The poll at each acquire finds every reduction but the newest complete: one unit's backward
         // hides a reduction (the bound of two in flight applies when the links are slower).
-        const size_t keep = progress == Progress::instant ? 0 : progress == Progress::next_unit ? 1 : pending.size();
-        while (pending.size() > keep) retire();
-        if (e.grads && !grads[u]) {
-          grads[u] = 1;
-          g += uint64_t(s.size[u]) * 4;
+        const size_t keep = progress == Progress::instant ? 0 : progress == Progress::next_unit ? 1 : k.pending.size();
+        while (k.pending.size() > keep) retire(k);
+        if (e.grads && !k.grads[u]) {
+          k.grads[u] = 1;
+          g += n * 4;
         }
         if (zero == 3) {
-          if (!gathered[u]) gather(e.unit);
-          const int step = e.unit - last, next = e.unit + step;
-          if ((step == 1 || step == -1) && next >= 0 && next < int(U) && !gathered[size_t(next)]) gather(next);
-          last = e.unit;
+          if (!k.gathered[u]) gather(k, e.unit);
+          const int step = e.unit - k.last, next = e.unit + step;
+          if ((step == 1 || step == -1) && next >= 0 && next < int(U) && !k.gathered[size_t(next)]) gather(k, next);
+          k.last = e.unit;
         }
       } else if (e.kind == UnitEvent::release) {
-        if (zero == 3 && gathered[u]) {
-          gathered[u] = 0;
-          p -= uint64_t(s.size[u]) * cb;
+        if (zero == 3 && k.gathered[u]) {
+          k.gathered[u] = 0;
+          p -= n * cb;
         }
       } else {
-        pending.push_back(e.unit);
-        grads[u] = 0;  // the buffer moves to the reduction
-        c += uint64_t(s.size[u] / D) * 4;
+        k.pending.push_back(e.unit);
+        k.grads[u] = 0;  // the buffer moves to the reduction
+        c += n / uint64_t(k.D) * 4;
         bump();
-        while (pending.size() > kMaxReductionsInFlight) retire();
+        while (k.pending.size() > kMaxReductionsInFlight) retire(k);
       }
       bump();
     }
+  peak.gathers = eng[0].gathers;
+  peak.xgathers = eng[1].gathers;
   return peak;
 }
 
@@ -247,7 +289,18 @@ std::vector<int> plan_unit_gathers(const TrainOptions& o, const PlanLayout& l, i
   const StageUnits s = stage_units(o, l, pp_rank);
   const int zero = o.parallel.zero;
   if (zero != 3) return std::vector<int>(s.size.size(), 0);
-  return replay(s, zero, l.dp * l.cp, dtype_size(o.precision), false, o.grad_accum).gathers;
+  return replay(s, zero, l.dp * l.cp, l.ep, dtype_size(o.precision), false, o.grad_accum).gathers;
+}
+
+std::vector<int64_t> plan_expert_units(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
+  return stage_units(o, l, pp_rank).xsize;
+}
+
+std::vector<int> plan_expert_unit_gathers(const TrainOptions& o, const PlanLayout& l, int pp_rank) {
+  const StageUnits s = stage_units(o, l, pp_rank);
+  const int zero = o.parallel.zero;
+  if (zero != 3) return std::vector<int>(s.xsize.size(), 0);
+  return replay(s, zero, l.dp * l.cp, l.ep, dtype_size(o.precision), false, o.grad_accum).xgathers;
 }
 
 bool plan_embedding_rows(const TrainOptions& o, const PlanLayout& l) {
@@ -273,11 +326,16 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& l, int pp_rank, 
   const StageUnits s = stage_units(o, l, pp_rank);
   const int D = l.dp * l.cp, zero = o.parallel.zero;
   const uint64_t cb = dtype_size(o.precision);
-  uint64_t total = 0;
+  uint64_t total = 0, xtotal = 0;
   for (int64_t n : s.size) total += uint64_t(n);
-  const uint64_t shard = zero == 0 ? total : total / uint64_t(D);
+  for (int64_t n : s.xsize) xtotal += uint64_t(n);
+  // The experts held apart are sharded over their expert-data group (D / ep ranks), the rest over D;
+  // both engines hold the same kinds of state, so the formulas below take their sums.
+  const uint64_t shard = (zero == 0 ? total : total / uint64_t(D)) +
+                         (zero == 0 || xtotal == 0 ? xtotal : xtotal / uint64_t(D / l.ep));
+  total += xtotal;
   const bool emb_rows = plan_embedding_rows(o, l);
-  const Transients t = replay(s, zero, D, cb, emb_rows, o.grad_accum);
+  const Transients t = replay(s, zero, D, l.ep, cb, emb_rows, o.grad_accum);
   MemoryPlan mp;
   mp.pp_rank = pp_rank;
   auto& b = mp.bytes;
@@ -291,8 +349,8 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& l, int pp_rank, 
     b[cat(MemCategory::grads)] = shard * 4 + (zero < 2 ? total * 4 : t.grads);
   }
   if (zero >= 2) {
-    mp.grads_least = shard * 4 + replay(s, zero, D, cb, emb_rows, o.grad_accum, Progress::instant).grads;
-    mp.grads_bound = shard * 4 + replay(s, zero, D, cb, emb_rows, o.grad_accum, Progress::bound).grads;
+    mp.grads_least = shard * 4 + replay(s, zero, D, l.ep, cb, emb_rows, o.grad_accum, Progress::instant).grads;
+    mp.grads_bound = shard * 4 + replay(s, zero, D, l.ep, cb, emb_rows, o.grad_accum, Progress::bound).grads;
   }
   b[cat(MemCategory::optimizer)] = 2 * shard * 4 + kStepScalarsBytes;
   // The MPI communicators stage a host reduction's data in reusable buffers: the largest all-reduce
@@ -308,7 +366,8 @@ MemoryPlan plan_memory(const TrainOptions& o, const PlanLayout& l, int pp_rank, 
     const uint64_t wte = uint64_t(s.size[size_t(s.emb)]);
     tied = (zero == 0 ? wte : (wte + uint64_t(D) - 1) / uint64_t(D)) * 4;
   }
-  b[cat(MemCategory::comm)] = sizeof(double) + t.comm + staging + tied;
+  // A norm scalar per data-parallel engine (the experts held apart have their own).
+  b[cat(MemCategory::comm)] = sizeof(double) * (s.xsize.empty() ? 1 : 2) + t.comm + staging + tied;
   // Activations: what each micro-batch keeps, times the micro-batches in flight, plus the workspace of
   // the pass at the peak (backward of the top layer, or the classifier at the end of the forward).
   const ActModel a = act_model(o, l);

@@ -19,8 +19,13 @@
 //               communicators' reusable staging buffers are not modelled (they depend on which
 //               host collectives ran: a few MiB at most for these models)
 //
-// Mixture-of-experts layers count their parameters (router, experts, shared experts) exactly; their
-// activations are counted as a dense layer's (the routing and expert buffers are not modelled yet).
+// Mixture-of-experts layers count their parameters (router, experts, shared experts) exactly, under
+// expert parallelism E/ep routed experts per rank in a store of their own sharded over the
+// expert-data group (dp x cp / ep ranks); their activations are counted as a dense layer's (the routing
+// and expert buffers are not modelled yet).
+//
+// plan_units and plan_unit_gathers describe the model's store only, plan_expert_units and
+// plan_expert_unit_gathers the experts' (the expert-data group's traffic).
 //
 // Units and their padding follow runtime/param_store.h (entries 16-element aligned, units a multiple
 // of 16 x D, D = dp x cp) and the model's registration (model/gpt.cpp), so the model-state figures
@@ -38,6 +43,7 @@ namespace mt::train {
 // A resolved layout: every size known (dp too).
 struct PlanLayout {
   int dp = 1, tp = 1, pp = 1, cp = 1;
+  int ep = 1;  // expert parallelism, carved from dp x cp (a mixture model's routed experts: E/ep per rank)
   int world() const { return dp * tp * pp * cp; }
 };
 
@@ -47,6 +53,10 @@ std::vector<int64_t> plan_units(const TrainOptions& o, const PlanLayout& l, int 
 // ZeRO-3: how many times each of those units is all-gathered in a step (before each use, and
 // prefetched); zeros for other stages.
 std::vector<int> plan_unit_gathers(const TrainOptions& o, const PlanLayout& l, int pp_rank);
+// The same two for the store of the routed experts held apart under expert parallelism (empty
+// without): one unit per mixture layer of the stage, sharded over the expert-data group.
+std::vector<int64_t> plan_expert_units(const TrainOptions& o, const PlanLayout& l, int pp_rank);
+std::vector<int> plan_expert_unit_gathers(const TrainOptions& o, const PlanLayout& l, int pp_rank);
 // Whether data parallelism takes the embeddings' sparse gradient as rows (ZeRO 0-2, CPU, several
 // replicas, no tp or pp).
 bool plan_embedding_rows(const TrainOptions& o, const PlanLayout& l);

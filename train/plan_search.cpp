@@ -71,7 +71,7 @@ std::string plan_search(const PlanRequest& req) {
             for (model::Recompute rc : {model::Recompute::none, model::Recompute::selective, model::Recompute::full}) {
               Candidate c;
               c.o = base;
-              c.l = {dp, tp, pp, cp};
+              c.l = {dp, tp, pp, cp, base.parallel.ep};  // the request's ep, kept (validate: it divides dp x cp)
               c.o.parallel.dp = dp;
               c.o.parallel.tp = tp;
               c.o.parallel.pp = pp;

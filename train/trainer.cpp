@@ -148,8 +148,16 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   }
   // Pipeline parallelism: this rank registers and runs only its stages' layers (train/pipeline.h).
   const model::StagePlan plan = mesh_->pp() > 1 ? stage_plan(o_, mesh_->coord(parallel::MeshDim::pp)) : model::StagePlan();
-  gpt_ = std::make_unique<model::GPT>(o_.model, store_, tp_, plan);
+  // Expert parallelism holds each rank's routed experts apart, in a store sharded over the expert-data
+  // group (the ranks computing the same experts) instead of dp x cp.
+  model::ExpertPlacement experts;
+  if (mesh_->ep() > 1 && o_.model.moe.enabled())
+    experts = model::ExpertPlacement{mesh_->ep(), mesh_->ep_comm().rank(), &expert_store_};
+  gpt_ = std::make_unique<model::GPT>(o_.model, store_, tp_, plan, experts);
   store_.finalize(arena_, o_.precision, reps.size(), parallel::storage_for_zero(o_.parallel.zero));
+  if (!expert_store_.entries().empty())
+    expert_store_.finalize(arena_, o_.precision, mesh_->expert_data_comm().size(),
+                           parallel::storage_for_zero(o_.parallel.zero));
   gpt_->set_arena(&arena_);
   gpt_->set_ctx(ctx_);
   gpt_->set_recompute(o_.recompute);
@@ -157,10 +165,12 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   if (mesh_->cp() > 1) gpt_->set_context_parallel(parallel::RingAttention(mesh_->cp_comm(), &arena_));
   if (mesh_->ep() > 1) gpt_->set_expert_parallel(&mesh_->ep_comm());
   // Every rank initialises the same full weights, then keeps its shard.
-  if (!o_.init_from.empty())
+  if (!o_.init_from.empty()) {
     model::import_hf(*gpt_, store_, o_.init_from);
-  else
+    if (!expert_store_.entries().empty()) model::import_hf(*gpt_, expert_store_, o_.init_from);
+  } else {
     gpt_->init_weights(o_.seed);
+  }
   parallel::DataParallelOptions dpo;
   dpo.zero = o_.parallel.zero;
   dpo.bucket_bytes = size_t(o_.parallel.bucket_mb * 1024 * 1024);
@@ -182,6 +192,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   }
   // The noise scale's per-rank norm: each parameter once over tp and pp, the tied copies left out.
   if (tp_.active() || mesh_->pp() > 1) dp_->set_counted_entries(noise_scale_entries());
+  if (!expert_store_.entries().empty()) build_expert_state(dpo);
   if (mesh_->pp() > 1) {
     // On the GPU activations, their gradients and the tied gradient travel over NCCL, bootstrapped by
     // the pp group's host communicator (which keeps the scalars), on its own stream; the executor
@@ -198,6 +209,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
 #endif
     }
     pipeline_ = std::make_unique<Pipeline>(o_, mesh_->pp_comm(), *messages, *gpt_, store_, *dp_, arena_, ctx_);
+    pipeline_->set_expert_data_parallel(expert_dp_.get());
 #ifdef MT_HAVE_CUDA
     if (o_.device == Device::cuda)
       pipeline_->set_timers(cuda::make_event_timer(ctx_.stream), cuda::make_event_timer(ctx_.stream));
@@ -245,6 +257,11 @@ parallel::CommCounters Trainer::group_counters(parallel::MeshDim d) const {
                                                               : nullptr;
   parallel::CommCounters c = d == parallel::MeshDim::dp ? replicas().counters() : mesh_->comm(d).counters();
   if (device) c += device->counters();
+  // The experts' gradients and parameters travel over the expert-data group, a part of dp x cp.
+  if (d == parallel::MeshDim::dp && expert_dp_) {
+    c += mesh_->expert_data_comm().counters();
+    if (expert_device_comm_) c += expert_device_comm_->counters();
+  }
   return c;
 }
 
@@ -253,7 +270,11 @@ void Trainer::reset_group_counters() {
        {&mesh_->dp_comm(), &mesh_->tp_comm(), &mesh_->pp_comm(), &mesh_->cp_comm(), &mesh_->cp_dp_comm(),
         dp_device_comm_.get(), tp_device_comm_.get(), pp_device_comm_.get()})
     if (c) c->reset_counters();
-  if (mesh_->ep() > 1) mesh_->ep_comm().reset_counters();
+  if (mesh_->ep() > 1) {
+    mesh_->ep_comm().reset_counters();
+    mesh_->expert_data_comm().reset_counters();
+  }
+  if (expert_device_comm_) expert_device_comm_->reset_counters();
 }
 
 // The gradient noise scale from this step's norms (after the optimizer: the gradients are intact,
@@ -288,7 +309,15 @@ void Trainer::update_noise_scale(StepResult& r, double first_sum_sq, double inv_
       if (tp_.active()) s = parallel::all_reduce_sum_double(tp_.comm(), s);
       g2_big -= parallel::all_reduce_sum_double(mesh_->pp_comm(), s) * inv_scale * inv_scale;
     } else if (first != 0) {
-      g2_big = dp_->grad_sum_squares(first) * inv_scale * inv_scale;
+      g2_big = dp_->grad_sum_squares(first) * inv_scale * inv_scale;  // the dense store's only
+    }
+    if (experts_held_apart() && first == 0) {
+      // Experts held apart are left out of both norms: a rank's own expert gradient comes from the
+      // tokens of its whole ep group, not from its share of the batch.
+      double x = expert_sq_;
+      if (tp_.active()) x = parallel::all_reduce_sum_double(tp_.comm(), x);
+      if (pipeline_) x = parallel::all_reduce_sum_double(mesh_->pp_comm(), x);
+      g2_big -= x * inv_scale * inv_scale;
     }
     gns_.update(r.local_grad_sq, g2_big, double(valid) / dp.size(), double(valid));
   }
@@ -341,6 +370,7 @@ StepResult Trainer::step() {
   // reductions sum, so every rank's gradient contributions are weighted by the global count.
   const float dloss = scaler_.scale() / float(valid);
   dp_->begin_step();
+  if (expert_dp_) expert_dp_->begin_step();
   reset_group_counters();
   gpt_->reset_times();
   gpt_->reset_moe_stats();
@@ -354,12 +384,14 @@ StepResult Trainer::step() {
   } else {
     for (size_t k = 0; k < micro_.size(); k++) {
       dp_->set_last_micro(k + 1 == micro_.size());
+      if (expert_dp_) expert_dp_->set_last_micro(k + 1 == micro_.size());
       loss_sum += gpt_->forward_backward(view(micro_[k]), dloss);
       if (k == 0 && gns_from_micro)
         ops::sum_squares_into(&dev->first_sum_sq, store_.grads(), store_.total_numel(), false, ctx_);
     }
   }
   dp_->finish_grads();
+  if (expert_dp_) expert_dp_->finish_grads();
   if (pipeline_) {
     pipeline_->sum_tied_grads();
     loss_sum = pipeline_->loss_sum();  // the step's one wait for the device, with the reductions queued
@@ -370,12 +402,12 @@ StepResult Trainer::step() {
   r.loss = total / valid;
   r.t_forward = gpt_->times().forward;
   r.t_backward = gpt_->times().backward;
-  r.t_grad_wait = dp_->stats().grad_wait_s;
+  r.t_grad_wait = dp_->stats().grad_wait_s + (expert_dp_ ? expert_dp_->stats().grad_wait_s : 0.0);
 
   const auto t_opt = clock_type::now();
   if (ckpt_) ckpt_->snapshot_fence();
   fault("optimizer");
-  bool finite = !scaler_.enabled() || dp_->grads_finite();
+  bool finite = !scaler_.enabled() || (dp_->grads_finite() && expert_grads_finite());
   if (scaler_.enabled() && (tp_.active() || pipeline_)) {  // ranks hold different parts: agree on one answer
     int32_t bad = finite ? 0 : 1;
     if (tp_.active()) tp_.comm().all_reduce(&bad, 1, DType::i32, parallel::ReduceOp::max);
@@ -387,10 +419,12 @@ StepResult Trainer::step() {
   if (finite) {
     // The norm, and from it the unscale-and-clip factor AdamW applies, are computed on the device; a
     // gradient sharded over ranks is summed through the host first (a collective anyway).
-    if (tp_.active() || pipeline_) {
+    if (tp_.active() || pipeline_ || expert_dp_) {
       // Every parameter once: the split ones on every tp rank, the replicated ones on tp rank 0, each
-      // stage's own, the tied wte on the first stage.
-      double sum_sq = dp_->grad_sum_squares(counted_entries());
+      // stage's own, the tied wte on the first stage, each expert on the ep rank holding it.
+      expert_sq_ = expert_grad_sum_squares();
+      double sum_sq = (tp_.active() || pipeline_ ? dp_->grad_sum_squares(counted_entries()) : dp_->grad_sum_squares()) +
+                      expert_sq_;
       if (tp_.active()) sum_sq = parallel::all_reduce_sum_double(tp_.comm(), sum_sq);
       if (pipeline_) sum_sq = parallel::all_reduce_sum_double(mesh_->pp_comm(), sum_sq);
       arena_.mem().upload(&dev->sum_sq, &sum_sq, sizeof(sum_sq));
@@ -403,6 +437,10 @@ StepResult Trainer::step() {
     ops::clip_coefficient(&dev->coef, &dev->sum_sq, inv_scale, o_.optim.grad_clip, ctx_);
     adam_->step(dp_->master_shard(), dp_->grad_shard(), r.lr, ++updates_, ctx_, &dev->coef);
     dp_->publish_params();
+    if (expert_dp_) {
+      expert_adam_->step(expert_dp_->master_shard(), expert_dp_->grad_shard(), r.lr, updates_, ctx_, &dev->coef);
+      expert_dp_->publish_params();
+    }
   } else {
     r.skipped = true;
     r.grad_norm = NAN;
@@ -446,47 +484,6 @@ std::vector<float> Trainer::full_master() {
   std::vector<float> full(static_cast<size_t>(store_.total_numel()));
   dp_->gather_full(dp_->master_shard(), full.data());
   return full;
-}
-
-void Trainer::check_replicas() {
-  // What every data-parallel replica must hold identically: the full compute parameters (stages
-  // 0-2; ZeRO-3 replicates nothing across dp, so there is nothing to compare).
-  if (o_.parallel.zero == 3) return;
-  parallel::Comm& dp = replicas();
-  if (dp.size() == 1) return;  // one replica: nothing to compare
-  const size_t bytes = store_.compute_bytes(store_.total_numel());
-  std::vector<unsigned char> host;  // the parameters as host bytes (downloaded from a device)
-  if (o_.device != Device::cpu) {
-    host.resize(bytes);
-    arena_.mem().download(host.data(), store_.compute(), bytes);
-  }
-  unsigned char* params = host.empty() ? static_cast<unsigned char*>(store_.compute()) : host.data();
-  if (o_.parallel.sdc_flip_step == step_ && world_.rank() == o_.parallel.sdc_flip_rank) {
-    // Fault injection: one flipped bit in one weight, as a cosmic ray or a bad HBM cell would.
-    params[store_.compute_bytes(store_.entry(std::max(gpt_->wte(), 0)).offset) + 1] ^= 1u << 4;
-  }
-  // FNV-1a over the bytes: cheap, and any flipped bit changes it.
-  uint64_t h = 1469598103934665603ULL;
-  for (size_t i = 0; i < bytes; i++) h = (h ^ params[i]) * 1099511628211ULL;
-  std::vector<uint64_t> all(static_cast<size_t>(dp.size()));
-  dp.all_gather(&h, all.data(), 4, DType::u16);
-  // The majority hash is the healthy one (rank 0's on a tie); the others are the corrupted replicas.
-  uint64_t healthy = all[0];
-  int best = 0;
-  for (uint64_t x : all) {
-    int n = 0;
-    for (uint64_t y : all) n += x == y;
-    if (n > best) best = n, healthy = x;
-  }
-  std::vector<int> bad;
-  for (int r = 0; r < dp.size(); r++)
-    if (all[size_t(r)] != healthy) bad.push_back(r);
-  if (!bad.empty())
-    throw parallel::CollectiveError(strfmt(
-        "silent data corruption check failed after step %d: the parameters of data-parallel rank %d (world rank "
-        "%d) differ from the other replicas",
-        step_, bad[0],
-        (mesh_->cp() > 1 ? mesh_->cp_dp_group_ranks() : mesh_->group_ranks(parallel::MeshDim::dp))[size_t(bad[0])]));
 }
 
 }  // namespace mt::train

@@ -88,7 +88,8 @@ class Trainer {
   // Master weights in the store's full layout (total_numel), gathered from the shards (tp = 1).
   std::vector<float> full_master();
   // Every parameter's whole tensor (global shape, row-major), in entry order, gathered over dp and tp
-  // onto every rank: the weights as a single-rank run holds them, under any layout. Collective.
+  // onto every rank: the weights as a single-rank run holds them, under any layout; under pipeline or
+  // expert parallelism in the whole model's entry order (the one-rank model's). Collective.
   std::vector<std::vector<float>> global_master();
   // The same for the last step's reduced gradients (as the optimizer read them: unscaled, clipped
   // when optim.grad_clip clipped them). Collective.
@@ -96,6 +97,12 @@ class Trainer {
 
   model::GPT& model() { return *gpt_; }
   ParamStore& params() { return store_; }
+  // Expert parallelism (--ep > 1, a mixture model): this rank's routed experts, in a store of their own
+  // (model::ExpertPlacement) whose gradients are reduced and ZeRO-sharded over the expert-data group
+  // (parallel/mesh.h); nullptr for expert_data_parallel() when the experts are not held apart (or this
+  // pipeline stage holds no mixture layer).
+  ParamStore& expert_params() { return expert_store_; }
+  parallel::DataParallel* expert_data_parallel() { return expert_dp_.get(); }
   Arena& arena() { return arena_; }
   const TrainOptions& options() const { return o_; }
   parallel::Mesh& mesh() { return *mesh_; }
@@ -121,8 +128,22 @@ class Trainer {
   // The ranks holding replicas of this rank's parameters: the dp group, or the cp x dp group under
   // context parallelism (gradients, loss, token counts and ZeRO shards are over it).
   parallel::Comm& replicas() const { return mesh_->cp() > 1 ? mesh_->cp_dp_comm() : mesh_->dp_comm(); }
-  // Whole tensors of a vector in the optimizer's shard layout (master weights or gradients).
-  std::vector<std::vector<float>> global_tensors(const float* shard);
+  // Whole tensors of vectors in the optimizer's shard layouts (master weights or gradients: `shard` of
+  // the model's store, `expert_shard` of the expert store).
+  std::vector<std::vector<float>> global_tensors(const float* shard, const float* expert_shard);
+  // The experts held apart over the ep group: the gradient's sum of squares and finiteness over every
+  // expert once (train/trainer_experts.cpp). Collective over the expert-data and ep groups; 0 / true
+  // when the experts are not held apart.
+  double expert_grad_sum_squares();
+  bool expert_grads_finite();
+  // Whether --ep holds the routed experts apart (the same answer on every rank).
+  bool experts_held_apart() const;
+  // The replica check of one store's compute parameters across `group` (its world ranks in order).
+  void check_replicas_of(const ParamStore& store, parallel::Comm& group, const std::vector<int>& ranks, bool flip);
+  // The expert store's counted entries (a replica over tp on tp rank 0 only).
+  std::vector<char> expert_counted_entries() const;
+  // Builds the expert store's data parallelism, its hooks and optimizer (after init_weights).
+  void build_expert_state(const parallel::DataParallelOptions& dense);
   // After a step of a mixture-of-experts model: sums the routing statistics over dp, updates the
   // routing bias (balance = bias) and returns the step's routing metrics (train/trainer_moe.cpp).
   nlohmann::json finish_moe_step();
@@ -178,12 +199,17 @@ class Trainer {
   std::unique_ptr<parallel::Comm> tp_device_comm_;  // NCCL over the tp group (cuda, tp > 1)
   std::unique_ptr<parallel::Comm> pp_device_comm_;  // NCCL over the pp group (cuda, pp > 1): the messages
   ParamStore store_;
+  ParamStore expert_store_;  // --ep: this rank's routed experts (empty otherwise)
   std::unique_ptr<model::GPT> gpt_;
   std::unique_ptr<parallel::DataParallel> dp_;
+  std::unique_ptr<parallel::Comm> expert_device_comm_;       // NCCL over the expert-data group (cuda)
+  std::unique_ptr<parallel::DataParallel> expert_dp_;        // the experts over the expert-data group
+  std::unique_ptr<parallel::TensorParallelGrads> expert_tp_grads_;
   parallel::TensorParallel tp_;                           // this rank's tp group (size 1: none)
   std::unique_ptr<parallel::TensorParallelGrads> tp_grads_;  // the model's hooks when tp > 1
   std::unique_ptr<Pipeline> pipeline_;                       // pp > 1: the step runs the schedule
   std::unique_ptr<AdamW> adam_;
+  std::unique_ptr<AdamW> expert_adam_;  // the experts' moments (expert_dp_'s shard)
   checkpoint::Options ckpt_opts_;
   std::string resume_path_;  // the checkpoint the run started from ("" : step 0)
   DirLock out_lock_, ckpt_lock_;  // held by rank 0 from the start of the run (resume=auto: of the scan)
@@ -202,6 +228,7 @@ class Trainer {
   Buffer step_scalars_;
   StepScalars* scalars() const { return static_cast<StepScalars*>(step_scalars_.data()); }
   ops::Ctx ctx_;
+  double expert_sq_ = 0;  // the last step's expert gradient sum of squares over ep (scaled, tp-partial)
   int step_ = 0;     // optimizer steps taken (including fp16-skipped ones)
   int updates_ = 0;  // AdamW updates applied (the bias-correction count)
 };

@@ -97,7 +97,7 @@ void Trainer::run() {
                                  train_data_ ? train_data_->num_tokens() : 0, arena_.stats());
     plan.data_docs = train_data_ ? train_data_->num_docs() : 0;
     try {  // the planner's figures for rank 0 (pipeline rank 0); a layout it does not model gets none
-      const MemoryPlan mp = plan_memory(o_, PlanLayout{mesh_->dp(), mesh_->tp(), mesh_->pp(), mesh_->cp()}, 0);
+      const MemoryPlan mp = plan_memory(o_, PlanLayout{mesh_->dp(), mesh_->tp(), mesh_->pp(), mesh_->cp(), mesh_->ep()}, 0);
       for (int c = 0; c < kNumMemCategories; c++) plan.expected[size_t(c)] = mp.bytes[size_t(c)];
     } catch (const Error&) {
     }

@@ -60,11 +60,11 @@ checkpoint::SaveRequest Trainer::checkpoint_request() {
     for (const char* part : kParts) req.tensors.push_back({part + e.name, e.global_shape, DType::f32});
   // ZeRO-0 replicates the whole state on every dp rank, and a replicated entry is the same on every
   // tp rank (and the tied wte on the first and last pp rank): the first replica writes it.
+  // Experts held apart are replicas over their expert-data group: its first rank writes them.
   const int pp_rank = mesh_->coord(parallel::MeshDim::pp);
-  const bool dp_writes = o_.parallel.zero > 0 || replicas().rank() == 0;
-  if (dp_writes) {
-    const float* bufs[] = {dp_->master_shard(), adam_->m(), adam_->v()};
-    for_each_shard_part(store_, dp_->segments(), [&](const ParamEntry& e, int64_t lb, int64_t le, int64_t at) {
+  auto add_pieces = [&](const ParamStore& store, const parallel::DataParallel& dp, const AdamW& adam) {
+    const float* bufs[] = {dp.master_shard(), adam.m(), adam.v()};
+    for_each_shard_part(store, dp.segments(), [&](const ParamEntry& e, int64_t lb, int64_t le, int64_t at) {
       if ((e.replicated & kAxisTp) && tp_.rank() != 0) return;
       if ((e.replicated & kAxisPp) && pp_rank != 0) return;
       if (stored_as_box(e)) {
@@ -76,7 +76,10 @@ checkpoint::SaveRequest Trainer::checkpoint_request() {
         for (int k = 0; k < 3; k++) req.pieces.push_back({kParts[k] + e.name, gb, ge, bufs[k] + at + (local - lb)});
       });
     });
-  }
+  };
+  if (o_.parallel.zero > 0 || replicas().rank() == 0) add_pieces(store_, *dp_, *adam_);
+  if (expert_dp_ && (o_.parallel.zero > 0 || mesh_->expert_data_comm().rank() == 0))
+    add_pieces(expert_store_, *expert_dp_, *expert_adam_);
   req.global_meta = {{"format", "minitrain-train-state"}, {"version", 2}, {"step", step_}, {"updates", updates_},
                      {"loss_scale", scaler_.scale()}, {"loss_scale_clean", scaler_.clean_steps()},
                      {"precision", dtype_name(o_.precision)},
@@ -110,16 +113,22 @@ void Trainer::save_state(const std::string& root) {
   c.wait();
 }
 
-std::vector<std::vector<float>> Trainer::global_master() { return global_tensors(dp_->master_shard()); }
-std::vector<std::vector<float>> Trainer::global_grads() { return global_tensors(dp_->grad_shard()); }
+std::vector<std::vector<float>> Trainer::global_master() {
+  return global_tensors(dp_->master_shard(), expert_dp_ ? expert_dp_->master_shard() : nullptr);
+}
+std::vector<std::vector<float>> Trainer::global_grads() {
+  return global_tensors(dp_->grad_shard(), expert_dp_ ? expert_dp_->grad_shard() : nullptr);
+}
 
-std::vector<std::vector<float>> Trainer::global_tensors(const float* shard) {
-  std::vector<float> local(static_cast<size_t>(store_.total_numel()));  // this rank's boxes, whole over dp
-  dp_->gather_full(shard, local.data());
-  parallel::Comm* tp = tp_.active() ? &tp_.comm() : nullptr;
+namespace {
+// Every entry of `store` whole (its global shape), gathered over its data parallelism and over tp.
+std::vector<std::vector<float>> whole_tensors(const ParamStore& store, parallel::DataParallel& dp, const float* shard,
+                                              parallel::Comm* tp) {
+  std::vector<float> local(static_cast<size_t>(store.total_numel()));  // this rank's boxes, whole over dp
+  dp.gather_full(shard, local.data());
   const int P = tp ? tp->size() : 1;
   std::vector<std::vector<float>> out;
-  for (const ParamEntry& e : store_.entries()) {
+  for (const ParamEntry& e : store.entries()) {
     int64_t numel = 1;
     for (int64_t d : e.global_shape) numel *= d;
     out.emplace_back(size_t(numel));
@@ -144,21 +153,46 @@ std::vector<std::vector<float>> Trainer::global_tensors(const float* shard) {
       });
     }
   }
-  if (mesh_->pp() == 1) return out;
-  // Pipeline stages hold different entries: each tensor of the whole model, in its entry order, from
-  // the lowest pp rank that holds it.
-  parallel::Comm& pp = mesh_->pp_comm();
+  return out;
+}
+
+// The lowest rank of `group` with have = 1 (group.size() when none).
+int first_holder(parallel::Comm& group, int32_t have) {
+  std::vector<int32_t> haves(size_t(group.size()));
+  group.all_gather(&have, haves.data(), 1, DType::i32);
+  return int(std::find(haves.begin(), haves.end(), 1) - haves.begin());
+}
+}  // namespace
+
+std::vector<std::vector<float>> Trainer::global_tensors(const float* shard, const float* expert_shard) {
+  parallel::Comm* tp = tp_.active() ? &tp_.comm() : nullptr;
+  std::vector<std::vector<float>> out = whole_tensors(store_, *dp_, shard, tp), xout;
+  if (expert_dp_) xout = whole_tensors(expert_store_, *expert_dp_, expert_shard, tp);
+  const bool apart = experts_held_apart();
+  if (mesh_->pp() == 1 && !apart) return out;
+  // Pipeline stages hold different entries, and so do the ranks of an ep group (their experts): each
+  // tensor of the whole model, in its entry order, from the ep rank holding it (a dense one: every ep
+  // rank), then from the lowest pp rank that holds it.
   std::vector<std::vector<float>> all;
   for (const ParamEntry& e : whole_model_entries(o_.model)) {
     const ParamEntry* mine = store_.find(e.name);
-    int32_t have = mine != nullptr;
-    std::vector<int32_t> haves(size_t(pp.size()));
-    pp.all_gather(&have, haves.data(), 1, DType::i32);
-    const int owner = int(std::find(haves.begin(), haves.end(), 1) - haves.begin());
-    MT_CHECK(owner < pp.size(), "global_tensors: no pipeline stage holds '%s'", e.name.c_str());
-    std::vector<float> t = mine ? std::move(out[size_t(mine - store_.entries().data())])
-                                : std::vector<float>(size_t(e.numel));
-    pp.broadcast(t.data(), t.size(), DType::f32, owner);
+    const ParamEntry* xmine = expert_dp_ ? expert_store_.find(e.name) : nullptr;
+    std::vector<float> t = mine    ? std::move(out[size_t(mine - store_.entries().data())])
+                           : xmine ? std::move(xout[size_t(xmine - expert_store_.entries().data())])
+                                   : std::vector<float>(size_t(e.numel));
+    int32_t have = mine || xmine;
+    if (apart && !mine) {  // the same on every rank of the ep group: it holds the same dense entries
+      const int owner = first_holder(mesh_->ep_comm(), have);
+      if (owner < mesh_->ep()) {
+        mesh_->ep_comm().broadcast(t.data(), t.size(), DType::f32, owner);
+        have = 1;
+      }
+    }
+    if (mesh_->pp() > 1) {
+      const int owner = first_holder(mesh_->pp_comm(), have);
+      MT_CHECK(owner < mesh_->pp(), "global_tensors: no pipeline stage holds '%s'", e.name.c_str());
+      mesh_->pp_comm().broadcast(t.data(), t.size(), DType::f32, owner);
+    }
     all.push_back(std::move(t));
   }
   return all;
@@ -185,31 +219,38 @@ void Trainer::load_checkpoint(const std::string& path) {
     fail("%s was saved from another model shape (%s) than the configured one (%s)", path.c_str(),
          saved.to_json().dump().c_str(), o_.model.to_json().dump().c_str());
   std::vector<checkpoint::TensorInfo> expected;
-  for (const ParamEntry& e : store_.entries())
-    for (const char* part : kParts) expected.push_back({part + e.name, e.global_shape, DType::f32});
+  for (const ParamStore* s : {&store_, &expert_store_})
+    for (const ParamEntry& e : s->entries())
+      for (const char* part : kParts) expected.push_back({part + e.name, e.global_shape, DType::f32});
   r.check_tensors(expected);
-  float* bufs[] = {dp_->master_shard(), adam_->m(), adam_->v()};
-  const size_t n = size_t(dp_->shard_numel());
-  // Device state is read into (zeroed) host vectors and uploaded whole; host state is read in place.
-  const MemOps& mem = arena_.mem();
-  const bool on_host = mem.device == Device::cpu;
-  std::vector<std::vector<float>> staging(on_host ? 0 : 3, std::vector<float>(on_host ? 0 : n));
-  float* dst[3];
-  for (int k = 0; k < 3; k++) {
-    dst[k] = on_host ? bufs[k] : staging[size_t(k)].data();
-    if (on_host) std::memset(dst[k], 0, n * sizeof(float));  // padding stays zero
-  }
-  for_each_piece(store_, dp_->segments(), [&](const ParamEntry& e, int64_t fb, int64_t fe, int64_t at) {
-    for (int k = 0; k < 3; k++) r.read(kParts[k] + e.name, fb, fe, dst[k] + at);
-  });
-  if (!on_host)
-    for (int k = 0; k < 3; k++) mem.upload(bufs[k], dst[k], n * sizeof(float));
+  // Each store's shard (the experts held apart: theirs) by global slice, whatever layout wrote it.
+  auto load_shard = [&](const ParamStore& store, const parallel::DataParallel& dp, const AdamW& adam) {
+    float* bufs[] = {dp.master_shard(), adam.m(), adam.v()};
+    const size_t n = size_t(dp.shard_numel());
+    // Device state is read into (zeroed) host vectors and uploaded whole; host state is read in place.
+    const MemOps& mem = arena_.mem();
+    const bool on_host = mem.device == Device::cpu;
+    std::vector<std::vector<float>> staging(on_host ? 0 : 3, std::vector<float>(on_host ? 0 : n));
+    float* dst[3];
+    for (int k = 0; k < 3; k++) {
+      dst[k] = on_host ? bufs[k] : staging[size_t(k)].data();
+      if (on_host) std::memset(dst[k], 0, n * sizeof(float));  // padding stays zero
+    }
+    for_each_piece(store, dp.segments(), [&](const ParamEntry& e, int64_t fb, int64_t fe, int64_t at) {
+      for (int k = 0; k < 3; k++) r.read(kParts[k] + e.name, fb, fe, dst[k] + at);
+    });
+    if (!on_host)
+      for (int k = 0; k < 3; k++) mem.upload(bufs[k], dst[k], n * sizeof(float));
+  };
+  load_shard(store_, *dp_, *adam_);
+  if (expert_dp_) load_shard(expert_store_, *expert_dp_, *expert_adam_);
   step_ = meta.at("step");
   updates_ = meta.at("updates");
   restore_loss_scale(meta, path);
   train_data_->restore(meta.at("data"));
   restore_moe_bias(meta, path);
   dp_->publish_params();
+  if (expert_dp_) expert_dp_->publish_params();
   if (world_.rank() == 0) std::fprintf(stderr, "minitrain: resumed from %s (step %d)\n", path.c_str(), step_);
 }
 

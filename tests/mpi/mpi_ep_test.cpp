@@ -95,6 +95,13 @@ TEST(ExpertExchange, RowsReachTheirExpertsInOrderAndComeBackUnchanged) {
   check_exchange(expert, N, K, E);
 }
 
+// The whole model's entries in their order (the one-rank store's; global_master's under any layout).
+std::vector<ParamEntry> model_entries(const model::GPTConfig& cfg) {
+  ParamStore s;
+  model::GPT g(cfg, s);
+  return s.entries();
+}
+
 TrainOptions options(const std::string& data, int batch, int dp, int ep, int zero = 0, double capacity = 0) {
   TrainOptions o = train::parse_train_options(
       {"model=tiny-moe", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
@@ -137,6 +144,45 @@ TEST(ExpertParallel, DroplessLayoutsMatchTheSingleRankRunForEveryZeroStage) {
       EXPECT_EQ(c[parallel::CommOp::all_to_all].calls, 2u * 5u) << name(W, ep, zero);
       EXPECT_GT(c[parallel::CommOp::all_to_all].sent_bytes, 0u) << name(W, ep, zero);
       EXPECT_EQ(t.mesh().ep_comm().size(), ep);
+    }
+}
+
+// Each rank of an ep group stores its own E/E' experts of every mixture layer and no other (their names
+// keep the global expert index), apart from the dense weights: the expert store's units are sharded
+// over the expert-data group, the model's over dp x cp. Every expert is held by exactly one rank of
+// each ep group. Two steps with the replica check after each: the experts' replicas (the expert-data
+// group) agree, and experts of other ranks are never compared with them.
+TEST(ExpertParallel, EachRankStoresOnlyItsOwnExperts) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  for (int ep = 2; ep <= W; ep *= 2)
+    for (int zero : {0, 3}) {
+      TrainOptions o = options(data, 2, W, ep, zero);
+      o.parallel.sdc_every = 1;  // the replica check compares experts within their expert-data group only
+      Trainer t(o, &world);
+      t.step();
+      t.step();
+      const int E = o.model.moe.experts, per = E / ep, r = t.mesh().ep_comm().rank();
+      const std::string what = name(W, ep, zero) + " rank " + std::to_string(world.rank());
+      for (const ParamEntry& e : t.params().entries())
+        EXPECT_EQ(e.name.find(".mlp.experts."), std::string::npos) << what << ": " << e.name << " in the dense store";
+      std::vector<int32_t> held(size_t(E), 0);
+      for (const ParamEntry& e : t.expert_params().entries()) {
+        const size_t at = e.name.find(".mlp.experts.");
+        ASSERT_NE(at, std::string::npos) << what << ": " << e.name;
+        const int x = std::stoi(e.name.substr(at + 13));
+        EXPECT_GE(x, r * per) << what << ": " << e.name;
+        EXPECT_LT(x, (r + 1) * per) << what << ": " << e.name;
+        held[size_t(x)] = 1;
+      }
+      EXPECT_EQ(t.expert_params().entries().size(), size_t(2 * 4 * per)) << what;  // 2 layers, 4 tensors each
+      ASSERT_NE(t.expert_data_parallel(), nullptr) << what;
+      EXPECT_EQ(t.expert_params().shard_multiple(), W / ep) << what << ": sharded over the expert-data group";
+      // Over the ep group every expert once.
+      t.mesh().ep_comm().all_reduce(held.data(), held.size(), DType::i32, parallel::ReduceOp::sum);
+      for (int x = 0; x < E; x++) EXPECT_EQ(held[size_t(x)], 1) << what << ": expert " << x;
     }
 }
 
@@ -211,18 +257,35 @@ TEST(ExpertParallel, StateSavedUnderOneExpertLayoutResumesUnderAnother) {
       Trainer t(options(data, G / W, W, m.from_ep, m.from_zero), &world);
       for (int i = 0; i < 5; i++) t.step();
       t.save_state(at);
-      // `ckpt export` writes each expert under its own name, as the trainer holds it.
+      // `ckpt export` writes every expert under its own name (each stored by one ep rank), as the
+      // trainer holds it (global_master: the whole model's entry order).
       const std::vector<std::vector<float>> w = t.global_master();
+      const std::vector<ParamEntry> all = model_entries(t.options().model);
+      ASSERT_EQ(w.size(), all.size());
       world.barrier();
       if (world.rank() == 0) {
         const std::string out = at + "/export.safetensors";
         train::export_checkpoint(at + "/" + checkpoint::step_dir_name(5), out, false);
         const SafetensorsFile f = SafetensorsFile::read(out);
-        for (const std::string n : {"transformer.h.1.mlp.experts.3.c_fc.weight", "transformer.h.0.mlp.experts.0.c_proj.bias"}) {
-          const ParamEntry* e = t.params().find(n);
-          ASSERT_NE(e, nullptr) << n;
+        int experts = 0;
+        for (size_t i = 0; i < all.size(); i++) {
+          const std::string& n = all[i].name;
+          if (n.find(".mlp.experts.") == std::string::npos) continue;
+          experts++;
           ASSERT_NE(f.find(n), nullptr) << n;
-          EXPECT_EQ(f.to_f32(n), w[size_t(e - t.params().entries().data())]) << n;
+          EXPECT_EQ(f.to_f32(n), w[i]) << n;
+        }
+        EXPECT_EQ(experts, 2 * 4 * t.options().model.moe.experts);  // 2 mixture layers, 4 tensors an expert
+      }
+      world.barrier();
+      // And back: init_from the export under the other expert layout imports every rank's own experts.
+      TrainOptions back = options(data, G / W, W, m.from_ep == 2 ? W : 2, 1);
+      back.init_from = at + "/export.safetensors";
+      Trainer u(back, &world);
+      const std::vector<std::vector<float>> v = u.global_master();
+      for (size_t i = 0; i < all.size(); i++) {
+        if (all[i].name.find(".mlp.experts.") != std::string::npos || all[i].name.find("ln_f") != std::string::npos) {
+          EXPECT_EQ(v[i], w[i]) << all[i].name << ": imported under ep " << back.parallel.ep;
         }
       }
     }
@@ -288,6 +351,85 @@ TEST(ExpertParallel, PipelineStagesWithMixtureLayersMatchTheSingleRankRun) {
   Trainer t(a);
   EXPECT_EQ(t.model().moe_bias(1), want_bias) << "the last stage's bias was not saved";
   for (int i = 0; i < 3; i++) {
+    const double got = t.step().loss, w = ref.step().loss;
+    EXPECT_LE(std::fabs(got - w) / w, 1e-5) << "step " << steps + i + 1;
+  }
+}
+
+// The gradient noise scale's two norms cover the same parameters: each dense one once, the experts held
+// apart not at all (a rank's own expert gradient is made from its whole ep group's tokens). After one
+// step the estimate gives back the big-batch |G|^2 it was fed, g2_big = ((D-1) g2 + g2_small) / D
+// (the first update's g2 = (D g2_big - g2_small) / (D - 1), b_small = b_big / D),
+// which must be the dense weights' |G|^2 from the reduced gradients (the embeddings left out when they
+// went as rows, as both norms leave them out then).
+TEST(ExpertParallel, NoiseScaleNormsCountTheDenseWeightsOnceAndLeaveTheExpertsOut) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  for (int rows : {0, 1}) {
+    TrainOptions o = options(data, 2, W, 2, 1);
+    o.optim.grad_clip = 0;  // the gradients as reduced
+    o.parallel.embedding_rows = rows;
+    Trainer t(o, &world);
+    const train::StepResult r = t.step();
+    // (One step of two ranks' norms may estimate a negative |G|^2, so valid() is not asked: g2() is
+    // what the update computed either way.)
+    const double D = W, g2_big = ((D - 1) * t.noise_scale().g2() + r.local_grad_sq) / D;
+    const std::vector<std::vector<float>> g = t.global_grads();
+    const std::vector<ParamEntry> all = model_entries(o.model);
+    double dense = 0, experts = 0;
+    for (size_t i = 0; i < all.size(); i++) {
+      double sq = 0;
+      for (float x : g[i]) sq += double(x) * x;
+      if (all[i].name.find(".mlp.experts.") != std::string::npos)
+        experts += sq;
+      else if (!rows || all[i].name.rfind("transformer.w", 0) != 0)  // wte, wpe
+        dense += sq;
+    }
+    EXPECT_GT(experts, 0);
+    EXPECT_NEAR(g2_big, dense, 1e-5 * dense) << "rows " << rows << ": experts " << experts;
+  }
+}
+
+// pp2 x dp2 x ep2 with one mixture layer, on the last stage: the first stage holds no experts at all
+// (an empty expert store, yet it joins the norm's and the checkpoint's collectives), and the run still
+// follows the single-rank one; saved there, it resumes alone with the reference's next losses.
+TEST(ExpertParallel, AStageWithoutMixtureLayersHoldsNoExperts) {
+  parallel::Comm& world = mpi_world().comm();
+  if (world.size() != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  const int B = 2, steps = 6;
+  auto with_one_mixture = [&](TrainOptions o) {
+    o.model.moe.every = 2;  // layer 1 only
+    o.grad_accum = 2;
+    o.steps = steps + 2;
+    return o;
+  };
+  Trainer ref(with_one_mixture(options(data, 2 * B, 1, 1)));
+  const Curve want = train_curve(ref, steps);
+  char root[256] = {};
+  if (world.rank() == 0) std::snprintf(root, sizeof root, "%s", make_temp_dir("mt_ep_stage").c_str());
+  world.broadcast(root, sizeof root / 4, DType::i32, 0);
+  for (int zero : {0, 3}) {
+    TrainOptions o = with_one_mixture(options(data, B, 2, 2, zero));
+    o.parallel.pp = 2;
+    Trainer t(o, &world);
+    const bool first = t.mesh().coord(parallel::MeshDim::pp) == 0;
+    EXPECT_EQ(t.expert_params().entries().empty(), first);
+    EXPECT_EQ(t.expert_data_parallel() == nullptr, first);
+    const Curve got = train_curve(t, steps);
+    const std::string what = "pp 2 x dp 2 x ep 2, one mixture layer, zero " + std::to_string(zero);
+    const CurveErr e = curve_err(got, want);
+    if (world.rank() == 0) std::printf("%s: %s\n", what.c_str(), e.str().c_str());
+    expect_fp32_match(e, what);
+    if (zero == 3) t.save_state(root);
+  }
+  world.barrier();
+  TrainOptions a = with_one_mixture(options(data, 2 * B, 1, 1));
+  a.resume = root;
+  Trainer t(a);
+  for (int i = 0; i < 2; i++) {
     const double got = t.step().loss, w = ref.step().loss;
     EXPECT_LE(std::fabs(got - w) / w, 1e-5) << "step " << steps + i + 1;
   }

@@ -121,5 +121,64 @@ TEST(Plan, PredictionsEqualTheTrainersMeasurements) {
   }
 }
 
+// Expert parallelism holds each rank's E/ep routed experts apart, sharded over the expert-data group:
+// on every ZeRO stage the plan's model-state bytes and the dp group's bytes per step (the experts'
+// over the expert-data group included) equal the trainer's for ep 1, 2 and (4 ranks) 4, and
+// the params bytes a rank saves against ep 1 are the experts it no longer stores (fp32, ZeRO-0: every
+// byte of them, 1 - 1/ep of the experts' 4 bytes per parameter, up to the units' padding).
+TEST(Plan, ExpertParallelModelStateEqualsTheTrainers) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  for (int zero = 0; zero <= 3; zero++) {
+    uint64_t params_ep1 = 0;
+    for (int ep = 1; ep <= W; ep *= 2) {
+      const TrainOptions o = parse_train_options(
+          {"model=tiny-moe", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
+           "model.block_size=16", "moe.every=1", "moe.shared=1", "seq_len=16", "batch_size=2", "threads=1",
+           "data.prefetch=0", "data.path=" + data, "dp=" + std::to_string(W), "ep=" + std::to_string(ep),
+           "zero=" + std::to_string(zero), "grad_accum=" + std::to_string(zero >= 2 ? 2 : 1), "steps=3"});
+      Trainer t(o, &world);
+      t.step();
+      t.arena().reset_peaks();
+      t.step();
+      const MemStats& m = t.arena().stats();
+      const MemoryPlan mp = plan_memory(t.options(), PlanLayout{W, 1, 1, 1, ep}, 0);
+      const std::string what = strfmt("dp=%d ep=%d zero=%d rank %d", W, ep, zero, world.rank());
+      EXPECT_EQ(mp.bytes[size_t(MemCategory::params)], m.peak[size_t(MemCategory::params)]) << what << ": params";
+      EXPECT_EQ(mp.bytes[size_t(MemCategory::optimizer)], m.peak[size_t(MemCategory::optimizer)]) << what << ": optimizer";
+      const size_t g = m.peak[size_t(MemCategory::grads)];
+      if (zero < 2) {
+        EXPECT_EQ(mp.bytes[size_t(MemCategory::grads)], g) << what << ": grads";
+      } else {
+        EXPECT_GE(g, mp.grads_least) << what;
+        EXPECT_LE(mp.grads_least, mp.bytes[size_t(MemCategory::grads)]) << what;
+        EXPECT_LE(mp.bytes[size_t(MemCategory::grads)], mp.grads_bound) << what;
+        EXPECT_LE(g, mp.grads_bound) << what;
+      }
+      // The dp group's bytes: the dense weights' over dp x cp and the experts' over the expert-data group.
+      expect_same_counters(t.group_counters(parallel::MeshDim::dp), plan_comm(t.options(), PlanLayout{W, 1, 1, 1, ep}, 0, t.mesh().coord(parallel::MeshDim::dp)).dp,
+                           what + " dp");
+      const uint64_t params = m.peak[size_t(MemCategory::params)];
+      if (world.rank() == 0)
+        std::printf("%s: params %llu grads %zu optimizer %zu (planned %llu %llu %llu)\n", what.c_str(),
+                    (unsigned long long)params, g, m.peak[size_t(MemCategory::optimizer)],
+                    (unsigned long long)mp.bytes[0], (unsigned long long)mp.bytes[1], (unsigned long long)mp.bytes[2]);
+      if (ep == 1) {
+        params_ep1 = params;
+        continue;
+      }
+      EXPECT_LT(params, params_ep1) << what << ": a rank holding fewer experts stores fewer bytes";
+      if (zero == 0) {
+        const int64_t C = o.model.n_embd, E = o.model.moe.experts;
+        const double expert_bytes = 2.0 * double(E) * double(8 * C * C + 5 * C) * 4;  // 2 mixture layers
+        const double saved = double(params_ep1) - double(params);
+        EXPECT_NEAR(saved, (1.0 - 1.0 / ep) * expert_bytes, 2 * 2 * 16.0 * W * 4) << what;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mt::train

@@ -12,7 +12,9 @@ hw=${2:-cpu-calibrated.json}
 steps=${3:-3}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 mpirun=(mpirun --oversubscribe --mca btl self,vader --mca pml ob1 -np 2)
-[[ -f $hw ]] || "${mpirun[@]}" "$mt" bench --calibrate out="$hw"
+# Calibrated at the runs' shapes: 512 rows per rank (B T / cp for dp and cp; tp's products are
+# narrower, pp's micro-batches shorter) and T = 128.
+[[ -f $hw ]] || "${mpirun[@]}" "$mt" bench --calibrate out="$hw" rows=512 seq_len=128
 # GPT-2's width and heads, two layers and a small vocabulary, so that a step takes seconds.
 model=(model=gpt2 model.n_layer=2 model.vocab_size=4096 seq_len=128 threads=1)
 layouts=(

@@ -37,6 +37,7 @@ double since(clock_type::time_point t) { return std::chrono::duration<double>(cl
 struct Target {
   const MemOps& mem;
   ops::Ctx ctx;
+  CalibrationShape shape;
   bool gpu() const { return ctx.device == Device::cuda; }
 };
 
@@ -81,22 +82,22 @@ std::vector<S> ramp(size_t n) {
   return v;
 }
 
-// GEMM rows: 1024 on a CPU, 16384 on a GPU (GPT-2's 16 x 1024 tokens).
-int gemm_rows(const Target& t) { return t.gpu() ? 16384 : 1024; }
-
-// The rate of a training-shaped GEMM pair in storage type S: a layer's forward (N rows x IC in -> OC
-// out) and its backward (input and weight gradients), 6 N IC OC FLOPs, through the model's own matmul
-// ops; best of several. Square 1024^3 products run faster than the trainer's, so this is what a plan
-// uses.
+// The rate of a transformer layer's GEMMs in storage type S: the four weighted products (C -> 3C, C -> C,
+// C -> 4C, 4C -> C) on `rows` rows, forward and backward (input and weight gradients), 72 rows C^2
+// FLOPs, through the model's own matmul ops; best of several. Square 1024^3 products run faster than
+// the trainer's, so this is what a plan uses.
 template <class S>
 double training_gemm_rate(const Target& t) {
-  const int N = gemm_rows(t), IC = 768, OC = 3072;
-  Block<S> in(t, size_t(N) * IC, ramp<S>(size_t(N) * IC)), w(t, size_t(OC) * IC, ramp<S>(size_t(OC) * IC)),
-      out(t, size_t(N) * OC), din(t, size_t(N) * IC);
-  Block<float> dw(t, size_t(OC) * IC);
-  return 6.0 * N * IC * double(OC) / best_of(t, 4, [&] {
-    ops::matmul_fwd<S>(out.get(), in.get(), w.get(), nullptr, N, IC, OC, t.ctx);
-    ops::matmul_bwd<S>(din.get(), dw.get(), nullptr, out.get(), in.get(), w.get(), N, IC, OC, t.ctx);
+  const int N = t.shape.rows, C = t.shape.n_embd;
+  const std::pair<int, int> dims[] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}};
+  Block<S> in(t, size_t(N) * 4 * C, ramp<S>(size_t(N) * 4 * C)), w(t, size_t(4) * C * C, ramp<S>(size_t(4) * C * C)),
+      out(t, size_t(N) * 4 * C), din(t, size_t(N) * 4 * C);
+  Block<float> dw(t, size_t(4) * C * C);
+  return 72.0 * N * double(C) * C / best_of(t, 4, [&] {
+    for (const auto& [IC, OC] : dims) {
+      ops::matmul_fwd<S>(out.get(), in.get(), w.get(), nullptr, N, IC, OC, t.ctx);
+      ops::matmul_bwd<S>(din.get(), dw.get(), nullptr, out.get(), in.get(), w.get(), N, IC, OC, t.ctx);
+    }
   });
 }
 
@@ -119,17 +120,11 @@ double memory_bandwidth(const Target& t) {
   return 2.0 * double(n) * sizeof(double) / best;
 }
 
-// Attention shapes: B 4, T 256 on a CPU; B 8, T 1024 on a GPU; GPT-2's width and heads.
-struct AttentionShape {
-  int B, T, C = 768, NH = 12;
-};
-AttentionShape attention_shape(const Target& t) { return t.gpu() ? AttentionShape{8, 1024} : AttentionShape{4, 256}; }
-
 // The attention kernels' forward and backward (materialized or flash) in storage type S, in FLOPs of
 // the planner's formula (train/metrics.h attention_flops_per_token) per second.
 template <class S>
 double attention_rate(const Target& t, bool flash) {
-  const auto [B, T, C, NH] = attention_shape(t);
+  const int T = t.shape.seq_len, B = std::max(1, t.shape.rows / T), C = t.shape.n_embd, NH = t.shape.n_head;
   model::GPTConfig cfg;
   cfg.n_layer = 1;
   cfg.n_embd = C;
@@ -226,21 +221,33 @@ void measure_chip(parallel::Comm& world, const Target& t, Hardware& h, nlohmann:
   h.flash_attention_flops_per_s = -double(mins[4]);
   h.optimizer_bytes_per_s = -double(mins[5]);
   h.reduction_bytes_per_s = -double(mins[6]);
-  const int N = gemm_rows(t);
-  const AttentionShape a = attention_shape(t);
-  samples["gemm_training"] = {{"shape", strfmt("%d x 768 -> 3072, forward and backward", N)},
-                              {"dtype", dtype_name(dtype_of<S>())}, {"flops_per_s", gemm}};
+  const CalibrationShape& a = t.shape;
+  samples["gemm_training"] = {
+      {"shape", strfmt("a layer's four weighted products at %d rows, C %d, forward and backward", a.rows, a.n_embd)},
+      {"dtype", dtype_name(dtype_of<S>())},
+      {"flops_per_s", gemm}};
   if (t.gpu()) samples["gemm_training_fp32"] = {{"flops_per_s", gemm32}};
   samples["ops"] = {
-      {"attention", strfmt("forward and backward, B %d, T %d, C %d, %d heads, causal, %s", a.B, a.T, a.C, a.NH,
-                           dtype_name(dtype_of<S>()))},
+      {"attention", strfmt("forward and backward, B %d, T %d, C %d, %d heads, causal, %s", std::max(1, a.rows / a.seq_len),
+                           a.seq_len, a.n_embd, a.n_head, dtype_name(dtype_of<S>()))},
       {"optimizer", strfmt("AdamW over %lld fp32 parameters", (long long)vector_elements(t, int64_t(4) << 20))},
       {"reduction", strfmt("sum of squares over %lld fp32 values", (long long)vector_elements(t, int64_t(16) << 20))}};
 }
 
 }  // namespace
 
-nlohmann::json calibrate_hardware(parallel::Comm& world, int threads, Device device, int local_rank) {
+// What the GEMM and attention figures were measured on, for the file's source.
+std::string shapes(const CalibrationShape& c, const char* dtypes) {
+  return strfmt("GEMM: the model's %s matmuls forward and backward, a layer's four products at %d rows, C %d; "
+                "attention at T %d, %d heads", dtypes, c.rows, c.n_embd, c.seq_len, c.n_head);
+}
+
+CalibrationShape CalibrationShape::defaults(Device device) {
+  return device == Device::cuda ? CalibrationShape{16384, 1024, 768, 12} : CalibrationShape{1024, 256, 768, 12};
+}
+
+nlohmann::json calibrate_hardware(parallel::Comm& world, int threads, Device device, const CalibrationShape& shape,
+                                  int local_rank) {
   if (threads > 0) omp_set_num_threads(threads);
   const int nt = omp_get_max_threads();
   nlohmann::json samples = nlohmann::json::object();
@@ -251,28 +258,27 @@ nlohmann::json calibrate_hardware(parallel::Comm& world, int threads, Device dev
     samples["gemm_square"] = {{"label", square.label}, {"flops_per_s", square.flops}};
     h = resolve_hardware("cpu");
     h.name = "cpu-calibrated";
-    measure_chip<float>(world, Target{host_memory(), ops::Ctx{}}, h, samples);
+    measure_chip<float>(world, Target{host_memory(), ops::Ctx{}, shape}, h, samples);
     const double phys = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
     h.memory_bytes = phys / world.size();
     h.chips_per_node = world.size();
     if (world.size() > 1) {
-      samples["mpi_ping_pong"] = ping_pong(world, Target{host_memory(), ops::Ctx{}}, h.intra);
+      samples["mpi_ping_pong"] = ping_pong(world, Target{host_memory(), ops::Ctx{}, shape}, h.intra);
       h.inter = h.intra;
-      h.source = strfmt("measured by minitrain bench --calibrate: %d ranks x %d threads; GEMM: the model's fp32 "
-                        "matmul forward and backward at 1024 x 768 -> 3072; memory: a parallel copy of 256 MiB; "
-                        "links: MPI ping-pong between ranks 0 and 1 (one machine: inter = intra)",
-                        world.size(), nt);
+      h.source = strfmt("measured by minitrain bench --calibrate: %d ranks x %d threads; %s; memory: a parallel copy "
+                        "of 256 MiB; links: MPI ping-pong between ranks 0 and 1 (one machine: inter = intra)",
+                        world.size(), nt, shapes(shape, "fp32").c_str());
     } else {
-      h.source = strfmt("measured by minitrain bench --calibrate: 1 rank x %d threads; GEMM: the model's fp32 matmul "
-                        "forward and backward at 1024 x 768 -> 3072; memory: a parallel copy of 256 MiB; links not "
-                        "measured (one rank): the built-in cpu entry's", nt);
+      h.source = strfmt("measured by minitrain bench --calibrate: 1 rank x %d threads; %s; memory: a parallel copy of "
+                        "256 MiB; links not measured (one rank): the built-in cpu entry's",
+                        nt, shapes(shape, "fp32").c_str());
     }
   } else {
 #ifdef MT_HAVE_CUDA
     const std::string why = cuda_unavailable_reason();
     if (!why.empty()) fail("bench --calibrate device=cuda: %s", why.substr(why.find(':') + 2).c_str());
     cuda::set_device((local_rank >= 0 ? local_rank : world.rank()) % cuda::device_count());
-    const Target t{cuda::device_memory(), ops::Ctx{Device::cuda}};
+    const Target t{cuda::device_memory(), ops::Ctx{Device::cuda}, shape};
     // The built-in GPU entries' assumptions stand for what one process cannot measure: the share of the
     // gradient traffic hidden behind backward, and the link between nodes.
     h = resolve_hardware("h100");
@@ -289,10 +295,9 @@ nlohmann::json calibrate_hardware(parallel::Comm& world, int threads, Device dev
       links = "links: NCCL ping-pong between ranks 0 and 1 (intra); inter: the built-in h100 entry's";
     }
 #endif
-    h.source = strfmt("measured by minitrain bench --calibrate device=cuda: %d ranks, one GPU each; GEMM: the model's "
-                      "bf16 (fp16 taken as bf16) and fp32 matmul forward and backward at 16384 x 768 -> 3072; memory: "
-                      "a device-to-device copy of 256 MiB; %s; dp_overlap assumed as the built-in GPU entries'",
-                      world.size(), links.c_str());
+    h.source = strfmt("measured by minitrain bench --calibrate device=cuda: %d ranks, one GPU each; %s; memory: a "
+                      "device-to-device copy of 256 MiB; %s; dp_overlap assumed as the built-in GPU entries'",
+                      world.size(), shapes(shape, "bf16 (fp16 taken as bf16) and fp32").c_str(), links.c_str());
 #else
     (void)local_rank;
     fail("bench --calibrate device=cuda: this build has no CUDA (configure with -DMT_CUDA=ON)");
@@ -307,15 +312,29 @@ int calibrate_main(const std::vector<std::string>& args, parallel::Comm& world, 
   std::string out;
   int threads = 0;
   Device device = Device::cpu;
+  for (const std::string& a : args)
+    if (a.rfind("device=", 0) == 0) device = device_from_name(a.substr(7));
+  CalibrationShape shape = CalibrationShape::defaults(device);
+  const std::pair<const char*, int*> dims[] = {
+      {"rows", &shape.rows}, {"seq_len", &shape.seq_len}, {"n_embd", &shape.n_embd}, {"n_head", &shape.n_head}};
   for (const std::string& a : args) {
-    if (a == "--calibrate") continue;
-    if (a.rfind("out=", 0) == 0) out = a.substr(4);
-    else if (a.rfind("threads=", 0) == 0) threads = parse_int("threads", a.substr(8));
-    else if (a.rfind("device=", 0) == 0) device = device_from_name(a.substr(7));
-    else fail("bench --calibrate: unexpected argument '%s' (expected out=FILE, threads=N, device=cpu|cuda)", a.c_str());
+    const size_t eq = a.find('=');
+    const std::string key = a.substr(0, eq), value = eq == std::string::npos ? "" : a.substr(eq + 1);
+    bool known = a == "--calibrate" || key == "device";
+    if (key == "out") out = value, known = true;
+    if (key == "threads") threads = parse_int("threads", value), known = true;
+    for (const auto& [name, v] : dims)
+      if (key == name) *v = parse_int(name, value), known = true;
+    if (!known)
+      fail("bench --calibrate: unexpected argument '%s' (expected out=FILE, threads=N, device=cpu|cuda, rows=N, "
+           "seq_len=T, n_embd=C, n_head=H)", a.c_str());
   }
   if (threads < 0) fail("threads must not be negative (got %d)", threads);
-  const nlohmann::json j = calibrate_hardware(world, threads, device, local_rank);
+  for (const auto& [name, v] : dims)
+    if (*v <= 0) fail("bench --calibrate: %s must be positive (got %d)", name, *v);
+  if (shape.n_embd % shape.n_head != 0)
+    fail("bench --calibrate: n_embd %d is not divisible by n_head %d", shape.n_embd, shape.n_head);
+  const nlohmann::json j = calibrate_hardware(world, threads, device, shape, local_rank);
   if (world.rank() != 0) return 0;
   const std::string text = j.dump(2) + "\n";
   if (out.empty()) {

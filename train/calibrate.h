@@ -2,8 +2,9 @@
 // hardware file for `minitrain plan hw=FILE` (train/hardware.h). A chip is one rank: run it the way
 // the training runs (same mpirun -np and OMP_NUM_THREADS) so that every rank measures while the
 // others do, and the figures are each rank's share.
-//   flops         the project's CPU GEMM on a training-shaped layer, forward and backward (1024 rows,
-//                 768 -> 3072; a square 1024^3 product, which runs faster, is kept under "samples");
+//   flops         the project's CPU GEMMs on a transformer layer's four products, forward and backward
+//                 (CalibrationShape below; a square 1024^3 product, which runs faster, is kept under
+//                 "samples");
 //                 the CPU backend computes in fp32 for every storage type, so bf16 and fp16 get the
 //                 same figure
 //   memory        a copy of a buffer well beyond the caches (bytes read + written per second), the
@@ -31,9 +32,21 @@
 namespace mt::train {
 
 // The measured hardware object (every rank takes part; rank 0's figures are the minima over ranks).
+// The shapes the GEMMs and attention are measured at (rows=, seq_len=, n_embd=, n_head=): a
+// transformer layer's four weighted products on `rows` rows of width n_embd, attention over seq_len
+// tokens (rows / seq_len sequences). Defaults: GPT-2's width at 1024 rows and T 256 on a CPU, 16384
+// rows and T 1024 on a GPU. Small products run below large ones, so a file calibrated at a run's own
+// rows per rank and sequence length predicts that run best.
+struct CalibrationShape {
+  int rows = 1024, seq_len = 256, n_embd = 768, n_head = 12;
+  static CalibrationShape defaults(Device device);
+};
+
 // device: the backend measured (cuda: the GPU chosen by the node-local rank, as the trainer does).
-nlohmann::json calibrate_hardware(parallel::Comm& world, int threads, Device device = Device::cpu, int local_rank = -1);
-// Parses out=, threads= and device=, measures, and writes the file (rank 0) or prints it (no out=).
+nlohmann::json calibrate_hardware(parallel::Comm& world, int threads, Device device, const CalibrationShape& shape,
+                                  int local_rank = -1);
+// Parses out=, threads=, device= and the shape, measures, and writes the file (rank 0) or prints it
+// (no out=).
 int calibrate_main(const std::vector<std::string>& args, parallel::Comm& world, int local_rank = -1);
 
 }  // namespace mt::train

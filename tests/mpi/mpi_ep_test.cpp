@@ -312,7 +312,11 @@ TEST(ExpertParallel, PipelineStagesWithMixtureLayersMatchTheSingleRankRun) {
   parallel::Comm& world = mpi_world().comm();
   const int W = world.size();
   if (W != 2 && W != 4) GTEST_SKIP();
-  const std::string data = shared_corpus(world);
+  // A fixed corpus: tp's sums run in another order than the single rank's, so where two experts' scores
+  // nearly tie the routing may choose differently, a discrete step the curves cannot follow (rare: none of
+  // 12 random corpora tried, but MT_TEST_SEED=3543931291 on 4 ranks flips one choice at step 4).
+  // The dp and ep tests, whose arithmetic is the single rank's, keep the run's random corpus.
+  const std::string data = shared_corpus(world, 20261202);
   const int B = 2, dp = W / 2, ep = W / 2, steps = 10;
   // One schedule for every run here (the resumed one goes 3 steps further).
   TrainOptions ro = options(data, dp * B, 1, 1);
@@ -442,7 +446,11 @@ TEST(ExpertParallel, TensorParallelPairsMatchTheSingleRankRun) {
   parallel::Comm& world = mpi_world().comm();
   const int W = world.size();
   if (W != 2 && W != 4) GTEST_SKIP();
-  const std::string data = shared_corpus(world);
+  // A fixed corpus: tp's sums run in another order than the single rank's, so where two experts' scores
+  // nearly tie the routing may choose differently, a discrete step the curves cannot follow (rare: none of
+  // 12 random corpora tried, but MT_TEST_SEED=3543931291 on 4 ranks flips one choice at step 4).
+  // The dp and ep tests, whose arithmetic is the single rank's, keep the run's random corpus.
+  const std::string data = shared_corpus(world, 20261202);
   const int B = 2, dp = W / 2, ep = W / 2, steps = 10;
   Trainer ref(options(data, dp * B, 1, 1));
   const Curve want = train_curve(ref, steps);

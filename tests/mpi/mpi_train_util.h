@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,15 +21,17 @@
 namespace mt::testing {
 
 // Rank 0 writes a corpus of 300 short documents of slowly rising token ids (vocabulary 64) and every
-// rank gets its path (the config must match across ranks). Written once per process.
-inline std::string shared_corpus(parallel::Comm& world) {
-  static std::string path;
+// rank gets its path (the config must match across ranks). Written once per process and seed; the
+// seed is the run's test seed unless a test fixes it (`seed` != 0).
+inline std::string shared_corpus(parallel::Comm& world, uint64_t seed = 0) {
+  static std::map<uint64_t, std::string> paths;
+  std::string& path = paths[seed];
   if (!path.empty()) return path;
   char buf[256] = {};
   if (world.rank() == 0) {
     const std::string dir = make_temp_dir("mt_corpus");
     data::ShardBuilder b(64, 63);
-    std::mt19937_64 rng(shared_seed());
+    std::mt19937_64 rng(seed != 0 ? seed : shared_seed());
     for (int d = 0; d < 300; d++) {
       std::vector<int32_t> doc(size_t(8 + rng() % 30));
       int32_t x = int32_t(rng() % 63);

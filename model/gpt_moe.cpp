@@ -23,8 +23,9 @@
 //
 // Tensor parallelism: the mixture is not split. Each tp rank runs it whole on the rows it holds (its
 // 1/tp of them under sequence parallelism, whose weight gradients are then partial sums over tp,
-// like a LayerNorm's; all of them, computed alike on every tp rank, without), so the balance term A
-// is taken over those rows.
+// like a LayerNorm's; all of them, computed alike on every tp rank, without). The balance term A is
+// taken over the whole micro-batch either way: under sp from the loads and probability sums of every
+// tp rank (balance_over_tp).
 //
 // Expert parallelism (GPT::set_expert_parallel, moe/ep_exchange.h): routing, the plan (capacity, drops)
 // and the combine stay with the tokens' rank; only the permuted rows travel, to the ranks holding their
@@ -102,11 +103,37 @@ void Pass<S>::route_and_plan(int l, const float* logits, MoeActs& m) {
   r.expert.assign(h.expert, h.expert + A);
   r.load.assign(h.load, h.load + E);
   moe::route_summary(r, h.sums);
+  if (tp_.splits_sequence()) balance_over_tp(m, h.sums, h.load);
   moe::DispatchPlan& plan = m.plan;
   plan.N = N, plan.K = K, plan.E = E, plan.capacity = cap;
   plan.offset.assign(h.offset, h.offset + E + 1);
   plan.row_of.assign(h.row_of, h.row_of + A);
   plan.dropped = A - plan.rows();
+}
+
+// Under sequence parallelism a micro-batch's tokens are spread over the tp ranks, and the balance term
+// A = E sum f_i P_i takes f and P over all of them: each rank's loads and probability sums, gathered
+// bit for bit and added in rank order, so every rank has the same A, the single rank's up to the
+// order of that sum. Backward reads the summed loads (MoeActs::balance_load).
+template <class S>
+void Pass<S>::balance_over_tp(MoeActs& m, const double* sums, const int32_t* load) {
+  moe::Routing& r = m.routing;
+  const int E = r.E, K = r.K;
+  std::vector<double> mine(size_t(2 * E)), all(size_t(2 * E) * size_t(P_)), total(size_t(2 * E), 0.0);
+  for (int i = 0; i < E; i++) mine[size_t(i)] = sums[i], mine[size_t(E + i)] = double(load[i]);
+  tp_.comm().all_gather(mine.data(), all.data(), size_t(2 * E) * 4, DType::u16);  // doubles as bits
+  for (int q = 0; q < P_; q++)
+    for (size_t i = 0; i < total.size(); i++) total[i] += all[size_t(q) * total.size() + i];
+  const double N = double(r.N) * P_;
+  double a = 0;
+  std::vector<int32_t> summed(static_cast<size_t>(E));
+  for (int i = 0; i < E; i++) {
+    a += total[size_t(E + i)] / (N * K) * (total[size_t(i)] / N);
+    summed[size_t(i)] = int32_t(total[size_t(E + i)]);
+  }
+  r.balance = E * a;
+  m.balance_load = ar_.alloc_uninitialized(kAct, size_t(E) * 4);
+  ar_.mem().upload(m.balance_load.data(), summed.data(), size_t(E) * 4);
 }
 
 template <class S>
@@ -228,10 +255,15 @@ void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
   }
   // The router: the gates' gradient plus the extra losses, weighted like the micro-batch's tokens.
   const double scale = double(dloss_) * N;
-  const double aux_w = mc.balance == MoeBalance::aux ? scale * mc.aux_coef : 0.0, z_w = scale * mc.z_coef;
+  // Under sequence parallelism the balance term's f comes from the loads summed over tp; the op takes
+  // f_i = load_i / (N K) and P's 1/N with this rank's N, so the weight carries N / N_total = 1 / tp
+  // (d(N_total alpha A)/dp_{t,i} = alpha E f_i for every token, wherever it lives).
+  const bool over_tp = bool(m.balance_load);
+  const double aux_w = mc.balance == MoeBalance::aux ? scale * mc.aux_coef / (over_tp ? P_ : 1) : 0.0;
+  const double z_w = scale * mc.z_coef;
   Buffer dlogits = f32(int64_t(N) * E), dx32 = f32(int64_t(N) * C);
-  ops::moe_route_bwd(dlogits.f32(), dgate.f32(), m.probs.f32(), m.lse.f32(), pv.expert, m.gate.f32(), pv.load, N, E, K,
-                     aux_w, z_w, c_);
+  ops::moe_route_bwd(dlogits.f32(), dgate.f32(), m.probs.f32(), m.lse.f32(), pv.expert, m.gate.f32(),
+                     over_tp ? m.balance_load.i32() : pv.load, N, E, K, aux_w, z_w, c_);
   const float* x32 = nullptr;
   const float* wr = nullptr;
   Buffer w32;

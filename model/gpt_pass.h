@@ -25,6 +25,7 @@ struct MoeActs {
   Buffer probs, lse, gate;                 // (N,E), (N), (A) fp32
   Buffer plan_arrays;                      // sums (E+1) f64, load (E), offset (E+1), expert (A), row_of (A) i32
   Buffer assignment_of;                    // (A) i32, the first M meaningful
+  Buffer balance_load;                     // (E) i32 under sequence parallelism: the loads summed over tp
   Buffer x32;                              // (N,C) fp32 router input (empty when S is float)
   Buffer rows, h_pre, h, out;              // (M,C), (M,4C), (M,4C), (M,C)
   // Expert parallelism: the exchange of this layer's rows, and the rows this rank's experts received
@@ -189,6 +190,7 @@ class Pass {
   // The router's top-k on logits (N,E) and the dispatch plan into m, on the run's device, with the
   // plan's summary copied to the host once (m.routing's choices and loads, m.plan's offsets and rows).
   void route_and_plan(int l, const float* logits, MoeActs& m);
+  void balance_over_tp(MoeActs& m, const double* sums, const int32_t* load);
   void moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws);
   void layer_forward(int l, const S* x, S* x_next, LayerActs& a, Workspace& ws, const int32_t* doc);
   // defer != nullptr (zb1's B_input): the input gradient only, the op outputs' gradients kept in it.

@@ -452,18 +452,28 @@ TEST(ExpertParallel, TensorParallelPairsMatchTheSingleRankRun) {
   // The dp and ep tests, whose arithmetic is the single rank's, keep the run's random corpus.
   const std::string data = shared_corpus(world, 20261202);
   const int B = 2, dp = W / 2, ep = W / 2, steps = 10;
-  Trainer ref(options(data, dp * B, 1, 1));
+  // balance = aux: under sp each tp rank holds half of a micro-batch's tokens, and the balance term
+  // must still take f and P over the whole micro-batch (A is not a sum over tokens). A data-parallel
+  // rank's micro-batch is its own B rows, so the single-rank run that matches it takes the global batch
+  // as dp micro-batches of B rows.
+  for (const model::MoeBalance balance : {model::MoeBalance::bias, model::MoeBalance::aux}) {
+  const bool aux = balance == model::MoeBalance::aux;
+  TrainOptions ro = options(data, aux ? B : dp * B, 1, 1);
+  if (aux) ro.grad_accum = dp;
+  ro.model.moe.balance = balance;
+  Trainer ref(ro);
   const Curve want = train_curve(ref, steps);
   const std::vector<float> want_bias = ref.model().moe_bias(1);
   for (int sp : {1, 0}) {
     TrainOptions o = options(data, B, dp, ep, 1);
+    o.model.moe.balance = balance;
     o.parallel.tp = 2;
     o.parallel.sp = sp;
     Trainer t(o, &world);
     const Curve got = train_curve(t, steps);
     const CurveErr e = curve_err(got, want);
-    const std::string what = "tp 2 (sp " + std::to_string(sp) + ") x dp " + std::to_string(dp) + " x ep " +
-                             std::to_string(ep);
+    const std::string what = std::string(balance == model::MoeBalance::aux ? "aux: " : "bias: ") + "tp 2 (sp " +
+                             std::to_string(sp) + ") x dp " + std::to_string(dp) + " x ep " + std::to_string(ep);
     if (world.rank() == 0) std::printf("%s: %s\n", what.c_str(), e.str().c_str());
     expect_fp32_match(e, what);
     EXPECT_EQ(t.model().moe_bias(1), want_bias) << what;
@@ -472,6 +482,7 @@ TEST(ExpertParallel, TensorParallelPairsMatchTheSingleRankRun) {
     int64_t routed = 0;
     for (const auto& n : r.moe["tokens_per_expert"][0]) routed += n.get<int64_t>();
     EXPECT_EQ(routed, int64_t(dp) * B * o.seq_len * o.model.moe.top_k) << what;
+  }
   }
 }
 

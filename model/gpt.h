@@ -190,7 +190,12 @@ class GPT {
   void set_context_parallel(const parallel::RingAttention& cp) { cp_ = cp; }
   // Expert parallelism (moe/ep_exchange.h): the mixture layers' experts are split over `ep`'s ranks
   // and the tokens travel to them by all_to_all_v. nullptr (default): every expert is local.
-  void set_expert_parallel(parallel::Comm* ep) { ep_ = ep; }
+  // ep: the ep group (host scalars: the counts exchange); ep_data: its communicator for the rows where
+  // they live (an NcclComm over the same ranks on a GPU; nullptr: ep itself).
+  void set_expert_parallel(parallel::Comm* ep, parallel::Comm* ep_data = nullptr) {
+    ep_ = ep;
+    ep_data_ = ep_data != nullptr ? ep_data : ep;
+  }
   parallel::Comm* expert_parallel() const { return ep_; }
   Attention attention() const { return attention_; }
   // Parameter units, in the order of the flat buffers: the embeddings (wte, wpe; under pipeline
@@ -256,7 +261,8 @@ class GPT {
   ParamStore& store_;
   parallel::TensorParallel tp_;
   parallel::RingAttention cp_;
-  parallel::Comm* ep_ = nullptr;  // expert parallelism (nullptr: none)
+  parallel::Comm* ep_ = nullptr;       // expert parallelism (nullptr: none)
+  parallel::Comm* ep_data_ = nullptr;  // its rows' communicator (ep_ on the CPU)
   StagePlan plan_;
   std::vector<LayerParams> layers_;  // by global layer index (entries of layers not held are -1)
   std::vector<int> layer_units_;     // by global layer index; -1 when not held

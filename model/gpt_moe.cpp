@@ -172,17 +172,17 @@ void Pass<S>::moe_forward(int l, S* x_next, LayerActs& a) {
            m_.ep_ ? m_.ep_->size() : 1);
   if (m_.ep_ != nullptr && m_.ep_->size() > 1) {
     // Expert parallelism: the rows to their experts' ranks, this rank's experts, the outputs back.
-    parallel::Comm& ep = *m_.ep_;
+    parallel::Comm& data = *m_.ep_data_;
     m.ep = true;
-    m.ex = moe::exchange_counts(m.plan, ep);
+    m.ex = moe::exchange_counts(m.plan, *m_.ep_);
     const int64_t R = m.ex.rows();
-    Buffer mine = act(R * C), out = act(R * C);
-    moe::to_experts(p(mine), p(m.rows), m.ex, C, ep);
+    Buffer mine = act(R * C), out = act(R * C), staging = act(R * C);
+    moe::to_experts(p(mine), p(m.rows), m.ex, C, data, p(staging), ar_.mem());
     m.rows = std::move(mine);
     m.h_pre = act(R * F);
     m.h = act(R * F);
     moe::experts_forward(p(out), p(m.h_pre), p(m.h), p(m.rows), m.ex.experts, local_experts(lp, m.ex, wf), C, F, c_);
-    moe::from_experts(p(m.out), p(out), m.ex, C, ep);
+    moe::from_experts(p(m.out), p(out), m.ex, C, data, p(staging), ar_.mem());
   } else {
     m.h_pre = act(M * F);
     m.h = act(M * F);
@@ -237,16 +237,16 @@ void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
   const std::function<const S*(int)> wf = [&](int i) { return xw(i); };
   if (m.ep) {
     // The rows' gradient to the experts' ranks, the experts' backward there, the input gradient back.
-    parallel::Comm& ep = *m_.ep_;
+    parallel::Comm& data = *m_.ep_data_;
     const int64_t R = m.ex.rows();
-    Buffer dmine = act(R * C), dh = act(R * F), dinmine = act(R * C);
-    moe::to_experts(p(dmine), p(drows), m.ex, C, ep);
+    Buffer dmine = act(R * C), dh = act(R * F), dinmine = act(R * C), staging = act(R * C);
+    moe::to_experts(p(dmine), p(drows), m.ex, C, data, p(staging), ar_.mem());
     drows.reset();
     const std::vector<moe::ExpertGrads> local =
         grads_of(lp.experts.begin() + m.ex.rank * m.ex.local, lp.experts.begin() + (m.ex.rank + 1) * m.ex.local);
     moe::experts_backward(p(dinmine), p(dh), local, p(dmine), p(m.rows), p(m.h_pre), p(m.h), m.ex.experts,
                           local_experts(lp, m.ex, wf), C, F, c_);
-    moe::from_experts(p(din), p(dinmine), m.ex, C, ep);
+    moe::from_experts(p(din), p(dinmine), m.ex, C, data, p(staging), ar_.mem());
   } else {
     Buffer dh = act(M * F);
     moe::experts_backward(p(din), p(dh), grads_of(lp.experts.begin(), lp.experts.end()), p(drows), p(m.rows), p(m.h_pre), p(m.h), m.plan,

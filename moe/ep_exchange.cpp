@@ -69,27 +69,27 @@ ExpertExchange exchange_counts(const DispatchPlan& p, parallel::Comm& ep) {
 }
 
 template <class S>
-void to_experts(S* out, const S* rows, const ExpertExchange& x, int C, parallel::Comm& ep) {
-  std::vector<S> by_source(size_t(x.rows()) * size_t(C));
-  ep.all_to_all_v(rows, elements(x.send_rows, C), by_source.data(), elements(x.recv_rows, C), dtype_of<S>());
+void to_experts(S* out, const S* rows, const ExpertExchange& x, int C, parallel::Comm& data, S* staging,
+                const MemOps& mem) {
+  data.all_to_all_v(rows, elements(x.send_rows, C), staging, elements(x.recv_rows, C), dtype_of<S>());
   const Offsets o = offsets(x);
   for (size_t i = 0; i < x.count.size(); i++)
-    std::memcpy(out + o.by_expert[i] * C, by_source.data() + o.by_source[i] * C, size_t(x.count[i]) * C * sizeof(S));
+    if (x.count[i] > 0) mem.move(out + o.by_expert[i] * C, staging + o.by_source[i] * C, size_t(x.count[i]) * C * sizeof(S));
 }
 
 template <class S>
-void from_experts(S* rows, const S* expert_rows, const ExpertExchange& x, int C, parallel::Comm& ep) {
-  std::vector<S> by_source(size_t(x.rows()) * size_t(C));
+void from_experts(S* rows, const S* expert_rows, const ExpertExchange& x, int C, parallel::Comm& data, S* staging,
+                  const MemOps& mem) {
   const Offsets o = offsets(x);
   for (size_t i = 0; i < x.count.size(); i++)
-    std::memcpy(by_source.data() + o.by_source[i] * C, expert_rows + o.by_expert[i] * C,
-                size_t(x.count[i]) * C * sizeof(S));
-  ep.all_to_all_v(by_source.data(), elements(x.recv_rows, C), rows, elements(x.send_rows, C), dtype_of<S>());
+    if (x.count[i] > 0)
+      mem.move(staging + o.by_source[i] * C, expert_rows + o.by_expert[i] * C, size_t(x.count[i]) * C * sizeof(S));
+  data.all_to_all_v(staging, elements(x.recv_rows, C), rows, elements(x.send_rows, C), dtype_of<S>());
 }
 
 #define MT_EP_EXCHANGE(S)                                                                              \
-  template void to_experts<S>(S*, const S*, const ExpertExchange&, int, parallel::Comm&);             \
-  template void from_experts<S>(S*, const S*, const ExpertExchange&, int, parallel::Comm&);
+  template void to_experts<S>(S*, const S*, const ExpertExchange&, int, parallel::Comm&, S*, const MemOps&); \
+  template void from_experts<S>(S*, const S*, const ExpertExchange&, int, parallel::Comm&, S*, const MemOps&);
 MT_EP_EXCHANGE(float)
 MT_EP_EXCHANGE(bf16)
 MT_EP_EXCHANGE(f16)

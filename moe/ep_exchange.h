@@ -20,6 +20,7 @@
 
 #include "moe/dispatch.h"
 #include "parallel/comm.h"
+#include "runtime/memory.h"
 
 namespace mt::moe {
 
@@ -34,16 +35,20 @@ struct ExpertExchange {
   int64_t rows() const { return experts.rows(); }
 };
 
-// The counts exchange (collective over ep): p is this rank's plan over all E experts.
+// The counts exchange (collective over ep, a host communicator): p is this rank's plan over all E experts.
 ExpertExchange exchange_counts(const DispatchPlan& p, parallel::Comm& ep);
 
 // out (x.rows(), C) = the rows other ranks send for this rank's experts, expert by expert; rows
-// (p.rows(), C) this rank's permuted rows. Collective over ep.
+// (p.rows(), C) this rank's permuted rows. Collective over `data`, the ep group's communicator for
+// tensors where the rows live (the ep group itself on the CPU, its NCCL twin on a GPU); `staging`
+// (x.rows(), C) receives the rows source by source before `mem` moves them into expert order.
 template <class S>
-void to_experts(S* out, const S* rows, const ExpertExchange& x, int C, parallel::Comm& ep);
+void to_experts(S* out, const S* rows, const ExpertExchange& x, int C, parallel::Comm& data, S* staging,
+                const MemOps& mem);
 // The inverse: rows (p.rows(), C) = what the experts made of this rank's rows, from expert_rows
-// (x.rows(), C). Collective over ep.
+// (x.rows(), C). Collective over `data`; staging as above.
 template <class S>
-void from_experts(S* rows, const S* expert_rows, const ExpertExchange& x, int C, parallel::Comm& ep);
+void from_experts(S* rows, const S* expert_rows, const ExpertExchange& x, int C, parallel::Comm& data, S* staging,
+                  const MemOps& mem);
 
 }  // namespace mt::moe

@@ -331,11 +331,8 @@ void TrainOptions::validate() const {
   check_numbers(to_json(), "");  // every numeric option: finite and in its range
   model.validate();
   if (model.moe.enabled()) {
-    // Both backends run the mixture layers; expert parallelism's row exchange goes through a host
-    // communicator (moe/ep_exchange.h), so it stays on the CPU backend.
-    if (device == Device::cuda && parallel.ep > 1)
-      fail("--ep %d with --device cuda: expert parallelism exchanges its rows through host memory, on the CPU "
-           "backend only so far (drop --ep or use --device cpu)", parallel.ep);
+    // Both backends run the mixture layers; on a GPU expert parallelism's rows travel over NCCL
+    // (train/trainer.cpp builds ep.nccl; a build without NCCL says so when the trainer starts).
     if (parallel.pp > 1 && parallel.pp_schedule == "zb1")
       fail("moe.experts=%d with pp.schedule=zb1: the split backward of mixture layers is not implemented yet (use "
            "gpipe, 1f1b or interleaved)", model.moe.experts);

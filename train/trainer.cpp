@@ -163,7 +163,20 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   gpt_->set_recompute(o_.recompute);
   gpt_->set_attention(o_.attention_kind());
   if (mesh_->cp() > 1) gpt_->set_context_parallel(parallel::RingAttention(mesh_->cp_comm(), &arena_));
-  if (mesh_->ep() > 1) gpt_->set_expert_parallel(&mesh_->ep_comm());
+  if (mesh_->ep() > 1) {
+    // On the GPU the rows travel over NCCL (the counts stay on the host communicator).
+    parallel::Comm* rows = nullptr;
+    if (o_.device == Device::cuda) {
+#ifdef MT_HAVE_NCCL
+      ep_device_comm_ =
+          std::make_unique<parallel::NcclComm>(mesh_->ep_comm(), static_cast<cudaStream_t>(ctx_.stream), "ep.nccl");
+      rows = ep_device_comm_.get();
+#else
+      fail("--ep %d with --device cuda needs a build with NCCL (this one has none)", mesh_->ep());
+#endif
+    }
+    gpt_->set_expert_parallel(&mesh_->ep_comm(), rows);
+  }
   // Every rank initialises the same full weights, then keeps its shard.
   if (!o_.init_from.empty()) {
     model::import_hf(*gpt_, store_, o_.init_from);

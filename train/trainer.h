@@ -197,6 +197,7 @@ class Trainer {
   std::unique_ptr<parallel::Mesh> mesh_;
   std::unique_ptr<parallel::Comm> dp_device_comm_;  // NCCL over the dp group (cuda, dp > 1 or ZeRO)
   std::unique_ptr<parallel::Comm> tp_device_comm_;  // NCCL over the tp group (cuda, tp > 1)
+  std::unique_ptr<parallel::Comm> ep_device_comm_;  // NCCL over the ep group (cuda, ep > 1): the rows
   std::unique_ptr<parallel::Comm> pp_device_comm_;  // NCCL over the pp group (cuda, pp > 1): the messages
   ParamStore store_;
   ParamStore expert_store_;  // --ep: this rank's routed experts (empty otherwise)

@@ -36,8 +36,8 @@ void check_exchange(const std::vector<int32_t>& expert, int N, int K, int E) {
   world.reset_counters();
   const moe::ExpertExchange x = moe::exchange_counts(p, world);
   ASSERT_EQ(x.local, 2);
-  std::vector<float> mine(size_t(x.rows()) * C);
-  moe::to_experts(mine.data(), rows.data(), x, C, world);
+  std::vector<float> mine(size_t(x.rows()) * C), staging(mine.size());
+  moe::to_experts(mine.data(), rows.data(), x, C, world, staging.data(), host_memory());
   // Expert by expert; within an expert by source rank, each source's rows in their plan order.
   for (int e = 0; e < x.local; e++) {
     float last_src = -1, last_row = -1;
@@ -57,7 +57,7 @@ void check_exchange(const std::vector<int32_t>& expert, int N, int K, int E) {
   for (int e = 0; e < x.local; e++) want += all[size_t(world.rank() * x.local + e)];
   EXPECT_EQ(x.rows(), want);
   std::vector<float> back(rows.size(), -1.f);
-  moe::from_experts(back.data(), mine.data(), x, C, world);
+  moe::from_experts(back.data(), mine.data(), x, C, world, staging.data(), host_memory());
   EXPECT_EQ(back, rows);
   // Counts (E/W i32 per rank pair), then the rows out and back: what this rank sent to others.
   uint64_t out = 0, in = 0;

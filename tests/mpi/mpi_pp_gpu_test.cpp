@@ -15,9 +15,6 @@
 #include "tests/mpi/mpi_train_util.h"
 #include "tests/test_util.h"
 #include "train/trainer.h"
-#ifdef MT_HAVE_CUDA
-#include "kernels/cuda/cuda_ops.h"
-#endif
 
 namespace mt::testing {
 namespace {
@@ -46,18 +43,6 @@ TrainOptions options(const std::string& data, const Layout& l, int steps, Device
   o.parallel.zero = l.zero;
   o.device = device;
   return o;
-}
-
-// The GPUs this test needs, or why it cannot run here ("" when it can).
-std::string gpus_missing(int ranks) {
-#ifndef MT_HAVE_CUDA
-  (void)ranks;
-  return "a build without CUDA";
-#else
-  if (cuda::device_count() < ranks)
-    return strfmt("needs one GPU per rank (%d), found %d", ranks, cuda::device_count());
-  return "";
-#endif
 }
 
 // True on every rank when the first and the last pipeline rank hold the same bits of wte.

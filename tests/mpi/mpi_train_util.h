@@ -17,6 +17,9 @@
 #include "tests/mpi/mpi_test_util.h"
 #include "tests/test_util.h"
 #include "train/trainer.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
 
 namespace mt::testing {
 
@@ -44,6 +47,19 @@ inline std::string shared_corpus(parallel::Comm& world, uint64_t seed = 0) {
   world.broadcast(buf, sizeof buf / 4, DType::i32, 0);
   path = buf;
   return path;
+}
+
+// The GPUs a test on `ranks` ranks needs (one per rank, one node), or why it cannot run here ("" when
+// it can).
+inline std::string gpus_missing(int ranks) {
+#ifndef MT_HAVE_CUDA
+  (void)ranks;
+  return "a build without CUDA";
+#else
+  if (cuda::device_count() < ranks)
+    return strfmt("needs one GPU per rank (%d), found %d", ranks, cuda::device_count());
+  return "";
+#endif
 }
 
 // A whole model apart from any trainer, with a run's initial weights (fp32, host memory): the

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/moe_top_k.h"
 
 namespace mt::cpu {
 
@@ -25,26 +26,8 @@ void moe_route(float* probs, float* lse, double* lse_sq, int32_t* expert, float*
     const double l = double(mx) + std::log(sum);
     lse[t] = float(l);
     lse_sq[t] = l * l;
-    // Top-k by score, best first; on equal scores the lower index wins (strict > below).
-    int32_t* ex = expert + int64_t(t) * K;
-    double gsum = 0;
-    for (int j = 0; j < K; j++) {
-      int best = -1;
-      float best_s = 0;
-      for (int i = 0; i < E; i++) {
-        bool taken = false;
-        for (int m = 0; m < j; m++) taken = taken || ex[m] == i;
-        if (taken) continue;
-        const float s = p[i] + (bias ? bias[i] : 0.f);
-        if (best < 0 || s > best_s) best = i, best_s = s;
-      }
-      ex[j] = best;
-      gsum += p[best];
-    }
-    for (int j = 0; j < K; j++) {
-      const float pe = p[ex[j]];
-      gate[int64_t(t) * K + j] = K == 1 ? pe : float(pe / gsum);
-    }
+    // Top-k by score, best first, ties to the lower index, and the gates (kernels/moe_top_k.h).
+    ::mt::ops::choose_top_k(expert + int64_t(t) * K, gate + int64_t(t) * K, p, bias, E, K);
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/storage.cuh"
+#include "kernels/moe_top_k.h"
 
 namespace mt::cuda::moe_kernels {
 
@@ -33,25 +34,7 @@ MT_KERNEL_INLINE __global__ void route_kernel(float* probs, float* lse, double* 
     const double l = double(mx) + log(sum);
     lse[t] = float(l);
     lse_sq[t] = l * l;
-    int32_t* ex = expert + t * K;
-    double gsum = 0;
-    for (int j = 0; j < K; j++) {
-      int best = -1;
-      float best_s = 0;
-      for (int i = 0; i < E; i++) {
-        bool taken = false;
-        for (int m = 0; m < j; m++) taken = taken || ex[m] == i;
-        if (taken) continue;
-        const float s = p[i] + (bias ? bias[i] : 0.f);
-        if (best < 0 || s > best_s) best = i, best_s = s;
-      }
-      ex[j] = best;
-      gsum += p[best];
-    }
-    for (int j = 0; j < K; j++) {
-      const float pe = p[ex[j]];
-      gate[t * K + j] = K == 1 ? pe : float(pe / gsum);
-    }
+    ::mt::ops::choose_top_k(expert + t * K, gate + t * K, p, bias, E, K);
   }
 }
 

@@ -45,22 +45,6 @@ TrainOptions options(const std::string& data, const Layout& l, int steps, Device
   return o;
 }
 
-// True on every rank when the first and the last pipeline rank hold the same bits of wte.
-bool tied_copies_equal(Trainer& t) {
-  parallel::Comm& pp = t.mesh().pp_comm();
-  const std::vector<float> full = t.full_master();
-  const ParamEntry* e = t.params().find("transformer.wte.weight");
-  int32_t differ = 0;
-  if (pp.rank() == 0 || pp.rank() == pp.size() - 1) {
-    std::vector<float> other(size_t(e->numel));
-    const int peer = pp.rank() == 0 ? pp.size() - 1 : 0;
-    pp.send_recv(full.data() + e->offset, size_t(e->numel), peer, other.data(), size_t(e->numel), peer, DType::f32);
-    differ = std::memcmp(other.data(), full.data() + e->offset, size_t(e->numel) * 4) != 0;
-  }
-  mpi_world().comm().all_reduce(&differ, 1, DType::i32, parallel::ReduceOp::max);
-  return differ == 0;
-}
-
 TEST(PipelineParallelGpu, EveryScheduleMatchesTheCpuRun) {
   parallel::Comm& world = mpi_world().comm();
   const int W = world.size();

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -60,6 +61,23 @@ inline std::string gpus_missing(int ranks) {
     return strfmt("needs one GPU per rank (%d), found %d", ranks, cuda::device_count());
   return "";
 #endif
+}
+
+// True on every rank when the first and the last pipeline rank hold the same bits of wte (master).
+inline bool tied_copies_equal(train::Trainer& t) {
+  parallel::Comm& pp = t.mesh().pp_comm();
+  const std::vector<float> full = t.full_master();
+  const ParamEntry* e = t.params().find("transformer.wte.weight");
+  int32_t differ = 0;
+  if (pp.rank() == 0 || pp.rank() == pp.size() - 1) {
+    std::vector<float> other(size_t(e->numel));
+    const int peer = pp.rank() == 0 ? pp.size() - 1 : 0;
+    pp.send_recv(full.data() + e->offset, size_t(e->numel), peer, other.data(), size_t(e->numel), peer, DType::f32);
+    differ = std::memcmp(other.data(), full.data() + e->offset, size_t(e->numel) * 4) != 0;
+  }
+  parallel::Comm& world = mpi_world().comm();
+  world.all_reduce(&differ, 1, DType::i32, parallel::ReduceOp::max);
+  return differ == 0;
 }
 
 // A whole model apart from any trainer, with a run's initial weights (fp32, host memory): the

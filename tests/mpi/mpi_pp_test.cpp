@@ -122,10 +122,14 @@ TEST(PipelineParallel, EveryLayoutMatchesTheSingleRankRun) {
     // A pipeline alone keeps each micro-batch's arithmetic, so 16-bit storage changes nothing; where
     // tp or dp sums partial results in another order, a bf16 run is held to bf16's resolution (2^-8
     // relative per rounding) instead: a lost or doubled micro-batch would still be far outside it.
+    // Counting every parameter once is checked on the first step, from identical weights (a doubled
+    // wte would be off by far more than 2^-8); over the run the norm drifts further as AdamW's early,
+    // nearly sign-like updates carry the roundings on (2.07e-2 seen on one seed).
     const bool bf16_reordered = std::string(l.precision) == "bf16" && (l.tp > 1 || l.dp > 1);
     if (bf16_reordered) {
       EXPECT_LE(e.loss, 1e-3) << l.str();
-      EXPECT_LE(e.norm, 2e-2) << l.str() << ": the norm must count every parameter once";
+      EXPECT_LE(e.first_norm, 4e-3) << l.str() << ": the norm must count every parameter once";
+      EXPECT_LE(e.norm, 5e-2) << l.str();
       EXPECT_LE(e.weights, 1e-2) << l.str();
     } else {
       expect_fp32_match(e, l.str());

@@ -267,10 +267,10 @@ nlohmann::json plan_json(const PlanRequest& r) {
       {"tokens_per_step", t.tokens_per_step},
       {"flops_per_step", t.flops_per_token * t.tokens_per_step},
       {"comm", {{"dp", counters_json(p.comm.dp)}, {"tp", counters_json(p.comm.tp)}, {"cp", counters_json(p.comm.cp)},
-                {"pp", counters_json(p.comm.pp)}}},
+                {"pp", counters_json(p.comm.pp)}, {"ep", counters_json(p.comm.ep)}}},
       {"time", {{"gemm_s", t.gemm_s}, {"attention_s", t.attention_s}, {"memory_bound_s", t.memory_s},
                 {"optimizer_s", t.optimizer_s}, {"grad_passes_s", t.grad_passes_s},
-                {"tp_s", t.tp_s}, {"cp_s", t.cp_s}, {"pp_s", t.pp_s}, {"dp_s", t.dp_s},
+                {"tp_s", t.tp_s}, {"cp_s", t.cp_s}, {"pp_s", t.pp_s}, {"dp_s", t.dp_s}, {"ep_s", t.ep_s},
                 {"dp_exposed_s", t.dp_exposed_s}, {"bubble_over_ideal", t.bubble}, {"step_s", t.step_s}}},
       {"tokens_per_s", t.tokens_per_s()},
       {"mfu", t.mfu},
@@ -346,6 +346,8 @@ std::string plan_report(const std::vector<std::string>& args) {
   s += "communication per step (bytes this rank sends, ring/pairwise algorithms):\n";
   s += comm_line("dp", l.dp * l.cp, p.comm.dp) + comm_line("tp", l.tp, p.comm.tp) + comm_line("cp", l.cp, p.comm.cp) +
        comm_line("pp", l.pp, p.comm.pp);
+  if (l.ep > 1)
+    s += comm_line("ep", l.ep, p.comm.ep) + "      (the token all-to-alls for balanced routing, no drops)\n";
   if (l.pp > 1) s += pipeline_report(pipeline_spec(o));
   s += strfmt("time per step on %s (%s):\n", r.hw.name.c_str(), r.hw.source.c_str());
   const bool flash = o.attention_kind() == model::Attention::flash;
@@ -356,6 +358,7 @@ std::string plan_report(const std::vector<std::string>& args) {
   s += strfmt("  update    optimizer %s at %s, gradient passes (zeroing, norms) %s at %s\n", ms(t.optimizer_s).c_str(),
               si(r.hw.optimizer_rate(), "B/s").c_str(), ms(t.grad_passes_s).c_str(),
               si(r.hw.reduction_rate(), "B/s").c_str());
+  if (l.ep > 1) s += strfmt("  comm      ep %s (the token exchange, not overlapped)\n", ms(t.ep_s).c_str());
   s += strfmt("  comm      tp %s, cp %s, pp %s, dp %s (%s exposed)\n", ms(t.tp_s).c_str(), ms(t.cp_s).c_str(),
               ms(t.pp_s).c_str(), ms(t.dp_s).c_str(), ms(t.dp_exposed_s).c_str());
   s += strfmt("  step      %s (pipeline bubble %.4f of the ideal time), %s tokens/s, MFU %.1f%%\n", ms(t.step_s).c_str(),

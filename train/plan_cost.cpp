@@ -205,6 +205,30 @@ double grad_pass_bytes(const TrainOptions& o, const PlanLayout& l, int pp_rank, 
   return 4.0 * b;
 }
 
+// Expert parallelism's token exchange on the ep group, for balanced routing and no drops (the real
+// figure follows the routing; docs/perf.md compares the two): per mixture layer of this stage and
+// micro-batch a counts exchange ((ep-1) E/ep i32) and the rows to the experts' ranks and back, in
+// forward and again as gradients in backward, (ep-1)/ep of the N k assigned rows each way (C values
+// in the storage type); full recompute repeats the forward's exchanges. Once a step the experts'
+// share of the gradient norm is gathered over the group (a double).
+CommCounters ep_traffic(const TrainOptions& o, const PlanLayout& l, int pp_rank, CommCounters& scalars) {
+  CommCounters c;
+  if (l.ep <= 1 || !o.model.moe.enabled()) return c;
+  const model::StagePlan plan = l.pp > 1 ? stage_plan(o, pp_rank) : model::StagePlan::whole(o.model.n_layer);
+  uint64_t layers = 0;
+  for (const auto& k : plan.chunks)
+    for (int layer = k.begin; layer < k.end; layer++) layers += o.model.is_moe_layer(layer);
+  const uint64_t ep = uint64_t(l.ep), e1 = ep - 1, m = uint64_t(o.grad_accum);
+  const uint64_t N = uint64_t(rows_per_micro(o, l)) / (o.sequence_parallel() ? uint64_t(l.tp) : 1);
+  const uint64_t NK = N * uint64_t(o.model.moe.top_k), C = uint64_t(o.model.n_embd);
+  const uint64_t passes = o.recompute == model::Recompute::full ? 2 : 1;
+  const uint64_t counts = e1 * uint64_t(o.model.moe.experts) / ep * 4;
+  const uint64_t rows = NK * e1 / ep * C * dtype_size(o.precision);  // one way, one exchange
+  add(c, CommOp::all_to_all, m * layers * (3 * passes + 2), m * layers * (passes * counts + (2 * passes + 2) * rows));
+  add_scalars(c, scalars, CommOp::all_gather, 1, e1 * 8);
+  return c;
+}
+
 // Latency steps of each op for the alpha term: rings (n - 1 steps per pass, every step as slow as its
 // slowest hop), except that an all-reduce takes the cheaper of a ring's 2 (n - 1) steps and a tree's
 // 2 ceil(log2 n) (up and down; NCCL's double binary trees keep a ring's bandwidth at a tree's
@@ -256,6 +280,7 @@ CommPlan plan_comm(const TrainOptions& o, const PlanLayout& l, int pp_rank, int 
   c.tp = tp_traffic(o, l, pp_rank, c.tp_scalars);
   c.cp = cp_traffic(o, l, pp_rank);
   c.pp = pp_traffic(o, l, pp_rank, c.pp_scalars);
+  c.ep = ep_traffic(o, l, pp_rank, c.ep_scalars);
   return c;
 }
 
@@ -291,9 +316,11 @@ TimePlan plan_time(const TrainOptions& o, const PlanLayout& l, const Hardware& h
   t.cp_s = comm_seconds(comm.cp, l.cp, hw.link_for_span(l.tp * l.cp), bw);
   t.pp_s = group_seconds(comm.pp, comm.pp_scalars, l.pp, 2, hw.link_for_span(l.tp * l.cp * l.pp), bw);
   t.dp_s = group_seconds(comm.dp, comm.dp_scalars, l.dp * l.cp, l.dp * l.cp, hw.link_for_span(l.world()), bw);
+  // The ep group: ep consecutive ranks of the cp x dp index, every other dimension inside them.
+  t.ep_s = group_seconds(comm.ep, comm.ep_scalars, l.ep, l.ep, hw.link_for_span(l.tp * l.cp * l.pp * l.ep), bw);
   t.dp_exposed_s = t.dp_s * (1.0 - hw.dp_overlap);
   t.bubble = pipe.bubble_over_ideal;
-  const double per_micro_work = t.gemm_s + t.attention_s + t.memory_s + t.tp_s + t.cp_s;
+  const double per_micro_work = t.gemm_s + t.attention_s + t.memory_s + t.tp_s + t.cp_s + t.ep_s;
   t.step_s = per_micro_work * (1.0 + t.bubble) + t.pp_s + t.dp_exposed_s + t.optimizer_s + t.grad_passes_s;
   t.mfu = t.step_s > 0 ? t.flops_per_token * t.tokens_per_step / (t.step_s * W * hw.flops_for(o.precision)) : 0;
   return t;

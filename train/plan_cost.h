@@ -35,6 +35,8 @@ struct CommPlan {
   // The scalar collectives among them (loss, norms, flags), which the time model prices as small
   // messages (logarithmic latency) rather than as rings.
   parallel::CommCounters dp_scalars, tp_scalars, pp_scalars;
+  // Expert parallelism's token exchange (balanced routing, no drops) and its norm scalar.
+  parallel::CommCounters ep, ep_scalars;
 };
 // dp_rank: the rank's index in its dp x cp group (a few small reductions whose length does not divide
 // the group, the routing statistics' counts and fp16's flag, send a rank-dependent share).
@@ -44,7 +46,7 @@ struct TimePlan {
   double gemm_s = 0, attention_s = 0, memory_s = 0;  // compute per step (one rank): GEMMs, attention
   double optimizer_s = 0, grad_passes_s = 0;          // products, memory-bound ops, the update, and the
                                                       // passes over whole gradients (zeroing, norms)
-  double tp_s = 0, cp_s = 0, pp_s = 0, dp_s = 0;     // communication per step
+  double tp_s = 0, cp_s = 0, pp_s = 0, dp_s = 0, ep_s = 0;  // communication per step
   double dp_exposed_s = 0;                           // the part not hidden behind backward
   double bubble = 0;                                 // pipeline bubble / ideal time (simulator)
   double step_s = 0;

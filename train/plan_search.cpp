@@ -32,10 +32,10 @@ std::vector<int> divisors(int n) {
 
 // The parts of a step, to say where a slower layout loses its time against the best.
 std::vector<std::pair<const char*, double>> parts(const TimePlan& t) {
-  const double work = t.gemm_s + t.attention_s + t.memory_s + t.tp_s + t.cp_s;
+  const double work = t.gemm_s + t.attention_s + t.memory_s + t.tp_s + t.cp_s + t.ep_s;
   return {{"GEMMs (recompute included)", t.gemm_s}, {"attention", t.attention_s}, {"memory-bound ops", t.memory_s},
           {"optimizer", t.optimizer_s}, {"gradient passes", t.grad_passes_s},
-          {"tp communication", t.tp_s},            {"cp communication", t.cp_s},     {"pp communication", t.pp_s},
+          {"ep communication", t.ep_s},            {"tp communication", t.tp_s},            {"cp communication", t.cp_s},     {"pp communication", t.pp_s},
           {"exposed dp communication", t.dp_exposed_s}, {"pipeline bubble", work * t.bubble}};
 }
 

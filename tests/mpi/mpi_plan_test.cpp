@@ -160,6 +160,22 @@ TEST(Plan, ExpertParallelModelStateEqualsTheTrainers) {
       // The dp group's bytes: the dense weights' over dp x cp and the experts' over the expert-data group.
       expect_same_counters(t.group_counters(parallel::MeshDim::dp), plan_comm(t.options(), PlanLayout{W, 1, 1, 1, ep}, 0, t.mesh().coord(parallel::MeshDim::dp)).dp,
                            what + " dp");
+      if (ep > 1) {
+        // The ep group's token exchange: its calls and the norm scalar exactly; its bytes follow the
+        // routing, which the plan takes as balanced (a missing direction, pass or factor of the row
+        // width would land outside the half to one and a half kept here).
+        const parallel::CommCounters got = t.ep_counters();
+        const parallel::CommCounters want = plan_comm(t.options(), PlanLayout{W, 1, 1, 1, ep}, 0).ep;
+        const auto a2a = parallel::CommOp::all_to_all, ag = parallel::CommOp::all_gather;
+        EXPECT_EQ(got[a2a].calls, want[a2a].calls) << what << ": ep all_to_all calls";
+        EXPECT_EQ(got[ag].calls, want[ag].calls) << what << ": ep scalars";
+        EXPECT_EQ(got[ag].sent_bytes, want[ag].sent_bytes) << what << ": ep scalars";
+        const double ratio = double(got[a2a].sent_bytes) / double(want[a2a].sent_bytes);
+        EXPECT_GT(ratio, 0.5) << what << ": ep all_to_all bytes " << got[a2a].sent_bytes << " vs " << want[a2a].sent_bytes;
+        EXPECT_LT(ratio, 1.5) << what << ": ep all_to_all bytes " << got[a2a].sent_bytes << " vs " << want[a2a].sent_bytes;
+        if (world.rank() == 0) std::printf("%s: ep all_to_all bytes %llu, planned (balanced) %llu\n", what.c_str(),
+                                           (unsigned long long)got[a2a].sent_bytes, (unsigned long long)want[a2a].sent_bytes);
+      }
       const uint64_t params = m.peak[size_t(MemCategory::params)];
       if (world.rank() == 0)
         std::printf("%s: params %llu grads %zu optimizer %zu (planned %llu %llu %llu)\n", what.c_str(),

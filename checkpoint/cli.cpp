@@ -241,10 +241,12 @@ int ckpt_cli(int argc, char** argv) {
   }
   const std::string cmd = argv[0];
   const std::vector<std::string> args(argv + 1, argv + argc);
-  if (cmd == "-h" || cmd == "--help") {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
+  // -h or --help anywhere (`ckpt ls --help` too): the usage, not a path named "--help".
+  for (int i = 0; i < argc; i++)
+    if (std::string(argv[i]) == "-h" || std::string(argv[i]) == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
   try {
     if (cmd == "ls") {
       if (args.size() != 1) {

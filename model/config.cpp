@@ -6,6 +6,30 @@
 
 namespace mt::model {
 
+Recompute recompute_from_name(const std::string& s) {
+  if (s == "none") return Recompute::none;
+  if (s == "selective") return Recompute::selective;
+  if (s == "full") return Recompute::full;
+  fail("--recompute must be none, selective or full (got '%s')", s.c_str());
+}
+
+const char* recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::none: return "none";
+    case Recompute::selective: return "selective";
+    case Recompute::full: return "full";
+  }
+  return "?";
+}
+
+Attention attention_from_name(const std::string& s) {
+  if (s == "materialized") return Attention::materialized;
+  if (s == "flash") return Attention::flash;
+  fail("--attention must be materialized or flash (got '%s')", s.c_str());
+}
+
+const char* attention_name(Attention a) { return a == Attention::flash ? "flash" : "materialized"; }
+
 MoeBalance moe_balance_from_name(const std::string& s) {
   if (s == "aux") return MoeBalance::aux;
   if (s == "bias") return MoeBalance::bias;
@@ -56,6 +80,30 @@ int64_t GPTConfig::num_matmul_params() const { return layer_matmul_params() + in
 
 double GPTConfig::flops_per_token(int T) const {
   return 6.0 * double(num_matmul_params()) + 12.0 * n_layer * double(n_embd) * T;
+}
+
+double attention_flops_per_token(const GPTConfig& cfg, int T, Recompute r, Attention a,
+                                 Device device) {
+  const double attn_fwd = 4.0 * cfg.n_layer * double(cfg.n_embd) * T;  // Q K^T and P V
+  double f = 3.0 * attn_fwd;                                            // forward and backward
+  if (r == Recompute::full) f += attn_fwd;
+  if (a == Attention::flash) {
+    // The flash backward recomputes what it did not store. The CPU's recomputes Q K^T once
+    // (kernels/cpu/flash_attention.cpp). The GPU's runs two kernels so that no sum needs atomics
+    // (kernels/cuda/flash_attention*.cu): Q K^T in both and dO V^T again in the second. Each product
+    // is attn_fwd / 2. There is no separate selective recompute.
+    f += (device == Device::cuda ? 3 : 1) * attn_fwd / 2;
+  } else if (r == Recompute::selective) {
+    f += attn_fwd;
+  }
+  return f;
+}
+
+double hardware_flops_per_token(const GPTConfig& cfg, int T, Recompute r, Attention a,
+                                Device device) {
+  double f = 6.0 * double(cfg.num_matmul_params());
+  if (r == Recompute::full) f += 2.0 * double(cfg.layer_matmul_params());
+  return f + attention_flops_per_token(cfg, T, r, a, device);
 }
 
 void GPTConfig::validate() const {

@@ -5,7 +5,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/tensor.h"
+
 namespace mt::model {
+
+enum class Recompute { none, selective, full };
+Recompute recompute_from_name(const std::string& s);  // throws naming --recompute
+const char* recompute_name(Recompute r);
+enum class Attention { materialized, flash };
+Attention attention_from_name(const std::string& s);  // throws naming --attention
+const char* attention_name(Attention a);
 
 // How a mixture-of-experts layer keeps its experts busy (moe/router.h): `aux` adds the Switch
 // Transformer load-balancing loss to the objective, `bias` adjusts a per-expert routing bias after
@@ -70,5 +79,15 @@ struct GPTConfig {
   static GPTConfig preset(const std::string& name);
   bool same_shape(const GPTConfig& o) const;
 };
+
+// FLOPs per token that the hardware executes, including activation recomputation: full recompute
+// re-runs each layer's forward (2 N_layers + 4 L C T), selective re-runs the attention core (4 L C T),
+// and the flash backward recomputes one (CPU) or three (GPU) of the attention products (2 L C T each).
+double hardware_flops_per_token(const GPTConfig& cfg, int T, Recompute r,
+                                Attention a = Attention::materialized, Device device = Device::cpu);
+// The attention products' share of it (12 L C T without recompute): the part the planner times at the
+// attention kernels' rate rather than the GEMMs'.
+double attention_flops_per_token(const GPTConfig& cfg, int T, Recompute r, Attention a,
+                                 Device device);
 
 }  // namespace mt::model

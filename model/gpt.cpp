@@ -10,30 +10,6 @@
 
 namespace mt::model {
 
-Recompute recompute_from_name(const std::string& s) {
-  if (s == "none") return Recompute::none;
-  if (s == "selective") return Recompute::selective;
-  if (s == "full") return Recompute::full;
-  fail("--recompute must be none, selective or full (got '%s')", s.c_str());
-}
-
-const char* recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::none: return "none";
-    case Recompute::selective: return "selective";
-    case Recompute::full: return "full";
-  }
-  return "?";
-}
-
-Attention attention_from_name(const std::string& s) {
-  if (s == "materialized") return Attention::materialized;
-  if (s == "flash") return Attention::flash;
-  fail("--attention must be materialized or flash (got '%s')", s.c_str());
-}
-
-const char* attention_name(Attention a) { return a == Attention::flash ? "flash" : "materialized"; }
-
 void GPT::check_tensor_parallel(const GPTConfig& cfg, int tp) {
   if (tp <= 1) return;
   if (cfg.n_head % tp != 0)

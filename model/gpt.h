@@ -45,13 +45,6 @@
 
 namespace mt::model {
 
-enum class Recompute { none, selective, full };
-Recompute recompute_from_name(const std::string& s);  // throws naming --recompute
-const char* recompute_name(Recompute r);
-enum class Attention { materialized, flash };
-Attention attention_from_name(const std::string& s);  // throws naming --attention
-const char* attention_name(Attention a);
-
 // Indices of one MLP's parameters (an expert of a mixture layer) in the ParamStore.
 struct MlpParams {
   int fc_w = -1, fc_b = -1, proj_w = -1, proj_b = -1;

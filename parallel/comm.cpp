@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <exception>
 
+#include <nlohmann/json.hpp>
+
 namespace mt::parallel {
 
 const char* reduce_op_name(ReduceOp op) {
@@ -30,6 +32,15 @@ CommCounters& CommCounters::operator+=(const CommCounters& o) {
     ops[i].sent_bytes += o.ops[i].sent_bytes;
   }
   return *this;
+}
+
+nlohmann::json counters_json(const CommCounters& c) {
+  nlohmann::json j = nlohmann::json::object();
+  for (int op = 0; op < kNumCommOps; op++) {
+    const CommOpCount& k = c[CommOp(op)];
+    if (k.calls || k.sent_bytes) j[comm_op_name(CommOp(op))] = {{"calls", k.calls}, {"sent_bytes", k.sent_bytes}};
+  }
+  return j;
 }
 
 uint64_t CommCounters::total_payload_bytes() const {

@@ -47,6 +47,8 @@
 #include <span>
 #include <string>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "runtime/arena.h"
 #include "runtime/check.h"
 #include "runtime/dtype.h"
@@ -76,6 +78,9 @@ struct CommCounters {
   uint64_t total_payload_bytes() const;
   CommCounters& operator+=(const CommCounters& o);  // op by op
 };
+// {"all_reduce": {"calls": N, "sent_bytes": B}, ...} for every op called: what the planner predicts
+// and what a run logs (metrics.jsonl's comm_*), in one form so that the two compare key for key.
+nlohmann::json counters_json(const CommCounters& c);
 
 // The i-th of n near-equal parts of `count` elements: the first count % n parts are one longer.
 size_t chunk_size(size_t count, int n, int i);

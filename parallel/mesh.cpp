@@ -166,6 +166,8 @@ Comm& Mesh::ep_comm() const {
 
 Comm& Mesh::expert_data_comm() const { return expert_data_comm_ ? *expert_data_comm_ : cp_dp_comm(); }
 
+std::string layout_name(const MeshLayout& l) { return strfmt("TP(%d)-CP(%d)-PP(%d)-DP(%d)", l.tp, l.cp, l.pp, l.dp); }
+
 std::string Mesh::str() const {
   return strfmt("TP(%d)-CP(%d)-PP(%d)-DP(%d)-Rank(%d)", coord_.tp, coord_.cp, coord_.pp, coord_.dp, rank_);
 }

@@ -37,7 +37,11 @@ struct MeshLayout {
   int cp = 1;
   int tp = 1;
   int ep = 1;  // expert parallelism: carved from dp x cp, must divide it
+  int world() const { return dp * pp * cp * tp; }  // once dp is resolved
 };
+
+// "TP(2)-CP(1)-PP(2)-DP(4)": a layout by its sizes, outermost dimension last.
+std::string layout_name(const MeshLayout& l);
 
 // Validates `layout` against `world_size` and returns it with dp filled in. Throws a CollectiveError
 // (every rank sees the same flags) naming the flags, e.g.

@@ -49,7 +49,7 @@ class CudaMoe : public ::testing::Test {
                                   "optim.warmup_steps=2", "data.path=" + data_, "out_dir=" + dir_ + "/" + name,
                                   "threads=2", "device=" + device};
     a.insert(a.end(), extra.begin(), extra.end());
-    Trainer t(parse_train_options(a));
+    Trainer t(config::parse_train_options(a));
     Trained r;
     for (int i = 0; i < kSteps; i++) {
       const StepResult s = t.step();

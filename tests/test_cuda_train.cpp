@@ -39,15 +39,15 @@ std::string write_random_shard(const std::string& dir, uint64_t seed) {
   return path;
 }
 
-TrainOptions tiny_options(const std::string& data, const std::string& out, const std::string& device,
+config::TrainOptions tiny_options(const std::string& data, const std::string& out, const std::string& device,
                           uint64_t seed, const std::string& precision = "fp32") {
-  TrainOptions o = parse_train_options({"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32",
+  config::TrainOptions o = config::parse_train_options({"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32",
                               "model.n_head=4", "model.block_size=32", "batch_size=4", "seq_len=32",
                               "grad_accum=2", "steps=" + std::to_string(kSteps), "optim.lr=1e-2",
                               "optim.warmup_steps=2", "precision=fp32", "data.path=" + data, "data.mode=shuffled",
                               "seed=" + std::to_string(seed % 100000), "out_dir=" + out, "threads=2",
                               "device=" + device});
-  apply_option(o, "precision", precision);
+  config::apply_option(o, "precision", precision);
   return o;
 }
 
@@ -68,7 +68,7 @@ class CudaTrain : public ::testing::Test {
   void TearDown() override {
     if (!dir_.empty()) fs::remove_all(dir_);
   }
-  TrainOptions options(const std::string& device, const std::string& run, const std::string& precision = "fp32") {
+  config::TrainOptions options(const std::string& device, const std::string& run, const std::string& precision = "fp32") {
     return tiny_options(data_, dir_ + "/" + run, device, seed_, precision);
   }
   uint64_t seed_ = 0;
@@ -98,8 +98,8 @@ TEST_F(CudaTrain, FirstStepsMatchTheCpuBackendInBf16) {
   Trainer cpu(options("cpu", "cpu", "bf16"));
   const std::vector<double> a = losses(cpu, kSteps);
   for (const char* attention : {"flash", "materialized"}) {
-    TrainOptions o = options("cuda", std::string("gpu_") + attention, "bf16");
-    apply_option(o, "attention", attention);
+    config::TrainOptions o = options("cuda", std::string("gpu_") + attention, "bf16");
+    config::apply_option(o, "attention", attention);
     Trainer gpu(o);
     const std::vector<double> b = losses(gpu, kSteps);
     for (int i = 0; i < kSteps; i++) {
@@ -136,7 +136,7 @@ TEST_F(CudaTrain, StateSavedOnTheGpuResumesToTheSameLosses) {
     losses(first, half);
     first.save_state(root);
   }
-  TrainOptions o = options("cuda", "second");
+  config::TrainOptions o = options("cuda", "second");
   o.resume = root;
   Trainer second(o);
   ASSERT_EQ(second.step_count(), half);

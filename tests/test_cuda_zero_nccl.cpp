@@ -21,7 +21,7 @@ namespace {
 constexpr int kSteps = 6;
 
 std::vector<double> run(const std::string& out, int zero, const std::string& precision) {
-  TrainOptions o = parse_train_options(
+  config::TrainOptions o = config::parse_train_options(
       {"model=tiny", "model.vocab_size=64", "model.n_layer=3", "model.n_embd=32", "model.n_head=4",
        "model.block_size=32", "batch_size=4", "seq_len=32", "grad_accum=2", "steps=" + std::to_string(kSteps),
        "optim.lr=1e-2", "optim.warmup_steps=2", "precision=" + precision, "data.path=synthetic",

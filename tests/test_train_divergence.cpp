@@ -12,10 +12,10 @@
 #include "checkpoint/reader.h"
 #include "data/shard.h"
 #include "runtime/check.h"
-#include "train/divergence.h"
-#include "train/trainer.h"
 #include "tests/test_train_util.h"
 #include "tests/test_util.h"
+#include "train/divergence.h"
+#include "train/trainer.h"
 
 namespace mt::train {
 namespace {
@@ -30,17 +30,17 @@ class Divergence : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  TrainOptions options(std::vector<std::string> extra) const {
+  config::TrainOptions options(std::vector<std::string> extra) const {
     std::vector<std::string> args = {"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32",
                                      "model.n_head=4", "model.block_size=32", "batch_size=4", "seq_len=32",
                                      "steps=40", "data.path=" + data_, "out_dir=" + dir_ + "/run", "threads=2",
                                      "log_every=100"};
     args.insert(args.end(), extra.begin(), extra.end());
-    return parse_train_options(args);
+    return config::parse_train_options(args);
   }
 
   // Runs to the end or to a DivergenceError, whose message is returned ("" if the run completed).
-  static std::string run_until_stopped(const TrainOptions& o) {
+  static std::string run_until_stopped(const config::TrainOptions& o) {
     try {
       Trainer(o).run();
     } catch (const DivergenceError& e) {
@@ -73,7 +73,7 @@ TEST_F(Divergence, NonFiniteLossStopsTheRunAndKeepsTheLastFiniteCheckpoint) {
     SCOPED_TRACE(prec);
     fs::remove_all(dir_ + "/run");
     // Far too high a learning rate and no clipping: the loss is NaN within a few steps.
-    const TrainOptions o = options({std::string("precision=") + prec, "optim.lr=1e4", "optim.grad_clip=0",
+    const config::TrainOptions o = options({std::string("precision=") + prec, "optim.lr=1e4", "optim.grad_clip=0",
                                     "optim.warmup_steps=0", "save_every=1", "ckpt.keep=2"});
     const std::string why = run_until_stopped(o);
     std::printf("%s: %s\n", prec, why.c_str());
@@ -87,7 +87,7 @@ TEST_F(Divergence, NonFiniteLossStopsTheRunAndKeepsTheLastFiniteCheckpoint) {
 
 TEST_F(Divergence, Fp16SkippingEveryStepStopsAfterMaxSkips) {
   // A loss scale of 1e30 overflows fp16 for ~90 halvings: far more than 5 skips in a row.
-  const TrainOptions o = options({"precision=fp16", "loss_scale.init=1e30", "loss_scale.max_skips=5"});
+  const config::TrainOptions o = options({"precision=fp16", "loss_scale.init=1e30", "loss_scale.max_skips=5"});
   const std::string why = run_until_stopped(o);
   ASSERT_FALSE(why.empty()) << "fp16 skipped step after step and the run went on";
   EXPECT_NE(why.find("at step 5: fp16 skipped 5 steps in a row"), std::string::npos) << why;

@@ -11,9 +11,9 @@
 #include "data/loader.h"
 #include "data/shard.h"
 #include "runtime/check.h"
-#include "train/trainer.h"
 #include "tests/test_train_util.h"
 #include "tests/test_util.h"
+#include "train/trainer.h"
 
 namespace mt::train {
 namespace {
@@ -22,8 +22,8 @@ namespace fs = std::filesystem;
 
 using testing::write_counting_shard;
 
-TrainOptions tiny_options(const std::string& data, const std::string& out) {
-  return parse_train_options({"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32",
+config::TrainOptions tiny_options(const std::string& data, const std::string& out) {
+  return config::parse_train_options({"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32",
                               "model.n_head=4", "model.block_size=32", "batch_size=4", "seq_len=32",
                               "steps=60", "optim.lr=1e-2", "optim.warmup_steps=5", "data.path=" + data,
                               "data.mode=shuffled", "out_dir=" + out, "threads=2"});
@@ -40,7 +40,7 @@ class TrainLoop : public ::testing::Test {
 };
 
 TEST_F(TrainLoop, TinyModelLossFallsBelowBound) {
-  TrainOptions o = tiny_options(data_, dir_ + "/run");
+  config::TrainOptions o = tiny_options(data_, dir_ + "/run");
   Trainer t(o);
   double first = 0, last = 0;
   for (int i = 0; i < o.steps; i++) {
@@ -55,8 +55,8 @@ TEST_F(TrainLoop, TinyModelLossFallsBelowBound) {
 
 TEST_F(TrainLoop, IdenticalRunsGiveIdenticalLosses) {
   for (const char* prec : {"fp32", "bf16"}) {
-    TrainOptions o = tiny_options(data_, dir_ + "/run");
-    apply_option(o, "precision", prec);
+    config::TrainOptions o = tiny_options(data_, dir_ + "/run");
+    config::apply_option(o, "precision", prec);
     Trainer a(o), b(o);
     for (int i = 0; i < 6; i++) EXPECT_EQ(a.step().loss, b.step().loss) << prec << " step " << i;
   }
@@ -71,9 +71,9 @@ void expect_same_state(Trainer& a, Trainer& b) {
 
 TEST_F(TrainLoop, SaveLoadContinueEqualsUninterruptedBitwise) {
   for (const char* prec : {"fp32", "fp16"}) {
-    TrainOptions o = tiny_options(data_, dir_ + "/run");
-    apply_option(o, "precision", prec);
-    apply_option(o, "optim.grad_clip", "0.5");
+    config::TrainOptions o = tiny_options(data_, dir_ + "/run");
+    config::apply_option(o, "precision", prec);
+    config::apply_option(o, "optim.grad_clip", "0.5");
     o.steps = 12;
     Trainer full(o);
     std::vector<double> want;
@@ -85,7 +85,7 @@ TEST_F(TrainLoop, SaveLoadContinueEqualsUninterruptedBitwise) {
       for (int i = 0; i < 5; i++) EXPECT_EQ(first.step().loss, want[size_t(i)]);
       first.save_state(state);
     }
-    TrainOptions o2 = o;
+    config::TrainOptions o2 = o;
     o2.resume = state;
     Trainer resumed(o2);
     EXPECT_EQ(resumed.step_count(), 5);
@@ -98,7 +98,7 @@ TEST_F(TrainLoop, SaveLoadContinueEqualsUninterruptedBitwise) {
 // position were all moved away (by training on) first, then loaded, continues exactly like the run
 // that wrote the checkpoint. A load that skipped any part would not.
 TEST_F(TrainLoop, LoadOverwritesScrambledStateCompletely) {
-  TrainOptions o = tiny_options(data_, dir_ + "/run");
+  config::TrainOptions o = tiny_options(data_, dir_ + "/run");
   o.steps = 10;
   Trainer full(o);
   std::vector<double> want;
@@ -117,9 +117,9 @@ TEST_F(TrainLoop, LoadOverwritesScrambledStateCompletely) {
 }
 
 TEST_F(TrainLoop, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
-  TrainOptions o = tiny_options(data_, dir_ + "/run");
-  apply_option(o, "precision", "fp16");
-  apply_option(o, "loss_scale.init", "1e30");  // guaranteed to overflow fp16 gradients
+  config::TrainOptions o = tiny_options(data_, dir_ + "/run");
+  config::apply_option(o, "precision", "fp16");
+  config::apply_option(o, "loss_scale.init", "1e30");  // guaranteed to overflow fp16 gradients
   Trainer t(o);
   std::vector<float> before(t.params().master(), t.params().master() + t.params().total_numel());
   StepResult r = t.step();
@@ -133,7 +133,7 @@ TEST_F(TrainLoop, Fp16OverflowSkipsTheStepAndHalvesTheScale) {
 }
 
 TEST(LossScaler, HalvesOnOverflowAndGrowsAfterCleanSteps) {
-  LossScaleOptions lo;
+  config::LossScaleOptions lo;
   lo.init_scale = 1024;
   lo.growth_interval = 3;
   LossScaler s(lo, true);
@@ -150,7 +150,7 @@ TEST(LossScaler, HalvesOnOverflowAndGrowsAfterCleanSteps) {
 }
 
 TEST(LrSchedule, WarmupThenCosineToMinimum) {
-  OptimOptions o;
+  config::OptimOptions o;
   o.lr = 1.0f;
   o.warmup_steps = 4;
   o.min_lr_ratio = 0.1f;
@@ -158,14 +158,14 @@ TEST(LrSchedule, WarmupThenCosineToMinimum) {
   EXPECT_FLOAT_EQ(lr_at(o, 3, 20), 1.0f);
   EXPECT_FLOAT_EQ(lr_at(o, 4, 20), 1.0f);
   EXPECT_NEAR(lr_at(o, 19, 20), 0.1f, 1e-6);
-  o.schedule = LrSchedule::linear;
+  o.schedule = config::LrSchedule::linear;
   EXPECT_NEAR(lr_at(o, 19, 20), 0.1f, 1e-6);
-  o.schedule = LrSchedule::constant;
+  o.schedule = config::LrSchedule::constant;
   EXPECT_FLOAT_EQ(lr_at(o, 15, 20), 1.0f);
 }
 
 TEST_F(TrainLoop, RunWritesMetricsStateAndWeights) {
-  TrainOptions o = tiny_options(data_, dir_ + "/run");
+  config::TrainOptions o = tiny_options(data_, dir_ + "/run");
   o.steps = 3;
   Trainer(o).run();
   std::ifstream f(dir_ + "/run/metrics.jsonl");
@@ -199,26 +199,26 @@ void expect_error(const std::function<void()>& f, const std::string& needle) {
 
 TEST_F(TrainLoop, BadInputsFailWithAClearMessageAndWriteNothing) {
   const std::string out = dir_ + "/never";
-  expect_error([&] { parse_train_options({"no_such_key=1"}); }, "no_such_key");
-  expect_error([&] { parse_train_options({"--bogus", "1"}); }, "--bogus");
-  expect_error([&] { parse_train_options({"batch_size=-2"}); }, "batch_size");
-  expect_error([&] { parse_train_options({"steps=abc"}); }, "steps");
-  expect_error([&] { parse_train_options({"model.n_embd=30", "model.n_head=4"}); }, "n_head");
-  expect_error([&] { parse_train_options({"model.block_size=16", "seq_len=32"}); }, "block_size");
-  expect_error([&] { parse_train_options({"precision=fp8"}); }, "precision");
-  expect_error([&] { parse_train_options({"--attention", "fast"}); }, "--attention");
+  expect_error([&] { config::parse_train_options({"no_such_key=1"}); }, "no_such_key");
+  expect_error([&] { config::parse_train_options({"--bogus", "1"}); }, "--bogus");
+  expect_error([&] { config::parse_train_options({"batch_size=-2"}); }, "batch_size");
+  expect_error([&] { config::parse_train_options({"steps=abc"}); }, "steps");
+  expect_error([&] { config::parse_train_options({"model.n_embd=30", "model.n_head=4"}); }, "n_head");
+  expect_error([&] { config::parse_train_options({"model.block_size=16", "seq_len=32"}); }, "block_size");
+  expect_error([&] { config::parse_train_options({"precision=fp8"}); }, "precision");
+  expect_error([&] { config::parse_train_options({"--attention", "fast"}); }, "--attention");
   {
     std::ofstream(dir_ + "/bad.json") << "{\"steps\": 3,,}";
-    expect_error([&] { parse_train_options({"--config", dir_ + "/bad.json"}); }, "bad.json");
+    expect_error([&] { config::parse_train_options({"--config", dir_ + "/bad.json"}); }, "bad.json");
   }
   expect_error([&] { Trainer(tiny_options(dir_ + "/missing.bin", out)); }, "missing.bin");
   {  // data whose vocabulary is larger than the model's
-    TrainOptions o = tiny_options(data_, out);
+    config::TrainOptions o = tiny_options(data_, out);
     o.model.vocab_size = 32;
     expect_error([&] { Trainer t(o); }, "vocab");
   }
   {  // a state file of another model shape
-    TrainOptions o = tiny_options(data_, out);
+    config::TrainOptions o = tiny_options(data_, out);
     Trainer(o).save_state(dir_ + "/s");
     o.model.n_layer = 3;
     o.resume = dir_ + "/s";
@@ -229,15 +229,15 @@ TEST_F(TrainLoop, BadInputsFailWithAClearMessageAndWriteNothing) {
     expect_error([&] { Trainer(tiny_options(dir_ + "/short.bin", out)); }, "short.bin");
   }
   {  // data.mix replaces data.path: both set would leave one silently unused
-    TrainOptions o = tiny_options(data_, out);
-    apply_option(o, "data.mix", data_ + ":1");
+    config::TrainOptions o = tiny_options(data_, out);
+    config::apply_option(o, "data.mix", data_ + ":1");
     expect_error([&] { Trainer t(o); }, "data.path=" + data_ + " and data.mix=" + data_ + ":1 are both set");
   }
   {  // validation data whose vocabulary is larger than the model's
-    TrainOptions o = tiny_options(data_, out);
+    config::TrainOptions o = tiny_options(data_, out);
     fs::create_directory(dir_ + "/wide");
-    apply_option(o, "data.val_path", write_counting_shard(dir_ + "/wide", 128, 50, 3));
-    apply_option(o, "eval_every", "10");
+    config::apply_option(o, "data.val_path", write_counting_shard(dir_ + "/wide", 128, 50, 3));
+    config::apply_option(o, "eval_every", "10");
     expect_error([&] { Trainer t(o); }, "validation data '" + dir_ + "/wide/counting.bin' uses a vocabulary of 128");
   }
   {  // validation data made with another tokenizer (same vocabulary size)
@@ -246,9 +246,9 @@ TEST_F(TrainLoop, BadInputsFailWithAClearMessageAndWriteNothing) {
       fs::copy_file(data_, dir_ + d + "/counting.bin");
       std::ofstream(dir_ + d + "/meta.json") << "{\"tokenizer_fingerprint\": \"" << (d[1] == 'a' ? "0a" : "0b") << "\"}";
     }
-    TrainOptions o = tiny_options(dir_ + "/a/counting.bin", out);
-    apply_option(o, "data.val_path", dir_ + "/b/counting.bin");
-    apply_option(o, "eval_every", "10");
+    config::TrainOptions o = tiny_options(dir_ + "/a/counting.bin", out);
+    config::apply_option(o, "data.val_path", dir_ + "/b/counting.bin");
+    config::apply_option(o, "eval_every", "10");
     expect_error([&] { Trainer t(o); }, "data.val_path " + dir_ + "/b/counting.bin (tokenizer fingerprint 0b) and the "
                                         "training data " + dir_ + "/a/counting.bin (tokenizer fingerprint 0a)");
   }
@@ -282,19 +282,19 @@ namespace {
 
 // One default data mode, the loader's own (README: shuffled).
 TEST(Options, DefaultDataModeIsTheLoadersShuffled) {
-  EXPECT_EQ(TrainOptions{}.data.mode, "shuffled");
-  EXPECT_EQ(parse_train_options({}).data.mode, "shuffled");
+  EXPECT_EQ(config::TrainOptions{}.data.mode, "shuffled");
+  EXPECT_EQ(config::parse_train_options({}).data.mode, "shuffled");
   EXPECT_EQ(data::LoaderConfig{}.mode, data::SampleMode::shuffled);
 }
 
 // The resolved config a run writes (config.json) is a valid --config that resolves to itself.
 TEST(Options, WrittenConfigReloadsToTheSameOptions) {
   const std::string dir = testing::make_temp_dir("mt_cfg");
-  TrainOptions o = parse_train_options({"model=gpt2", "model.n_layer=3", "precision=bf16", "recompute=selective",
+  config::TrainOptions o = config::parse_train_options({"model=gpt2", "model.n_layer=3", "precision=bf16", "recompute=selective",
                                         "optim.schedule=linear", "data.doc_mask=true", "--zero", "2",
                                         "ckpt.keep=5", "seed=18446744073709551557", "global_batch=16"});
   std::ofstream(dir + "/config.json") << o.to_json().dump(2);
-  const TrainOptions back = parse_train_options({"--config", dir + "/config.json"});
+  const config::TrainOptions back = config::parse_train_options({"--config", dir + "/config.json"});
   EXPECT_EQ(back.to_json(), o.to_json());
   EXPECT_EQ(back.seed, 18446744073709551557ull);
   std::filesystem::remove_all(dir);
@@ -321,7 +321,7 @@ void numeric_keys(const nlohmann::json& j, const std::string& prefix, std::vecto
 TEST(Options, EveryNumericOptionRefusesNonFiniteAndOutOfRangeValues) {
   const std::string dir = testing::make_temp_dir("mt_opts");
   std::vector<std::string> keys;
-  numeric_keys(TrainOptions().to_json(), "", keys);
+  numeric_keys(config::TrainOptions().to_json(), "", keys);
   ASSERT_GT(keys.size(), 30u);
   // A config file setting the dotted `key` to the JSON text `value`: {"optim": {"lr": value}}.
   auto config = [&](const std::string& key, const std::string& value) {
@@ -338,10 +338,10 @@ TEST(Options, EveryNumericOptionRefusesNonFiniteAndOutOfRangeValues) {
   for (const std::string& key : keys) {
     SCOPED_TRACE(key);
     for (const char* v : {"nan", "NaN", "inf", "-inf", "infinity", "1e999"}) {
-      expect_error([&] { parse_train_options({key + "=" + v}); }, key);
-      expect_error([&] { parse_train_options(config(key, std::string("\"") + v + "\"")); }, key);
+      expect_error([&] { config::parse_train_options({key + "=" + v}); }, key);
+      expect_error([&] { config::parse_train_options(config(key, std::string("\"") + v + "\"")); }, key);
     }
-    expect_error([&] { parse_train_options(config(key, "1e999")); }, "c.json");  // not even valid JSON
+    expect_error([&] { config::parse_train_options(config(key, "1e999")); }, "c.json");  // not even valid JSON
   }
   // Each range, just outside (the values just inside are the defaults or the next lines' controls).
   const std::vector<std::pair<std::string, std::string>> outside = {
@@ -354,14 +354,14 @@ TEST(Options, EveryNumericOptionRefusesNonFiniteAndOutOfRangeValues) {
       {"grad_accum", "0"}, {"global_batch", "-4"}, {"save_every", "-1"}, {"model.n_layer", "0"}};
   for (const auto& [key, v] : outside) {
     SCOPED_TRACE(key + "=" + v);
-    expect_error([&] { parse_train_options({key + "=" + v}); }, key);
-    expect_error([&] { parse_train_options(config(key, v)); }, key);
+    expect_error([&] { config::parse_train_options({key + "=" + v}); }, key);
+    expect_error([&] { config::parse_train_options(config(key, v)); }, key);
   }
   // Set in code, past the parser: the same check.
-  TrainOptions o;
+  config::TrainOptions o;
   o.optim.grad_clip = NAN;
   expect_error([&] { o.validate(); }, "optim.grad_clip");
-  EXPECT_NO_THROW(parse_train_options({"optim.lr=0", "optim.beta1=0", "optim.min_lr_ratio=1", "optim.grad_clip=-1"}));
+  EXPECT_NO_THROW(config::parse_train_options({"optim.lr=0", "optim.beta1=0", "optim.min_lr_ratio=1", "optim.grad_clip=-1"}));
   std::filesystem::remove_all(dir);
 }
 

@@ -15,8 +15,8 @@
 namespace mt::train {
 namespace {
 
-TrainOptions small(const std::string& precision) {
-  return parse_train_options({"model=tiny", "model.vocab_size=64", "model.n_layer=4", "model.n_embd=64",
+config::TrainOptions small(const std::string& precision) {
+  return config::parse_train_options({"model=tiny", "model.vocab_size=64", "model.n_layer=4", "model.n_embd=64",
                               "model.n_head=4", "model.block_size=16", "seq_len=16", "batch_size=2", "steps=2",
                               "threads=1", "data.prefetch=0", "data.path=synthetic", "precision=" + precision});
 }
@@ -24,8 +24,8 @@ TrainOptions small(const std::string& precision) {
 TEST(ModelState, BytesPerParameterMeasuredByTheArena) {
   for (const char* zero : {"0", "3"}) {
     for (const char* precision : {"fp32", "bf16", "fp16"}) {
-      TrainOptions o = small(precision);
-      apply_option(o, "parallel.zero", zero);
+      config::TrainOptions o = small(precision);
+      config::apply_option(o, "parallel.zero", zero);
       Trainer t(o);
       t.arena().reset_peaks();
       t.step();

@@ -13,9 +13,9 @@
 #include "checkpoint/format.h"
 #include "checkpoint/reader.h"
 #include "data/shard.h"
-#include "train/trainer.h"
 #include "tests/test_train_util.h"
 #include "tests/test_util.h"
+#include "train/trainer.h"
 
 namespace mt::train {
 namespace {
@@ -30,13 +30,13 @@ class OptimizerInputs : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  TrainOptions options(const std::vector<std::string>& extra) const {
+  config::TrainOptions options(const std::vector<std::string>& extra) const {
     std::vector<std::string> kv = {"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32",
                                    "model.n_head=4", "model.block_size=32", "batch_size=4", "seq_len=32",
                                    "steps=20", "optim.lr=1e-2", "optim.warmup_steps=0", "data.path=" + data_,
                                    "data.mode=shuffled", "out_dir=" + dir_ + "/run", "threads=2"};
     kv.insert(kv.end(), extra.begin(), extra.end());
-    return parse_train_options(kv);
+    return config::parse_train_options(kv);
   }
 
   // The AdamW moments `part` ("adam_m/" or "adam_v/") of every parameter, in the store's layout.
@@ -58,7 +58,7 @@ class OptimizerInputs : public ::testing::Test {
 // must still be that one: a count that included the skipped steps (t = 2: the step shrinks by
 // sqrt(1 - b2^2) / (1 - b1^2) = 0.74) would be wrong by a quarter of lr.
 TEST_F(OptimizerInputs, AdamWCountsAppliedUpdatesNotSkippedSteps) {
-  const TrainOptions o = options({"precision=fp16", "loss_scale.init=1e9", "optim.weight_decay=0.1"});
+  const config::TrainOptions o = options({"precision=fp16", "loss_scale.init=1e9", "optim.weight_decay=0.1"});
   Trainer t(o);
   const ParamStore& s = t.params();
   std::vector<float> w0;
@@ -93,7 +93,7 @@ TEST_F(OptimizerInputs, GradientIsUnscaledAndClippedAgainstTheUnscaledNorm) {
   for (const char* precision : {"fp32", "bf16", "fp16"})
     for (const char* clip : {"0.05", "100"}) {
       SCOPED_TRACE(std::string(precision) + " grad_clip=" + clip);
-      const TrainOptions o = options({std::string("precision=") + precision, "loss_scale.init=1024",
+      const config::TrainOptions o = options({std::string("precision=") + precision, "loss_scale.init=1024",
                                       std::string("optim.grad_clip=") + clip});
       Trainer t(o);
       const StepResult r = t.step();

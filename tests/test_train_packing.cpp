@@ -6,12 +6,12 @@
 #include <map>
 #include <random>
 
+#include "config/options.h"
 #include "data/packer.h"
 #include "data/shard.h"
 #include "model/gpt.h"
 #include "tests/test_util.h"
 #include "train/batches.h"
-#include "train/options.h"
 
 namespace mt::train {
 namespace {
@@ -31,7 +31,7 @@ TEST(Packing, EachPackedDocumentHasTheLossItHasAlone) {
   }
   sb.write(dir + "/docs.bin");
 
-  TrainOptions o = parse_train_options({"model.vocab_size=64", "model.block_size=64", "model.n_layer=2",
+  config::TrainOptions o = config::parse_train_options({"model.vocab_size=64", "model.block_size=64", "model.n_layer=2",
                                         "model.n_embd=32", "model.n_head=4", "seq_len=48", "batch_size=3",
                                         "data.doc_mask=true", "data.prefetch=0", "data.path=" + dir + "/docs.bin"});
   auto src = open_batches(o, "train", 0, 1);

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "plan/plan.h"
 #include "runtime/check.h"
 #include "tests/test_util.h"
 #include "train/metrics.h"
-#include "train/plan.h"
 #include "train/trainer.h"
 
 namespace mt::train {
@@ -51,14 +51,14 @@ TEST(PlanMemory, ModelStateIsExactAndActivationsWithinFivePercentOnOneRank) {
                                            "data.path=synthetic", std::string("precision=") + c.precision,
                                            std::string("recompute=") + c.recompute,
                                            "grad_accum=" + std::to_string(c.accum)};
-    TrainOptions o = parse_train_options(args);
+    config::TrainOptions o = config::parse_train_options(args);
     o.out_dir = make_temp_dir("mt_plan") + "/run";
     Trainer t(o);
     t.step();
     t.arena().reset_peaks();
     t.step();
     const MemStats& m = t.arena().stats();
-    const MemoryPlan p = plan_memory(t.options(), PlanLayout{}, 0);
+    const plan::MemoryPlan p = plan::plan_memory(t.options(), parallel::MeshLayout{.dp = 1}, 0);
     const std::string what = std::string(c.precision) + " recompute=" + c.recompute;
     for (MemCategory k : {MemCategory::params, MemCategory::grads, MemCategory::optimizer})
       EXPECT_EQ(p.bytes[size_t(k)], m.peak[size_t(k)]) << what << ": " << mem_category_name(k);
@@ -71,45 +71,45 @@ TEST(PlanMemory, ModelStateIsExactAndActivationsWithinFivePercentOnOneRank) {
 
 TEST(PlanMemory, MixtureOfExpertsModelStateIsExact) {
   // Every expert a unit entry of its own (model/gpt.cpp); activations are not modelled for MoE yet.
-  TrainOptions o = parse_train_options({"model=tiny-moe", "seq_len=32", "batch_size=2", "threads=1",
+  config::TrainOptions o = config::parse_train_options({"model=tiny-moe", "seq_len=32", "batch_size=2", "threads=1",
                                         "data.prefetch=0", "data.path=synthetic", "precision=bf16"});
   o.out_dir = make_temp_dir("mt_plan") + "/run";
   Trainer t(o);
   t.step();
   t.arena().reset_peaks();
   t.step();
-  const MemoryPlan p = plan_memory(t.options(), PlanLayout{}, 0);
+  const plan::MemoryPlan p = plan::plan_memory(t.options(), parallel::MeshLayout{.dp = 1}, 0);
   for (MemCategory k : {MemCategory::params, MemCategory::grads, MemCategory::optimizer})
     EXPECT_EQ(p.bytes[size_t(k)], t.arena().stats().peak[size_t(k)]) << mem_category_name(k);
 }
 
 TEST(PlanHardware, BuiltInEntriesCarryTheirDatasheetFigures) {
-  const Hardware h100 = resolve_hardware("h100"), a100 = resolve_hardware("a100"), h200 = resolve_hardware("h200");
+  const plan::Hardware h100 = plan::resolve_hardware("h100"), a100 = plan::resolve_hardware("a100"), h200 = plan::resolve_hardware("h200");
   EXPECT_EQ(h100.flops_bf16, 989.5e12);
   EXPECT_EQ(h100.memory_bytes_per_s, 3.35e12);
   EXPECT_EQ(h200.memory_bytes, 141e9);
   EXPECT_EQ(h200.memory_bytes_per_s, 4.8e12);
   EXPECT_EQ(a100.flops_bf16, 312e12);
   EXPECT_EQ(a100.flops_fp32, 19.5e12);
-  for (const Hardware& h : {h100, a100, h200}) expect_contains(h.source, "SXM");
-  EXPECT_EQ(resolve_hardware("cpu").device, Device::cpu);
+  for (const plan::Hardware& h : {h100, a100, h200}) expect_contains(h.source, "SXM");
+  EXPECT_EQ(plan::resolve_hardware("cpu").device, Device::cpu);
   // A file round-trips, and is what hw=FILE reads.
   const std::string dir = make_temp_dir("mt_hw");
   write(dir + "/h.json", h100.to_json().dump());
-  const Hardware back = resolve_hardware(dir + "/h.json");
+  const plan::Hardware back = plan::resolve_hardware(dir + "/h.json");
   EXPECT_EQ(back.to_json(), h100.to_json());
   // The datasheet entries measure no op rates: the peak and the bandwidth stand in.
   EXPECT_FALSE(h100.to_json().contains("ops"));
   EXPECT_EQ(h100.attention_flops_for(true, DType::bf16), h100.flops_bf16);
   EXPECT_EQ(h100.reduction_rate(), h100.memory_bytes_per_s);
   // A calibrated file's rates round-trip too.
-  Hardware cal = resolve_hardware("cpu");
+  plan::Hardware cal = plan::resolve_hardware("cpu");
   cal.attention_flops_per_s = 2e10;
   cal.flash_attention_flops_per_s = 1e10;
   cal.optimizer_bytes_per_s = 6e9;
   cal.reduction_bytes_per_s = 3e9;
   write(dir + "/cal.json", cal.to_json().dump());
-  const Hardware cal_back = resolve_hardware(dir + "/cal.json");
+  const plan::Hardware cal_back = plan::resolve_hardware(dir + "/cal.json");
   EXPECT_EQ(cal_back.to_json(), cal.to_json());
   EXPECT_EQ(cal_back.attention_flops_for(false, DType::f32), 2e10);
   EXPECT_EQ(cal_back.attention_flops_for(true, DType::f32), 1e10);
@@ -121,7 +121,7 @@ TEST(PlanHardware, BuiltInEntriesCarryTheirDatasheetFigures) {
 // FLOPs at the GEMM rate), AdamW and the passes over whole gradients at theirs.
 TEST(PlanTime, MeasuredOpRatesTimeTheirOwnTerms) {
   const std::string dir = make_temp_dir("mt_hw");
-  Hardware hw = resolve_hardware("cpu");
+  plan::Hardware hw = plan::resolve_hardware("cpu");
   write(dir + "/plain.json", hw.to_json().dump());
   hw.attention_flops_per_s = hw.flops_fp32 / 4;
   hw.flash_attention_flops_per_s = hw.flops_fp32 / 8;
@@ -133,7 +133,7 @@ TEST(PlanTime, MeasuredOpRatesTimeTheirOwnTerms) {
     auto with = [&](const char* file) {
       std::vector<std::string> a = args;
       a.push_back(std::string("hw=") + dir + "/" + file);
-      return plan_json(parse_plan_request(a))["time"];
+      return plan::plan_json(plan::parse_plan_request(a))["time"];
     };
     const nlohmann::json plain = with("plain.json"), slow = with("slow.json");
     const double factor = std::string(attention) == "attention=flash" ? 8 : 4;
@@ -144,10 +144,10 @@ TEST(PlanTime, MeasuredOpRatesTimeTheirOwnTerms) {
     // At equal rates the split is the hardware FLOPs at the GEMM rate, as before it existed.
     std::vector<std::string> plain_args = args;
     plain_args.push_back("hw=" + dir + "/plain.json");
-    const PlanRequest r = parse_plan_request(plain_args);
+    const plan::PlanRequest r = plan::parse_plan_request(plain_args);
     const double hw_flops =
-        hardware_flops_per_token(r.options.model, 64, r.options.recompute, r.options.attention_kind(), Device::cpu);
-    const double tokens = plan_json(r)["tokens_per_step"].get<double>();
+        model::hardware_flops_per_token(r.options.model, 64, r.options.recompute, r.options.attention_kind(), Device::cpu);
+    const double tokens = plan::plan_json(r)["tokens_per_step"].get<double>();
     EXPECT_NEAR((plain["gemm_s"].get<double>() + plain["attention_s"].get<double>()) * hw.flops_fp32 * 2,
                 hw_flops * tokens, 1e-9 * hw_flops * tokens);
   }
@@ -155,7 +155,7 @@ TEST(PlanTime, MeasuredOpRatesTimeTheirOwnTerms) {
 
 TEST(PlanHardware, MalformedFilesFailWithOneLineNamingTheFileAndField) {
   const std::string dir = make_temp_dir("mt_hw");
-  nlohmann::json good = resolve_hardware("a100").to_json();
+  nlohmann::json good = plan::resolve_hardware("a100").to_json();
   auto without = [&](const std::string& ptr) {
     nlohmann::json j = good;
     const nlohmann::json::json_pointer p(ptr);
@@ -186,22 +186,22 @@ TEST(PlanHardware, MalformedFilesFailWithOneLineNamingTheFileAndField) {
   for (const auto& [text, msg] : cases) {
     const std::string path = dir + "/bad" + std::to_string(k++) + ".json";
     write(path, text);
-    const std::string e = error_of([&] { resolve_hardware(path); });
+    const std::string e = error_of([&] { plan::resolve_hardware(path); });
     expect_contains(e, "'" + path + "'");
     expect_contains(e, msg);
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
     // Through the command too: one line, not a crash.
-    expect_contains(error_of([&] { plan_report({"hw=" + path}); }), msg);
+    expect_contains(error_of([&] { plan::plan_report({"hw=" + path}); }), msg);
   }
 }
 
 TEST(PlanReport, FiguresAgreeWithEachOther) {
-  const PlanRequest r = parse_plan_request({"model=gpt2", "hw=h100", "gpus=64", "tp=2", "pp=2", "grad_accum=8",
+  const plan::PlanRequest r = plan::parse_plan_request({"model=gpt2", "hw=h100", "gpus=64", "tp=2", "pp=2", "grad_accum=8",
                                             "batch_size=8", "seq_len=1024", "precision=bf16", "zero=1",
                                             "tokens=1e10"});
   EXPECT_EQ(r.layout.dp, 16);
   EXPECT_EQ(r.options.device, Device::cuda) << "a GPU's figures are for the GPU path";
-  const nlohmann::json j = plan_json(r);
+  const nlohmann::json j = plan::plan_json(r);
   const double tokens = 8.0 * 1024 * 8 * 16;
   EXPECT_EQ(j["tokens_per_step"].get<double>(), tokens);
   EXPECT_EQ(j["flops_per_token"].get<double>(), r.options.model.flops_per_token(1024));
@@ -225,7 +225,7 @@ TEST(PlanReport, FiguresAgreeWithEachOther) {
   EXPECT_GT(j["comm"]["tp"]["reduce_scatter"]["sent_bytes"].get<double>(), 0);
   EXPECT_GT(j["comm"]["pp"]["send"]["sent_bytes"].get<double>(), 0);
   // The text report says the same and keeps the pipeline grid.
-  const std::string text = plan_report({"model=gpt2", "hw=h100", "gpus=64", "tp=2", "pp=2", "grad_accum=8",
+  const std::string text = plan::plan_report({"model=gpt2", "hw=h100", "gpus=64", "tp=2", "pp=2", "grad_accum=8",
                                         "batch_size=8", "seq_len=1024", "precision=bf16", "zero=1", "tokens=1e10"});
   expect_contains(text, "TP(2)-CP(1)-PP(2)-DP(16) on 64 x h100");
   expect_contains(text, "pipeline: pp.schedule=1f1b pp=2 grad_accum=8");
@@ -236,12 +236,12 @@ TEST(PlanReport, FiguresAgreeWithEachOther) {
 TEST(PlanMemory, ShardingAndRecomputeShrinkWhatTheyShouldInOrder) {
   auto mem = [](std::vector<std::string> args) {
     args.insert(args.end(), {"model=gpt2", "hw=h100", "batch_size=8", "seq_len=1024", "precision=bf16"});
-    const PlanRequest r = parse_plan_request(args);
-    return plan_memory_worst(r.options, r.layout);
+    const plan::PlanRequest r = plan::parse_plan_request(args);
+    return plan::plan_memory_worst(r.options, r.layout);
   };
   const auto P = size_t(MemCategory::params), G = size_t(MemCategory::grads), O = size_t(MemCategory::optimizer),
              A = size_t(MemCategory::activations);
-  const MemoryPlan z0 = mem({"dp=8", "zero=0"}), z1 = mem({"dp=8", "zero=1"}), z2 = mem({"dp=8", "zero=2"}),
+  const plan::MemoryPlan z0 = mem({"dp=8", "zero=0"}), z1 = mem({"dp=8", "zero=1"}), z2 = mem({"dp=8", "zero=2"}),
                    z3 = mem({"dp=8", "zero=3"});
   EXPECT_NEAR(double(z1.bytes[O]), double(z0.bytes[O]) / 8, 64.0);
   // ZeRO-1 keeps the full gradient and adds the shard it reduces into; ZeRO-2 keeps the shard and the
@@ -249,19 +249,19 @@ TEST(PlanMemory, ShardingAndRecomputeShrinkWhatTheyShouldInOrder) {
   EXPECT_EQ(z1.bytes[G], z0.bytes[G] + z0.bytes[G] / 8);
   EXPECT_LT(z2.bytes[G], z0.bytes[G]);
   EXPECT_LT(z3.bytes[P], z2.bytes[P]);
-  const MemoryPlan none = mem({}), sel = mem({"recompute=selective"}), full = mem({"recompute=full"});
+  const plan::MemoryPlan none = mem({}), sel = mem({"recompute=selective"}), full = mem({"recompute=full"});
   EXPECT_LT(sel.bytes[A], none.bytes[A]);
   EXPECT_LT(full.bytes[A], sel.bytes[A]);
   // Tensor parallelism divides the matrices; sequence parallelism the residual stream too.
-  const MemoryPlan tp = mem({"tp=4"}), nosp = mem({"tp=4", "tp.sp=false"});
+  const plan::MemoryPlan tp = mem({"tp=4"}), nosp = mem({"tp=4", "tp.sp=false"});
   EXPECT_LT(tp.bytes[A], nosp.bytes[A]);
   EXPECT_LT(tp.bytes[P], none.bytes[P] / 2);
 }
 
 TEST(PlanFit, ALayoutThatCannotFitSaysWhichCategoryAndByHowMuch) {
   // GPT-2 XL on one A100 in fp32 without sharding: 16 bytes per parameter of model state alone.
-  const PlanRequest r = parse_plan_request({"model=gpt2-xl", "hw=a100", "batch_size=16", "seq_len=1024"});
-  const PlanResult p = evaluate_plan(r.options, r.layout, r.hw);
+  const plan::PlanRequest r = plan::parse_plan_request({"model=gpt2-xl", "hw=a100", "batch_size=16", "seq_len=1024"});
+  const plan::PlanResult p = plan::evaluate_plan(r.options, r.layout, r.hw);
   ASSERT_FALSE(p.over.empty());
   expect_contains(p.over, "over by ");
   expect_contains(p.over, "a100 has 74.51 GiB");
@@ -270,13 +270,13 @@ TEST(PlanFit, ALayoutThatCannotFitSaysWhichCategoryAndByHowMuch) {
   // The excess is the total less the capacity.
   const double excess = double(p.memory.total()) - 80e9;
   expect_contains(p.over, "over by " + format_bytes(size_t(excess)));
-  // plan_main fails with status 1 (the one line goes to stderr).
-  EXPECT_EQ(plan_main({"model=gpt2-xl", "hw=a100", "batch_size=16", "seq_len=1024"}), 1);
-  EXPECT_EQ(plan_main({"model=gpt2", "hw=a100", "batch_size=4", "seq_len=1024", "precision=bf16"}), 0);
+  // plan::plan_main fails with status 1 (the one line goes to stderr).
+  EXPECT_EQ(plan::plan_main({"model=gpt2-xl", "hw=a100", "batch_size=16", "seq_len=1024"}), 1);
+  EXPECT_EQ(plan::plan_main({"model=gpt2", "hw=a100", "batch_size=4", "seq_len=1024", "precision=bf16"}), 0);
 }
 
 TEST(PlanSearch, RanksTheLayoutsThatFitAndSaysWhyEachLoserLoses) {
-  const std::string s = plan_search(parse_plan_request(
+  const std::string s = plan::plan_search(plan::parse_plan_request(
       {"--search", "gpus=8", "model=gpt2", "hw=a100", "batch_size=8", "grad_accum=4", "seq_len=1024",
        "precision=bf16"}));
   expect_contains(s, "search: gpt2 ");
@@ -289,7 +289,7 @@ TEST(PlanSearch, RanksTheLayoutsThatFitAndSaysWhyEachLoserLoses) {
   auto rate = [&](size_t at) { return std::stod(s.substr(s.find(": ", at) + 2)); };
   EXPECT_GE(rate(a), rate(b));
   // Too little memory for some layouts: they are named with the category over.
-  const std::string tight = plan_search(parse_plan_request(
+  const std::string tight = plan::plan_search(plan::parse_plan_request(
       {"--search", "gpus=4", "model=gpt2-large", "hw=a100", "batch_size=32", "grad_accum=1", "seq_len=1024"}));
   expect_contains(tight, ": does not fit: needs ");
   expect_contains(tight, "is the largest category");

@@ -21,9 +21,9 @@
 #include "data/shard.h"
 #include "runtime/check.h"
 #include "runtime/dir_lock.h"
-#include "train/trainer.h"
 #include "tests/test_train_util.h"
 #include "tests/test_util.h"
+#include "train/trainer.h"
 
 namespace mt::train {
 namespace {
@@ -47,12 +47,12 @@ class Recovery : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  TrainOptions options(std::vector<std::string> extra) const {
+  config::TrainOptions options(std::vector<std::string> extra) const {
     std::vector<std::string> args = {"model=tiny", "model.vocab_size=64", "model.n_layer=1", "model.n_embd=16",
                                      "model.n_head=2", "model.block_size=16", "batch_size=2", "seq_len=16",
                                      "data.path=" + data_, "out_dir=" + run_, "threads=1", "log_every=100"};
     args.insert(args.end(), extra.begin(), extra.end());
-    return parse_train_options(args);
+    return config::parse_train_options(args);
   }
 
   // Every file under the run directory with its bytes.
@@ -112,7 +112,7 @@ TEST_F(Recovery, AutoResumeRefusesWhenNoCheckpointVerifiesAndTouchesNothing) {
 }
 
 // Runs `o` and returns its error ("" when it completed).
-std::string run_error(const TrainOptions& o) {
+std::string run_error(const config::TrainOptions& o) {
   try {
     Trainer(o).run();
   } catch (const Error& e) {

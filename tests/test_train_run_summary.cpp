@@ -109,5 +109,12 @@ TEST(RunTotals, SumsStepsKeepsTheRunsPeakAndEachCheckpointOnce) {
   EXPECT_TRUE(has(s, "runs/x/model.safetensors")) << s;
 }
 
+TEST(RunTotals, HasACriticalBatchRowOnlyWithANoiseEstimate) {
+  RunTotals t;
+  EXPECT_FALSE(has(t.format(1, {}), "critical batch"));
+  t.set_noise_scale(64e3, 8e3);
+  EXPECT_TRUE(has(t.format(1, {}), "critical batch     B_noise ~ 64.00k tokens")) << t.format(1, {});
+}
+
 }  // namespace
 }  // namespace mt::train

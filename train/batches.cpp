@@ -117,7 +117,7 @@ class ZigzagBatches final : public BatchSource {
 
 }  // namespace
 
-std::unique_ptr<BatchSource> open_batches(const TrainOptions& o, const std::string& split, int dp_rank, int dp_size) {
+std::unique_ptr<BatchSource> open_batches(const config::TrainOptions& o, const std::string& split, int dp_rank, int dp_size) {
   if (o.data.path == "synthetic")
     return std::make_unique<SyntheticBatches>(o.batch_size, o.seq_len, o.model.vocab_size,
                                               o.seed + (split == "val" ? 7777 : 0), dp_rank);
@@ -142,7 +142,7 @@ std::unique_ptr<BatchSource> open_batches(const TrainOptions& o, const std::stri
   return std::make_unique<ShardBatches>(std::move(c));
 }
 
-void check_same_tokenizer(const TrainOptions& o, const BatchSource& train, const BatchSource& val) {
+void check_same_tokenizer(const config::TrainOptions& o, const BatchSource& train, const BatchSource& val) {
   const std::string a = train.tokenizer_fingerprint(), b = val.tokenizer_fingerprint();
   if (a.empty() || b.empty() || a == b) return;
   fail("%s %s (tokenizer fingerprint %s) and the training data %s (tokenizer fingerprint %s) were tokenized "

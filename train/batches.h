@@ -7,9 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/options.h"
 #include "data/packer.h"
 #include "model/gpt.h"
-#include "train/options.h"
 
 namespace mt::train {
 
@@ -35,7 +35,7 @@ class BatchSource {
 
 // Opens the training (split = "train") or validation ("val") stream described by the options, for
 // data-parallel rank `dp_rank` of `dp_size`. Fails naming the file on any problem.
-std::unique_ptr<BatchSource> open_batches(const TrainOptions& o, const std::string& split, int dp_rank, int dp_size);
+std::unique_ptr<BatchSource> open_batches(const config::TrainOptions& o, const std::string& split, int dp_rank, int dp_size);
 
 // Context parallelism (--cp): the rows of `inner` each cp rank holds, T/cp tokens each (its 2 zigzag
 // chunks), with global positions and document ids (parallel/ring_attention.h). cp = 1: `inner` itself.
@@ -43,6 +43,6 @@ std::unique_ptr<BatchSource> zigzag_batches(std::unique_ptr<BatchSource> inner, 
 
 // Fails, naming both datasets and fingerprints, when the validation data records another tokenizer
 // than the training data.
-void check_same_tokenizer(const TrainOptions& o, const BatchSource& train, const BatchSource& val);
+void check_same_tokenizer(const config::TrainOptions& o, const BatchSource& train, const BatchSource& val);
 
 }  // namespace mt::train

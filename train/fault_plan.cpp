@@ -19,8 +19,8 @@ bool is_save_phase(const std::string& p) {
 }
 
 // The problem with the run's fault injection plan that shows without looking at any file, or "".
-std::string plan_problem(const TrainOptions& o, int world_size, int dp_size) {
-  const CheckpointOptions& c = o.ckpt;
+std::string plan_problem(const config::TrainOptions& o, int world_size, int dp_size) {
+  const config::CheckpointOptions& c = o.ckpt;
   if (c.fault_phase.empty()) {
     if (c.fault_step != -1) return strfmt("ckpt.fault_step=%d needs a ckpt.fault_phase", c.fault_step);
   } else {
@@ -38,7 +38,7 @@ std::string plan_problem(const TrainOptions& o, int world_size, int dp_size) {
                     c.fault_phase.c_str(), c.fault_step,
                     o.save_every > 0 ? strfmt("every %d steps", o.save_every).c_str() : "save_every=0", o.steps);
   }
-  const ParallelOptions& p = o.parallel;
+  const config::ParallelOptions& p = o.parallel;
   if (p.sdc_flip_step < 0) return "";
   if (p.sdc_every == 0 || p.sdc_flip_step == 0 || p.sdc_flip_step % p.sdc_every != 0 || p.sdc_flip_step > o.steps)
     return strfmt("parallel.sdc_flip_step=%d is not a step with a replica check (sdc_every=%d, steps=%d)",
@@ -63,7 +63,7 @@ void Trainer::check_fault_plan() {
 
 void Trainer::arm_fault_injection() {
   std::string why;
-  const CheckpointOptions& c = o_.ckpt;
+  const config::CheckpointOptions& c = o_.ckpt;
   if (c.fault_phase.empty()) return;
   const std::string plan = strfmt("%s step %d rank %d", c.fault_phase.c_str(), c.fault_step, c.fault_rank);
   const bool relaunch = !o_.resume.empty() && o_.resume != "fresh";

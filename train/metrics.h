@@ -1,6 +1,6 @@
-// Per-step metrics: one JSON object per line in <out_dir>/metrics.jsonl, and a one-line human
-// progress display with ETA on stderr. Also the throughput arithmetic (MFU, HFU) and the CPU peak
-// calibration.
+// Per-step metrics: one JSON object per line in <out_dir>/metrics.jsonl, the memory record, and the
+// CPU's peak for MFU (a calibration GEMM; a GPU's comes from the datasheet table, plan/hardware.h).
+// The FLOP formulas behind MFU and HFU are the model's (model/config.h).
 #pragma once
 #include <cstdio>
 #include <string>
@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/gpt.h"
+#include "plan/hardware.h"
 #include "runtime/arena.h"
 
 namespace mt::train {
@@ -45,27 +45,8 @@ class JsonlWriter {
   bool regular_ = false;  // a regular file (not a pipe or device), which can be cut
 };
 
-// FLOPs per token that the hardware executes, including activation recomputation: full recompute
-// re-runs each layer's forward (2 N_layers + 4 L C T), selective re-runs the attention core (4 L C T),
-// and the flash backward recomputes one (CPU) or three (GPU) of the attention products (2 L C T each).
-double hardware_flops_per_token(const model::GPTConfig& cfg, int T, model::Recompute r,
-                                model::Attention a = model::Attention::materialized, Device device = Device::cpu);
-// The attention products' share of it (12 L C T without recompute): the part the planner times at the
-// attention kernels' rate rather than the GEMMs'.
-double attention_flops_per_token(const model::GPTConfig& cfg, int T, model::Recompute r, model::Attention a,
-                                 Device device);
-
-// The peak used for MFU: a GPU table entry (bf16 dense), or on CPU the measured rate of a
-// calibration GEMM. `label` says which.
-struct Peak {
-  double flops = 0;
-  std::string label;
-  double bytes_per_s = 0;  // memory bandwidth (datasheet) where known, else 0
-};
-Peak calibrate_cpu_peak(int threads);
-Peak gpu_peak_from_name(const std::string& device_name);  // 0 if unknown
-
+// The peak of this CPU: the best rate of a square fp32 GEMM through the model's matmul op.
+plan::Peak calibrate_cpu_peak(int threads);
 nlohmann::json memory_json(const MemStats& s);
-std::string format_duration(double seconds);  // "1h02m", "3m05s", "12s"
 
 }  // namespace mt::train

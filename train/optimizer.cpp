@@ -7,19 +7,19 @@
 
 namespace mt::train {
 
-float lr_at(const OptimOptions& o, int step, int total) {
+float lr_at(const config::OptimOptions& o, int step, int total) {
   if (o.warmup_steps > 0 && step < o.warmup_steps) return o.lr * float(step + 1) / float(o.warmup_steps);
-  if (o.schedule == LrSchedule::constant) return o.lr;
+  if (o.schedule == config::LrSchedule::constant) return o.lr;
   const float min_lr = o.lr * o.min_lr_ratio;
   const int decay_steps = std::max(1, total - 1 - o.warmup_steps);
   const float frac = std::clamp(float(step - o.warmup_steps) / float(decay_steps), 0.f, 1.f);
-  if (o.schedule == LrSchedule::linear) return o.lr + (min_lr - o.lr) * frac;
+  if (o.schedule == config::LrSchedule::linear) return o.lr + (min_lr - o.lr) * frac;
   // Cosine decay (Loshchilov & Hutter 2017, without restarts).
   const float coeff = 0.5f * (1.f + std::cos(float(M_PI) * frac));
   return min_lr + coeff * (o.lr - min_lr);
 }
 
-AdamW::AdamW(const OptimOptions& o, const ParamStore& store, std::vector<parallel::Segment> segments, Arena& arena)
+AdamW::AdamW(const config::OptimOptions& o, const ParamStore& store, std::vector<parallel::Segment> segments, Arena& arena)
     : o_(o) {
   MT_CHECK(store.finalized(), "AdamW over a ParamStore that is not finalized");
   // Split each segment where the weight-decay flag changes. Padding after an entry takes the flag of

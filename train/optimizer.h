@@ -5,21 +5,21 @@
 #pragma once
 #include <cstdint>
 
+#include "config/options.h"
 #include "kernels/ops.h"
 #include "parallel/data_parallel.h"
 #include "runtime/arena.h"
 #include "runtime/param_store.h"
-#include "train/options.h"
 
 namespace mt::train {
 
 // Learning rate at optimizer step `step` (0-based) of `total` steps: linear warmup from lr/warmup
 // to lr, then cosine or linear decay to lr * min_lr_ratio at the last step, or constant.
-float lr_at(const OptimOptions& o, int step, int total);
+float lr_at(const config::OptimOptions& o, int step, int total);
 
 class AdamW {
  public:
-  AdamW(const OptimOptions& o, const ParamStore& store, std::vector<parallel::Segment> segments, Arena& arena);
+  AdamW(const config::OptimOptions& o, const ParamStore& store, std::vector<parallel::Segment> segments, Arena& arena);
   // One update with step count t >= 1 at learning rate lr. `master` and `grads` hold the segments'
   // values concatenated; each gradient is multiplied by *grad_scale (one float in device memory: the
   // unscale-and-clip factor, ops::clip_coefficient) when given, else used as it is.
@@ -30,7 +30,7 @@ class AdamW {
   int64_t numel() const { return numel_; }
 
  private:
-  OptimOptions o_;
+  config::OptimOptions o_;
   // Runs of equal weight decay within the concatenated shard: [begin, end) and the decay to apply.
   struct Run {
     int64_t begin, end;
@@ -44,7 +44,7 @@ class AdamW {
 // Dynamic loss scale for fp16; a no-op scale of 1 for other precisions.
 class LossScaler {
  public:
-  LossScaler(const LossScaleOptions& o, bool enabled)
+  LossScaler(const config::LossScaleOptions& o, bool enabled)
       : enabled_(enabled), scale_(enabled ? o.init_scale : 1.f), growth_interval_(o.growth_interval) {}
   float scale() const { return scale_; }
   bool enabled() const { return enabled_; }

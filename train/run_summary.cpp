@@ -5,21 +5,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan/critical_batch.h"
 #include "runtime/check.h"
-#include "train/critical_batch.h"
+#include "runtime/format.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
 namespace mt::train {
-
-std::string layout_name(int tp, int cp, int pp, int dp) { return strfmt("TP(%d)-CP(%d)-PP(%d)-DP(%d)", tp, cp, pp, dp); }
-
-std::string format_count(double x) {
-  if (x >= 1e9) return strfmt("%.2fG", x / 1e9);
-  if (x >= 1e6) return strfmt("%.2fM", x / 1e6);
-  if (x >= 1e3) return strfmt("%.2fk", x / 1e3);
-  return strfmt("%.0f", x);
-}
 
 std::string format_run_plan(const RunPlan& p) {
   const int world = p.tp * p.cp * p.pp * p.dp;
@@ -30,7 +22,7 @@ std::string format_run_plan(const RunPlan& p) {
   s += strfmt("  model      %s: %s parameters%s, %s FLOPs per token (forward + backward)\n", p.model.c_str(),
               format_count(double(p.params)).c_str(), active.c_str(), format_count(p.flops_per_token).c_str());
   const std::string ep = p.ep > 1 ? strfmt(" with EP(%d)", p.ep) : "";
-  s += strfmt("  layout     %s%s on %d rank%s, ZeRO-%d, device %s\n", layout_name(p.tp, p.cp, p.pp, p.dp).c_str(),
+  s += strfmt("  layout     %s%s on %d rank%s, ZeRO-%d, device %s\n", parallel::layout_name({.dp = p.dp, .pp = p.pp, .cp = p.cp, .tp = p.tp}).c_str(),
               ep.c_str(), world, world == 1 ? "" : "s", p.zero, p.device.c_str());
   s += strfmt("  batch      %lld rows x %d tokens = %s tokens per step (batch_size %d x grad_accum %d x dp %d)\n",
               (long long)p.global_rows(), p.seq_len, format_count(double(p.global_tokens())).c_str(), p.batch_size,
@@ -68,7 +60,7 @@ std::string format_run_plan(const RunPlan& p) {
   return s;
 }
 
-RunPlan make_run_plan(const TrainOptions& o, const parallel::Mesh& mesh, const Peak& peak, double flops_per_token,
+RunPlan make_run_plan(const config::TrainOptions& o, const parallel::Mesh& mesh, const plan::Peak& peak, double flops_per_token,
                       int first_step, const std::string& ckpt_dir, uint64_t data_tokens, const MemStats& before) {
   RunPlan p;
   p.model = o.model_preset;
@@ -181,7 +173,7 @@ std::string RunTotals::format(double wall_s, const std::vector<std::pair<std::st
   s += row("checkpoints", ckpts_.empty() ? "none" : strfmt("%zu, at step %s", ckpts_.size(), ck.c_str()));
   const ResumeHistory& h = history_;
   if (noise_tokens_ > 0)
-    s += row("critical batch", CriticalBatch{noise_tokens_, batch_tokens_}.note());
+    s += row("critical batch", plan::CriticalBatch{noise_tokens_, batch_tokens_}.note());
   s += row("restarts", h.earlier_attempts == 0
                            ? std::string("none (one attempt)")
                            : strfmt("%d earlier attempt(s); %d step(s) lost and run again (%.1f s of step time)",

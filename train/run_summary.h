@@ -12,14 +12,17 @@
 #include "runtime/arena.h"
 
 namespace mt::train {
-
 struct StepResult;
-struct TrainOptions;
-struct Peak;
 }  // namespace mt::train
+namespace mt::config {
+struct TrainOptions;
+}  // namespace mt::config
+namespace mt::plan {
+struct Peak;
+}  // namespace mt::plan
 namespace mt::parallel {
 class Mesh;
-}
+}  // namespace mt::parallel
 namespace mt::train {
 
 struct RunPlan {
@@ -46,15 +49,10 @@ struct RunPlan {
   int64_t global_tokens() const { return global_rows() * seq_len; }
 };
 
-// 12.3M, 4.56k, 789.
-std::string format_count(double x);
-
-// "TP(2)-CP(1)-PP(1)-DP(4)": the mesh, outermost dimension last.
-std::string layout_name(int tp, int cp, int pp, int dp);
 std::string format_run_plan(const RunPlan& p);
 
 // The plan of a run from its resolved options (batch_size after global_batch), mesh and MFU peak.
-RunPlan make_run_plan(const TrainOptions& o, const parallel::Mesh& mesh, const Peak& peak, double flops_per_token,
+RunPlan make_run_plan(const config::TrainOptions& o, const parallel::Mesh& mesh, const plan::Peak& peak, double flops_per_token,
                       int first_step, const std::string& ckpt_dir, uint64_t data_tokens, const MemStats& before);
 // Every file and directory a run leaves: metrics, config, checkpoints, the latest pointer, weights.
 std::vector<std::pair<std::string, std::string>> run_outputs(const std::string& out_dir, const std::string& ckpt_dir);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include "config/layout_rules.h"
+#include "kernels/cuda_available.h"
 #include "model/hf_io.h"
 #include "parallel/launch.h"
 #ifdef MT_HAVE_NCCL
@@ -13,7 +15,6 @@
 #endif
 #include "parallel/self_comm.h"
 #include "runtime/check.h"
-#include "train/selftest.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
 #endif
@@ -46,7 +47,7 @@ void NoiseScale::update(double g2_small, double g2_big, double b_small, double b
   count_++;
 }
 
-Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
+Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local_rank)
     : o_(o),
       own_world_(world ? nullptr : std::make_unique<parallel::SelfComm>("world")),
       world_(world ? *world : *own_world_),
@@ -57,8 +58,8 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
   if (o_.threads > 0) omp_set_num_threads(o_.threads);
   if (o_.device == Device::cuda) {
     // Say which reason applies: no CUDA in this build, or no GPU here.
-    const std::string why = cuda_unavailable_reason();
-    if (!why.empty()) fail("--device cuda: %s", why.substr(why.find(':') + 2).c_str());
+    const std::string why = ops::cuda_unavailable_reason();
+    if (!why.empty()) fail("--device cuda: %s", why.c_str());
 #ifdef MT_HAVE_CUDA
     // One GPU per process (one rank per GPU), chosen by the node-local rank, before anything is
     // allocated on it.
@@ -147,7 +148,7 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
     tp_ = parallel::TensorParallel(mesh_->tp_comm(), o_.sequence_parallel(), tp_data);
   }
   // Pipeline parallelism: this rank registers and runs only its stages' layers (train/pipeline.h).
-  const model::StagePlan plan = mesh_->pp() > 1 ? stage_plan(o_, mesh_->coord(parallel::MeshDim::pp)) : model::StagePlan();
+  const model::StagePlan plan = mesh_->pp() > 1 ? config::stage_plan(o_, mesh_->coord(parallel::MeshDim::pp)) : model::StagePlan();
   // Expert parallelism holds each rank's routed experts apart, in a store sharded over the expert-data
   // group (the ranks computing the same experts) instead of dp x cp.
   model::ExpertPlacement experts;
@@ -252,10 +253,9 @@ Trainer::Trainer(const TrainOptions& o, parallel::Comm* world, int local_rank)
 #endif
   }
   if (trace_) {
-    for (parallel::Comm* c : {&mesh_->dp_comm(), &mesh_->tp_comm(), &mesh_->pp_comm(), &mesh_->cp_comm(),
-                              &mesh_->cp_dp_comm(), dp_device_comm_.get(), tp_device_comm_.get(),
-                              pp_device_comm_.get(), &world_})
-      if (c && c->size() > 1) c->set_trace(trace_.get());
+    for (parallel::Comm* c : comms())
+      if (c->size() > 1) c->set_trace(trace_.get());
+    if (world_.size() > 1) world_.set_trace(trace_.get());
     if (pipeline_) pipeline_->set_trace(trace_.get());
   }
   if (!resume_path_.empty()) load_checkpoint(resume_path_);
@@ -278,16 +278,27 @@ parallel::CommCounters Trainer::group_counters(parallel::MeshDim d) const {
   return c;
 }
 
-void Trainer::reset_group_counters() {
-  for (parallel::Comm* c :
-       {&mesh_->dp_comm(), &mesh_->tp_comm(), &mesh_->pp_comm(), &mesh_->cp_comm(), &mesh_->cp_dp_comm(),
-        dp_device_comm_.get(), tp_device_comm_.get(), pp_device_comm_.get()})
-    if (c) c->reset_counters();
+std::vector<parallel::Comm*> Trainer::comms() const {
+  std::vector<parallel::Comm*> all = {&mesh_->dp_comm(), &mesh_->tp_comm(), &mesh_->pp_comm(), &mesh_->cp_comm(),
+                                      &mesh_->cp_dp_comm()};
   if (mesh_->ep() > 1) {
-    mesh_->ep_comm().reset_counters();
-    mesh_->expert_data_comm().reset_counters();
+    all.push_back(&mesh_->ep_comm());
+    all.push_back(&mesh_->expert_data_comm());
   }
-  if (expert_device_comm_) expert_device_comm_->reset_counters();
+  for (const auto* device : {&dp_device_comm_, &tp_device_comm_, &ep_device_comm_, &pp_device_comm_, &expert_device_comm_})
+    if (*device) all.push_back(device->get());
+  return all;
+}
+
+parallel::CommCounters Trainer::ep_counters() const {
+  parallel::CommCounters c;
+  if (mesh_->ep() > 1) c += mesh_->ep_comm().counters();  // the counts (and the rows, on the CPU)
+  if (ep_device_comm_) c += ep_device_comm_->counters();  // the rows, on GPUs
+  return c;
+}
+
+void Trainer::reset_group_counters() {
+  for (parallel::Comm* c : comms()) c->reset_counters();
 }
 
 // The gradient noise scale from this step's norms (after the optimizer: the gradients are intact,

@@ -7,6 +7,8 @@
 #include <string>
 
 #include "checkpoint/checkpoint.h"
+#include "config/options.h"
+#include "kernels/op_timer.h"
 #include "model/gpt.h"
 #include "parallel/comm.h"
 #include "parallel/data_parallel.h"
@@ -15,11 +17,9 @@
 #include "runtime/arena.h"
 #include "runtime/dir_lock.h"
 #include "runtime/param_store.h"
-#include "kernels/op_timer.h"
 #include "train/batches.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
-#include "train/options.h"
 #include "train/pipeline.h"
 
 namespace mt::train {
@@ -63,7 +63,7 @@ class Trainer {
   // Builds everything and checks every input; writes nothing. `world` is the communicator of all
   // ranks (nullptr: a one-rank world); the mesh and the data-parallel group are carved from it.
   // `local_rank` (the rank within its node; -1: the world rank) picks the GPU for --device cuda.
-  explicit Trainer(const TrainOptions& o, parallel::Comm* world = nullptr, int local_rank = -1);
+  explicit Trainer(const config::TrainOptions& o, parallel::Comm* world = nullptr, int local_rank = -1);
   ~Trainer();
 
   // The whole run: creates out_dir (refusing to overwrite another run unless resuming), writes the
@@ -104,14 +104,17 @@ class Trainer {
   ParamStore& expert_params() { return expert_store_; }
   parallel::DataParallel* expert_data_parallel() { return expert_dp_.get(); }
   Arena& arena() { return arena_; }
-  const TrainOptions& options() const { return o_; }
+  const config::TrainOptions& options() const { return o_; }
   parallel::Mesh& mesh() { return *mesh_; }
   // What a group's ranks exchanged since the step began (its host communicator and, on GPUs, the
   // NCCL one beside it): the dp and tp groups so far; under context parallelism `dp` is the cp x dp
   // group the gradients are reduced over, and `cp` the ring attention's traffic.
   parallel::CommCounters group_counters(parallel::MeshDim d) const;
   // The ep group's since the step began: the mixture layers' token all-to-alls (zero without --ep).
-  parallel::CommCounters ep_counters() const { return mesh_->ep() > 1 ? mesh_->ep_comm().counters() : parallel::CommCounters{}; }
+  parallel::CommCounters ep_counters() const;
+  // Every communicator this rank holds, the mesh's host ones and the device ones beside them: the one
+  // list that counter resets and trace lanes walk.
+  std::vector<parallel::Comm*> comms() const;
   parallel::DataParallel& data_parallel() { return *dp_; }
   const NoiseScale& noise_scale() const { return gns_; }
   const LossScaler& loss_scaler() const { return scaler_; }
@@ -188,7 +191,7 @@ class Trainer {
   std::vector<char> noise_scale_entries() const;
   void fault(const char* phase) { checkpoint::fault_point(ckpt_opts_, world_.rank(), step_ + 1, phase); }
 
-  TrainOptions o_;
+  config::TrainOptions o_;
   std::unique_ptr<Trace> trace_;            // trace=1; before everything that points at it
   std::unique_ptr<ops::OpTimer> op_timer_;  // before everything holding a Ctx that points at it
   std::unique_ptr<parallel::Comm> own_world_;
@@ -240,7 +243,7 @@ namespace mt::train {
 // The peak the run's MFU is measured against: peak_flops when given, else on the CUDA backend the
 // datasheet peak of the current GPU (fails for a GPU not in the table, naming peak_flops), else the
 // CPU calibration GEMM. The label says which.
-Peak run_peak(const TrainOptions& o, int threads);
+plan::Peak run_peak(const config::TrainOptions& o, int threads);
 // Consolidates a checkpoint (any layout) into one safetensors file with Hugging Face GPT-2 names and
 // orientation; with `all`, also every AdamW moment under its checkpoint name (for bitwise comparisons).
 void export_checkpoint(const std::string& ckpt_path, const std::string& out_path, bool all);

@@ -34,9 +34,6 @@ void Trainer::build_expert_state(const parallel::DataParallelOptions& dense) {
     gpt_->set_expert_hooks(expert_dp_.get());
   }
   expert_adam_ = std::make_unique<AdamW>(o_.optim, expert_store_, expert_dp_->segments(), arena_);
-  if (trace_)
-    for (parallel::Comm* c : {&xdata, expert_device_comm_.get()})
-      if (c && c->size() > 1) c->set_trace(trace_.get());
 }
 
 std::vector<char> Trainer::expert_counted_entries() const {

@@ -9,9 +9,10 @@
 #include "checkpoint/format.h"
 #include "checkpoint/fsio.h"
 #include "model/hf_io.h"
+#include "plan/memory.h"
 #include "runtime/check.h"
+#include "runtime/format.h"
 #include "train/divergence.h"
-#include "train/plan_memory.h"
 #include "train/run_summary.h"
 #include "train/trainer.h"
 #ifdef MT_HAVE_CUDA
@@ -22,27 +23,14 @@ namespace mt::train {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-nlohmann::json comm_json(const parallel::CommCounters& c) {
-  nlohmann::json j = nlohmann::json::object();
-  for (int op = 0; op < parallel::kNumCommOps; op++) {
-    const parallel::CommOpCount& k = c[parallel::CommOp(op)];
-    if (k.calls) j[parallel::comm_op_name(parallel::CommOp(op))] = {{"calls", k.calls}, {"sent_bytes", k.sent_bytes}};
-  }
-  return j;
-}
-
-}  // namespace
-
-Peak run_peak(const TrainOptions& o, int threads) {
-  if (o.peak_flops > 0) return Peak{o.peak_flops, "user-given peak"};
+plan::Peak run_peak(const config::TrainOptions& o, int threads) {
+  if (o.peak_flops > 0) return plan::Peak{o.peak_flops, "user-given peak"};
 #ifdef MT_HAVE_CUDA
   if (o.device == Device::cuda) {
     const std::string name = cuda::device_name();
-    const Peak p = gpu_peak_from_name(name);
+    const plan::Peak p = plan::gpu_peak_from_name(name);
     if (p.flops <= 0) fail("no datasheet peak known for GPU '%s': give it as peak_flops=<FLOP/s>", name.c_str());
-    return Peak{p.flops, name + ", " + p.label, p.bytes_per_s};
+    return plan::Peak{p.flops, name + ", " + p.label, p.bytes_per_s};
   }
 #endif
   return calibrate_cpu_peak(threads);
@@ -88,16 +76,16 @@ void Trainer::run() {
                    metrics_path.c_str(), (unsigned long long)log.cut_bytes());
   }
   const int threads = o_.threads > 0 ? o_.threads : omp_get_max_threads();
-  const Peak peak = run_peak(o_, threads);
+  const plan::Peak peak = run_peak(o_, threads);
   const double flops_tok = o_.model.flops_per_token(o_.seq_len);
-  const double hw_flops_tok = hardware_flops_per_token(o_.model, o_.seq_len, o_.recompute, o_.attention_kind(), o_.device);
+  const double hw_flops_tok = model::hardware_flops_per_token(o_.model, o_.seq_len, o_.recompute, o_.attention_kind(), o_.device);
   const double world_peak = peak.flops * world_.size();
   if (writer) {
     RunPlan plan = make_run_plan(o_, *mesh_, peak, flops_tok, step_, ckpt_opts_.dir,
                                  train_data_ ? train_data_->num_tokens() : 0, arena_.stats());
     plan.data_docs = train_data_ ? train_data_->num_docs() : 0;
     try {  // the planner's figures for rank 0 (pipeline rank 0); a layout it does not model gets none
-      const MemoryPlan mp = plan_memory(o_, PlanLayout{mesh_->dp(), mesh_->tp(), mesh_->pp(), mesh_->cp(), mesh_->ep()}, 0);
+      const plan::MemoryPlan mp = plan::plan_memory(o_, mesh_->layout(), 0);
       for (int c = 0; c < kNumMemCategories; c++) plan.expected[size_t(c)] = mp.bytes[size_t(c)];
     } catch (const Error&) {
     }
@@ -131,12 +119,12 @@ void Trainer::run() {
     if (gns_.valid()) totals.set_noise_scale(gns_.b_simple(), double(r.tokens));
     j["grad_norm"] = std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json();
     if (scaler_.enabled()) j["loss_scale"] = scaler_.scale();
-    if (replicas().size() > 1) j["comm_dp"] = comm_json(group_counters(parallel::MeshDim::dp));
-    if (mesh_->tp() > 1) j["comm_tp"] = comm_json(group_counters(parallel::MeshDim::tp));
-    if (mesh_->cp() > 1) j["comm_cp"] = comm_json(group_counters(parallel::MeshDim::cp));  // ring attention
-    if (mesh_->ep() > 1) j["comm_ep"] = comm_json(ep_counters());  // the experts' token all-to-alls
+    if (replicas().size() > 1) j["comm_dp"] = parallel::counters_json(group_counters(parallel::MeshDim::dp));
+    if (mesh_->tp() > 1) j["comm_tp"] = parallel::counters_json(group_counters(parallel::MeshDim::tp));
+    if (mesh_->cp() > 1) j["comm_cp"] = parallel::counters_json(group_counters(parallel::MeshDim::cp));  // ring attention
+    if (mesh_->ep() > 1) j["comm_ep"] = parallel::counters_json(ep_counters());  // the experts' token all-to-alls
     if (pipeline_) {
-      j["comm_pp"] = comm_json(group_counters(parallel::MeshDim::pp));
+      j["comm_pp"] = parallel::counters_json(group_counters(parallel::MeshDim::pp));
       j["pp"] = pipeline_->step_json();  // after comm_pp: its own gather is not the step's traffic
     }
     if (!r.moe.is_null()) j["moe"] = r.moe;

@@ -24,7 +24,7 @@
 namespace mt::testing {
 namespace {
 
-using train::TrainOptions;
+using config::TrainOptions;
 using train::Trainer;
 
 constexpr int kT = 32;  // seq_len: 2 cp chunks of 8 tokens at cp 2, of 4 at cp 4
@@ -40,8 +40,8 @@ struct Layout {
   }
 };
 
-TrainOptions options(const std::string& data, const Layout& l, int batch, int steps) {
-  TrainOptions o = train::parse_train_options(
+config::TrainOptions options(const std::string& data, const Layout& l, int batch, int steps) {
+  config::TrainOptions o = config::parse_train_options(
       {"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
        "model.block_size=" + std::to_string(kT), "seq_len=" + std::to_string(kT), "optim.lr=3e-3",
        "optim.warmup_steps=3", "data.mode=shuffled", "threads=1", "data.prefetch=0", "data.path=" + data,
@@ -153,7 +153,7 @@ TEST(ContextParallel, StateSavedUnderCpResumesUnderOtherLayouts) {
   std::vector<Layout> to = {{.dp = W, .zero = 3, .accum = 2}, {.accum = 2}};
   if (W == 8) to.push_back({.dp = 4, .pp = 2, .accum = 2});  // tp2 x cp2 x pp2 -> pp2 x dp4
   for (const Layout& lo : to) {
-    TrainOptions o = options(data, lo, rows(lo), steps);
+    config::TrainOptions o = options(data, lo, rows(lo), steps);
     o.resume = dir + "/a";
     const bool alone = lo.cp * lo.tp * lo.pp * lo.dp == 1;
     Trainer t(o, alone ? nullptr : &world);

@@ -27,12 +27,12 @@ namespace mt::testing {
 namespace {
 
 namespace fs = std::filesystem;
-using train::TrainOptions;
+using config::TrainOptions;
 using train::Trainer;
 
 
-TrainOptions options(const std::string& data, int batch, int accum, int zero, int dp) {
-  TrainOptions o = train::parse_train_options(
+config::TrainOptions options(const std::string& data, int batch, int accum, int zero, int dp) {
+  config::TrainOptions o = config::parse_train_options(
       {"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
        "model.block_size=16", "seq_len=16", "steps=20", "optim.lr=3e-3", "optim.warmup_steps=3",
        "data.mode=shuffled", "threads=1", "data.prefetch=0", "data.path=" + data});
@@ -51,7 +51,7 @@ TEST(DataParallel, EveryZeroStageMatchesTheSingleRankRun) {
   const int B = 2;
   for (int accum : {1, 2}) {
     // The reference: one rank, the same global batch (D*B rows per micro-batch), every rank alone.
-    TrainOptions ro = options(data, D * B, accum, 0, 1);
+    config::TrainOptions ro = options(data, D * B, accum, 0, 1);
     Trainer ref(ro);
     const Curve want = train_curve(ref, ro.steps);
     for (int zero = 0; zero <= 3; zero++) {
@@ -77,7 +77,7 @@ TEST(DataParallel, NoiseScaleInputIsTheMeanOfEachRanksOwnGradientNorm) {
   // (ZeRO stage, accumulation): stage 2 reduces every micro-batch, so only with one does a rank hold
   // its whole own gradient; stage 3 never does.
   for (const auto& [zero, accum] : std::vector<std::pair<int, int>>{{0, 1}, {0, 2}, {1, 2}, {2, 1}}) {
-    TrainOptions o = options(data, 2, accum, zero, D);
+    config::TrainOptions o = options(data, 2, accum, zero, D);
     o.parallel.embedding_rows = false;  // every parameter in the per-rank norm
     Trainer t(o, &world);
     const int rank = t.mesh().dp_comm().rank();
@@ -110,7 +110,7 @@ TEST(DataParallel, Zero2And3HoldLessMemoryThanZero0) {
   const std::string data = shared_corpus(world);
   size_t state[4] = {}, params[4] = {}, grads[4] = {}, max_unit = 0;
   for (int zero : {0, 2, 3}) {
-    TrainOptions o = options(data, 2, 1, zero, D);
+    config::TrainOptions o = options(data, 2, 1, zero, D);
     o.model.n_layer = 8;  // so that one layer is a small part of the model
     Trainer t(o, &world);
     for (const ParamUnit& u : t.params().units()) max_unit = std::max(max_unit, size_t(u.size()) * 4);
@@ -146,7 +146,7 @@ TEST(DataParallel, CountedCommunicationEqualsTheFormula) {
   const int D = world.size(), r = world.rank();
   const std::string data = shared_corpus(world);
   for (int zero = 0; zero <= 3; zero++) {
-    TrainOptions o = options(data, 2, 1, zero, D);
+    config::TrainOptions o = options(data, 2, 1, zero, D);
     o.parallel.bucket_mb = 1000;  // one bucket: one all-reduce of the whole gradient
     Trainer t(o, &world);
     t.step();
@@ -191,7 +191,7 @@ TEST(DataParallel, StateSavedUnderOneLayoutResumesUnderAnother) {
   const int D = world.size();
   const std::string data = shared_corpus(world);
   // Uninterrupted single-rank reference of the same global batch, on every rank.
-  TrainOptions ro = options(data, 2 * D, 1, 0, 1);
+  config::TrainOptions ro = options(data, 2 * D, 1, 0, 1);
   ro.steps = 10;
   Trainer ref(ro);
   std::vector<double> want;
@@ -201,14 +201,14 @@ TEST(DataParallel, StateSavedUnderOneLayoutResumesUnderAnother) {
   if (world.rank() == 0) std::snprintf(path, sizeof path, "%s/ckpt", make_temp_dir("mt_dp_state").c_str());
   world.broadcast(path, sizeof path / 4, DType::i32, 0);
   {
-    TrainOptions o = options(data, 2, 1, 3, D);
+    config::TrainOptions o = options(data, 2, 1, 3, D);
     o.steps = 10;
     Trainer t(o, &world);
     for (int i = 0; i < 5; i++) t.step();
     t.save_state(path);
   }
   world.barrier();
-  TrainOptions o = options(data, 2, 1, 1, D);
+  config::TrainOptions o = options(data, 2, 1, 1, D);
   o.steps = 10;
   o.resume = path;
   Trainer t(o, &world);
@@ -223,7 +223,7 @@ TEST(DataParallel, StateSavedUnderOneLayoutResumesUnderAnother) {
   const int color = world.rank() < 2 ? 0 : world.rank() - 1;
   std::unique_ptr<parallel::Comm> group = world.split(color, world.rank(), "resume_group");
   const int gd = group->size();
-  TrainOptions go = options(data, 2 * D / gd, 1, color == 0 ? 1 : (color == 1 ? 0 : 3), gd);
+  config::TrainOptions go = options(data, 2 * D / gd, 1, color == 0 ? 1 : (color == 1 ? 0 : 3), gd);
   go.steps = 10;
   go.resume = path;
   Trainer g(go, group.get());
@@ -241,7 +241,7 @@ TEST(DataParallel, ResumeOnFewerRanksKeepsTheGlobalBatch) {
   parallel::Comm& world = mpi_world().comm();
   const int D = world.size();
   const std::string data = shared_corpus(world);
-  TrainOptions ro = options(data, 2 * D, 1, 0, 1);
+  config::TrainOptions ro = options(data, 2 * D, 1, 0, 1);
   ro.steps = 8;
   Trainer ref(ro);
   std::vector<double> want;
@@ -250,7 +250,7 @@ TEST(DataParallel, ResumeOnFewerRanksKeepsTheGlobalBatch) {
   if (world.rank() == 0) std::snprintf(path, sizeof path, "%s/ckpt", make_temp_dir("mt_dp_batch").c_str());
   world.broadcast(path, sizeof path / 4, DType::i32, 0);
   {
-    TrainOptions o = options(data, 2, 1, 1, D);
+    config::TrainOptions o = options(data, 2, 1, 1, D);
     o.steps = 8;
     Trainer t(o, &world);
     for (int i = 0; i < 4; i++) t.step();
@@ -260,7 +260,7 @@ TEST(DataParallel, ResumeOnFewerRanksKeepsTheGlobalBatch) {
   // Rank 0 alone, and the other ranks together: each group resumes with the same batch_size as before.
   std::unique_ptr<parallel::Comm> group = world.split(world.rank() == 0 ? 0 : 1, world.rank(), "fewer");
   const int gd = group->size();
-  TrainOptions go = options(data, 2, 1, 0, gd);
+  config::TrainOptions go = options(data, 2, 1, 0, gd);
   go.steps = 8;
   go.resume = path;
   if ((2 * D) % gd != 0) {
@@ -367,7 +367,7 @@ TEST(DataParallel, SdcCheckNamesTheCorruptedReplica) {
   const int D = world.size();
   if (D < 3) GTEST_SKIP() << "a corrupted replica can only be told apart with at least 3 replicas";
   const std::string data = shared_corpus(world);
-  TrainOptions o = options(data, 2, 1, 0, D);
+  config::TrainOptions o = options(data, 2, 1, 0, D);
   o.parallel.sdc_every = 2;
   o.parallel.sdc_flip_step = 6;
   o.parallel.sdc_flip_rank = D - 1;

@@ -17,11 +17,11 @@
 namespace mt::testing {
 namespace {
 
-using train::TrainOptions;
+using config::TrainOptions;
 using train::Trainer;
 
-TrainOptions options(const std::string& data, int dp, int ep, int zero, double capacity, Device device) {
-  TrainOptions o = train::parse_train_options(
+config::TrainOptions options(const std::string& data, int dp, int ep, int zero, double capacity, Device device) {
+  config::TrainOptions o = config::parse_train_options(
       {"model=tiny-moe", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
        "model.block_size=16", "moe.every=1", "moe.shared=1", "moe.balance=bias", "moe.bias_rate=0.01",
        "seq_len=16", "batch_size=2", "steps=6", "optim.lr=3e-3", "optim.warmup_steps=3", "threads=1",

@@ -7,7 +7,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "moe/ep_exchange.h"
 #include "runtime/safetensors.h"
@@ -18,7 +22,7 @@
 namespace mt::testing {
 namespace {
 
-using train::TrainOptions;
+using config::TrainOptions;
 using train::Trainer;
 
 // The exchange of one routing (token t's experts at expert[t K ...]) of this rank's N tokens.
@@ -102,8 +106,8 @@ std::vector<ParamEntry> model_entries(const model::GPTConfig& cfg) {
   return s.entries();
 }
 
-TrainOptions options(const std::string& data, int batch, int dp, int ep, int zero = 0, double capacity = 0) {
-  TrainOptions o = train::parse_train_options(
+config::TrainOptions options(const std::string& data, int batch, int dp, int ep, int zero = 0, double capacity = 0) {
+  config::TrainOptions o = config::parse_train_options(
       {"model=tiny-moe", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
        "model.block_size=16", "moe.every=1", "moe.shared=1", "moe.balance=bias", "moe.bias_rate=0.01",
        "seq_len=16", "steps=10", "optim.lr=3e-3", "optim.warmup_steps=3", "threads=1", "data.prefetch=0",
@@ -128,7 +132,7 @@ TEST(ExpertParallel, DroplessLayoutsMatchTheSingleRankRunForEveryZeroStage) {
   if (W != 2 && W != 4) GTEST_SKIP();
   const std::string data = shared_corpus(world);
   const int B = 2;
-  const TrainOptions ro = options(data, W * B, 1, 1);
+  const config::TrainOptions ro = options(data, W * B, 1, 1);
   Trainer ref(ro);
   const Curve want = train_curve(ref, ro.steps);
   for (int ep = 2; ep <= W; ep *= 2)
@@ -147,6 +151,41 @@ TEST(ExpertParallel, DroplessLayoutsMatchTheSingleRankRunForEveryZeroStage) {
     }
 }
 
+// The ep group's communicators are in the trainer's one list: its exchanges get a trace lane ("comm
+// ep") and its counters count one step, both on the CPU, where the rows travel on the host communicator.
+TEST(ExpertParallel, TheEpGroupHasATraceLaneAndItsCountersCountOneStep) {
+  parallel::Comm& world = mpi_world().comm();
+  const int W = world.size();
+  if (W != 2 && W != 4) GTEST_SKIP();
+  const std::string data = shared_corpus(world);
+  const std::string dir = std::filesystem::path(data).parent_path().string() + "/ep_trace";  // shared by the ranks
+  config::TrainOptions o = options(data, 2, W, 2, 1);
+  o.out_dir = dir + "/run";
+  o.trace.on = true;
+  o.trace.start = 2;
+  o.trace.steps = 1;
+  Trainer t(o, &world);
+  const std::vector<parallel::Comm*> comms = t.comms();
+  EXPECT_NE(std::find(comms.begin(), comms.end(), &t.mesh().ep_comm()), comms.end());
+  EXPECT_NE(std::find(comms.begin(), comms.end(), &t.mesh().expert_data_comm()), comms.end());
+  t.step();
+  t.step();  // traced
+  const uint64_t calls = t.ep_counters()[parallel::CommOp::all_to_all].calls;
+  EXPECT_EQ(calls, 2u * 5u);  // one step: two mixture layers, counts then rows out and back, forward and backward
+  t.write_trace(dir + "/trace");
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(strfmt("%s/trace/rank_%05d.json", dir.c_str(), world.rank())));
+  int lane = -1;
+  uint64_t spans = 0;
+  for (const nlohmann::json& e : j["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"] == "comm ep") lane = e["tid"].get<int>();
+  ASSERT_GE(lane, 0) << "no 'comm ep' lane in rank " << world.rank() << "'s trace";
+  for (const nlohmann::json& e : j["traceEvents"])
+    if (e["ph"] == "X" && e["tid"] == lane && e["name"] == "all_to_all_v") spans++;
+  EXPECT_EQ(spans, calls);
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+}
+
 // Each rank of an ep group stores its own E/E' experts of every mixture layer and no other (their names
 // keep the global expert index), apart from the dense weights: the expert store's units are sharded
 // over the expert-data group, the model's over dp x cp. Every expert is held by exactly one rank of
@@ -159,7 +198,7 @@ TEST(ExpertParallel, EachRankStoresOnlyItsOwnExperts) {
   const std::string data = shared_corpus(world);
   for (int ep = 2; ep <= W; ep *= 2)
     for (int zero : {0, 3}) {
-      TrainOptions o = options(data, 2, W, ep, zero);
+      config::TrainOptions o = options(data, 2, W, ep, zero);
       o.parallel.sdc_every = 1;  // the replica check compares experts within their expert-data group only
       Trainer t(o, &world);
       t.step();
@@ -196,7 +235,7 @@ TEST(ExpertParallel, CapacityDropsTheSameTokensInEveryLayout) {
   const std::string data = shared_corpus(world);
   const int B = 2, steps = 6;
   auto run = [&](int ep) {
-    TrainOptions o = options(data, B, W, ep, 1, 1.0);
+    config::TrainOptions o = options(data, B, W, ep, 1, 1.0);
     o.steps = steps;
     Trainer t(o, &world);
     std::vector<nlohmann::json> moe;
@@ -238,7 +277,7 @@ TEST(ExpertParallel, StateSavedUnderOneExpertLayoutResumesUnderAnother) {
   if (W != 2 && W != 4) GTEST_SKIP();
   const std::string data = shared_corpus(world);
   const int G = 2 * W, steps = 10;
-  const TrainOptions ro = options(data, G, 1, 1);
+  const config::TrainOptions ro = options(data, G, 1, 1);
   Trainer ref(ro);
   const Curve want = train_curve(ref, steps);
   char root[256] = {};
@@ -279,7 +318,7 @@ TEST(ExpertParallel, StateSavedUnderOneExpertLayoutResumesUnderAnother) {
       }
       world.barrier();
       // And back: init_from the export under the other expert layout imports every rank's own experts.
-      TrainOptions back = options(data, G / W, W, m.from_ep == 2 ? W : 2, 1);
+      config::TrainOptions back = options(data, G / W, W, m.from_ep == 2 ? W : 2, 1);
       back.init_from = at + "/export.safetensors";
       Trainer u(back, &world);
       const std::vector<std::vector<float>> v = u.global_master();
@@ -292,7 +331,7 @@ TEST(ExpertParallel, StateSavedUnderOneExpertLayoutResumesUnderAnother) {
     world.barrier();
     for (int to : m.to_ep) {
       if (to == m.from_ep) continue;
-      TrainOptions o = to == 0 ? options(data, G, 1, 1) : options(data, G / W, W, to, 2);
+      config::TrainOptions o = to == 0 ? options(data, G, 1, 1) : options(data, G / W, W, to, 2);
       o.resume = at;
       Trainer t(o, to == 0 ? nullptr : &world);
       double err = 0;
@@ -319,7 +358,7 @@ TEST(ExpertParallel, PipelineStagesWithMixtureLayersMatchTheSingleRankRun) {
   const std::string data = shared_corpus(world, 20261202);
   const int B = 2, dp = W / 2, ep = W / 2, steps = 10;
   // One schedule for every run here (the resumed one goes 3 steps further).
-  TrainOptions ro = options(data, dp * B, 1, 1);
+  config::TrainOptions ro = options(data, dp * B, 1, 1);
   ro.grad_accum = 2;
   ro.steps = steps + 3;
   Trainer ref(ro);
@@ -330,7 +369,7 @@ TEST(ExpertParallel, PipelineStagesWithMixtureLayersMatchTheSingleRankRun) {
   world.broadcast(root, sizeof root / 4, DType::i32, 0);
   const std::string dir(root);
   for (int zero : {1, 3}) {
-    TrainOptions o = options(data, B, dp, ep, zero);
+    config::TrainOptions o = options(data, B, dp, ep, zero);
     o.parallel.pp = 2;
     o.grad_accum = 2;
     o.steps = steps + 3;
@@ -348,7 +387,7 @@ TEST(ExpertParallel, PipelineStagesWithMixtureLayersMatchTheSingleRankRun) {
   }
   world.barrier();
   // Resumed alone from step 10 for 3 more steps, beside the reference run going on.
-  TrainOptions a = options(data, dp * B, 1, 1);
+  config::TrainOptions a = options(data, dp * B, 1, 1);
   a.grad_accum = 2;
   a.steps = steps + 3;
   a.resume = dir;
@@ -372,7 +411,7 @@ TEST(ExpertParallel, NoiseScaleNormsCountTheDenseWeightsOnceAndLeaveTheExpertsOu
   if (W != 2 && W != 4) GTEST_SKIP();
   const std::string data = shared_corpus(world);
   for (int rows : {0, 1}) {
-    TrainOptions o = options(data, 2, W, 2, 1);
+    config::TrainOptions o = options(data, 2, W, 2, 1);
     o.optim.grad_clip = 0;  // the gradients as reduced
     o.parallel.embedding_rows = rows;
     Trainer t(o, &world);
@@ -404,7 +443,7 @@ TEST(ExpertParallel, AStageWithoutMixtureLayersHoldsNoExperts) {
   if (world.size() != 4) GTEST_SKIP();
   const std::string data = shared_corpus(world);
   const int B = 2, steps = 6;
-  auto with_one_mixture = [&](TrainOptions o) {
+  auto with_one_mixture = [&](config::TrainOptions o) {
     o.model.moe.every = 2;  // layer 1 only
     o.grad_accum = 2;
     o.steps = steps + 2;
@@ -416,7 +455,7 @@ TEST(ExpertParallel, AStageWithoutMixtureLayersHoldsNoExperts) {
   if (world.rank() == 0) std::snprintf(root, sizeof root, "%s", make_temp_dir("mt_ep_stage").c_str());
   world.broadcast(root, sizeof root / 4, DType::i32, 0);
   for (int zero : {0, 3}) {
-    TrainOptions o = with_one_mixture(options(data, B, 2, 2, zero));
+    config::TrainOptions o = with_one_mixture(options(data, B, 2, 2, zero));
     o.parallel.pp = 2;
     Trainer t(o, &world);
     const bool first = t.mesh().coord(parallel::MeshDim::pp) == 0;
@@ -430,7 +469,7 @@ TEST(ExpertParallel, AStageWithoutMixtureLayersHoldsNoExperts) {
     if (zero == 3) t.save_state(root);
   }
   world.barrier();
-  TrainOptions a = with_one_mixture(options(data, 2 * B, 1, 1));
+  config::TrainOptions a = with_one_mixture(options(data, 2 * B, 1, 1));
   a.resume = root;
   Trainer t(a);
   for (int i = 0; i < 2; i++) {
@@ -458,14 +497,14 @@ TEST(ExpertParallel, TensorParallelPairsMatchTheSingleRankRun) {
   // as dp micro-batches of B rows.
   for (const model::MoeBalance balance : {model::MoeBalance::bias, model::MoeBalance::aux}) {
   const bool aux = balance == model::MoeBalance::aux;
-  TrainOptions ro = options(data, aux ? B : dp * B, 1, 1);
+  config::TrainOptions ro = options(data, aux ? B : dp * B, 1, 1);
   if (aux) ro.grad_accum = dp;
   ro.model.moe.balance = balance;
   Trainer ref(ro);
   const Curve want = train_curve(ref, steps);
   const std::vector<float> want_bias = ref.model().moe_bias(1);
   for (int sp : {1, 0}) {
-    TrainOptions o = options(data, B, dp, ep, 1);
+    config::TrainOptions o = options(data, B, dp, ep, 1);
     o.model.moe.balance = balance;
     o.parallel.tp = 2;
     o.parallel.sp = sp;

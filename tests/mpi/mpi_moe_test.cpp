@@ -15,11 +15,11 @@
 namespace mt::testing {
 namespace {
 
-using train::TrainOptions;
+using config::TrainOptions;
 using train::Trainer;
 
-TrainOptions options(const std::string& data, int batch, int zero, int dp) {
-  TrainOptions o = train::parse_train_options(
+config::TrainOptions options(const std::string& data, int batch, int zero, int dp) {
+  config::TrainOptions o = config::parse_train_options(
       {"model=tiny-moe", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
        "model.block_size=16", "moe.every=1", "moe.shared=1", "moe.balance=bias", "moe.bias_rate=0.01",
        "seq_len=16", "steps=12", "optim.lr=3e-3", "optim.warmup_steps=3", "threads=1", "data.prefetch=0",
@@ -35,7 +35,7 @@ TEST(MoeDataParallel, EveryZeroStageMatchesTheSingleRankRunAndKeepsOneBias) {
   const int D = world.size();
   const std::string data = shared_corpus(world);
   const int B = 2;
-  const TrainOptions ro = options(data, D * B, 0, 1);
+  const config::TrainOptions ro = options(data, D * B, 0, 1);
   Trainer ref(ro);
   const Curve want = train_curve(ref, ro.steps);
   const std::vector<float> want_bias = ref.model().moe_bias(1);

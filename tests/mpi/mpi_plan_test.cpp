@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "parallel/mesh.h"
+#include "plan/cost.h"
+#include "plan/memory.h"
 #include "tests/mpi/mpi_train_util.h"
-#include "train/plan_cost.h"
-#include "train/plan_memory.h"
 
 namespace mt::train {
 namespace {
@@ -30,8 +30,8 @@ struct Layout {
   }
 };
 
-TrainOptions options(const std::string& data, const Layout& l) {
-  TrainOptions o = parse_train_options(
+config::TrainOptions options(const std::string& data, const Layout& l) {
+  config::TrainOptions o = config::parse_train_options(
       {"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
        "model.block_size=16", "seq_len=16", "batch_size=2", "threads=1", "data.prefetch=0", "data.path=" + data,
        "dp=" + std::to_string(l.dp), "tp=" + std::to_string(l.tp), "pp=" + std::to_string(l.pp),
@@ -80,15 +80,15 @@ TEST(Plan, PredictionsEqualTheTrainersMeasurements) {
   const std::vector<Layout> ls = layouts(world.size());
   if (ls.empty()) GTEST_SKIP() << "no layout for " << world.size() << " ranks";
   for (const Layout& l : ls) {
-    const TrainOptions o = options(data, l);
+    const config::TrainOptions o = options(data, l);
     Trainer t(o, &world);
     t.step();  // the first step allocates what later steps reuse
     t.arena().reset_peaks();
     t.step();
     const MemStats& m = t.arena().stats();
-    const PlanLayout pl{l.dp, l.tp, l.pp, l.cp};
+    const parallel::MeshLayout pl{.dp = l.dp, .pp = l.pp, .cp = l.cp, .tp = l.tp};
     const int pp_rank = t.mesh().coord(parallel::MeshDim::pp);
-    const MemoryPlan mp = plan_memory(t.options(), pl, pp_rank);
+    const plan::MemoryPlan mp = plan::plan_memory(t.options(), pl, pp_rank);
     const std::string what = l.str() + strfmt(" rank %d", world.rank());
     for (MemCategory c : {MemCategory::params, MemCategory::grads, MemCategory::optimizer}) {
       if (c != MemCategory::grads || l.zero < 2) {
@@ -108,7 +108,7 @@ TEST(Plan, PredictionsEqualTheTrainersMeasurements) {
     const double act = double(m.peak[size_t(MemCategory::activations)]);
     const double pred = double(mp.bytes[size_t(MemCategory::activations)]);
     EXPECT_NEAR(pred, act, 0.05 * act) << what << ": activations";
-    const CommPlan cp = plan_comm(t.options(), pl, pp_rank);
+    const plan::CommPlan cp = plan::plan_comm(t.options(), pl, pp_rank);
     if (l.dp * l.cp > 1) expect_same_counters(t.group_counters(parallel::MeshDim::dp), cp.dp, what + " dp");
     if (l.tp > 1) expect_same_counters(t.group_counters(parallel::MeshDim::tp), cp.tp, what + " tp");
     if (l.cp > 1) expect_same_counters(t.group_counters(parallel::MeshDim::cp), cp.cp, what + " cp");
@@ -134,7 +134,7 @@ TEST(Plan, ExpertParallelModelStateEqualsTheTrainers) {
   for (int zero = 0; zero <= 3; zero++) {
     uint64_t params_ep1 = 0;
     for (int ep = 1; ep <= W; ep *= 2) {
-      const TrainOptions o = parse_train_options(
+      const config::TrainOptions o = config::parse_train_options(
           {"model=tiny-moe", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
            "model.block_size=16", "moe.every=1", "moe.shared=1", "seq_len=16", "batch_size=2", "threads=1",
            "data.prefetch=0", "data.path=" + data, "dp=" + std::to_string(W), "ep=" + std::to_string(ep),
@@ -144,7 +144,7 @@ TEST(Plan, ExpertParallelModelStateEqualsTheTrainers) {
       t.arena().reset_peaks();
       t.step();
       const MemStats& m = t.arena().stats();
-      const MemoryPlan mp = plan_memory(t.options(), PlanLayout{W, 1, 1, 1, ep}, 0);
+      const plan::MemoryPlan mp = plan::plan_memory(t.options(), parallel::MeshLayout{.dp = W, .ep = ep}, 0);
       const std::string what = strfmt("dp=%d ep=%d zero=%d rank %d", W, ep, zero, world.rank());
       EXPECT_EQ(mp.bytes[size_t(MemCategory::params)], m.peak[size_t(MemCategory::params)]) << what << ": params";
       EXPECT_EQ(mp.bytes[size_t(MemCategory::optimizer)], m.peak[size_t(MemCategory::optimizer)]) << what << ": optimizer";
@@ -158,14 +158,14 @@ TEST(Plan, ExpertParallelModelStateEqualsTheTrainers) {
         EXPECT_LE(g, mp.grads_bound) << what;
       }
       // The dp group's bytes: the dense weights' over dp x cp and the experts' over the expert-data group.
-      expect_same_counters(t.group_counters(parallel::MeshDim::dp), plan_comm(t.options(), PlanLayout{W, 1, 1, 1, ep}, 0, t.mesh().coord(parallel::MeshDim::dp)).dp,
+      expect_same_counters(t.group_counters(parallel::MeshDim::dp), plan::plan_comm(t.options(), parallel::MeshLayout{.dp = W, .ep = ep}, 0, t.mesh().coord(parallel::MeshDim::dp)).dp,
                            what + " dp");
       if (ep > 1) {
         // The ep group's token exchange: its calls and the norm scalar exactly; its bytes follow the
         // routing, which the plan takes as balanced (a missing direction, pass or factor of the row
         // width would land outside the half to one and a half kept here).
         const parallel::CommCounters got = t.ep_counters();
-        const parallel::CommCounters want = plan_comm(t.options(), PlanLayout{W, 1, 1, 1, ep}, 0).ep;
+        const parallel::CommCounters want = plan::plan_comm(t.options(), parallel::MeshLayout{.dp = W, .ep = ep}, 0).ep;
         const auto a2a = parallel::CommOp::all_to_all, ag = parallel::CommOp::all_gather;
         EXPECT_EQ(got[a2a].calls, want[a2a].calls) << what << ": ep all_to_all calls";
         EXPECT_EQ(got[ag].calls, want[ag].calls) << what << ": ep scalars";

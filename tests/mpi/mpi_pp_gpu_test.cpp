@@ -19,7 +19,7 @@
 namespace mt::testing {
 namespace {
 
-using train::TrainOptions;
+using config::TrainOptions;
 using train::Trainer;
 
 struct Layout {
@@ -31,8 +31,8 @@ struct Layout {
   }
 };
 
-TrainOptions options(const std::string& data, const Layout& l, int steps, Device device) {
-  TrainOptions o = train::parse_train_options(
+config::TrainOptions options(const std::string& data, const Layout& l, int steps, Device device) {
+  config::TrainOptions o = config::parse_train_options(
       {"model=tiny", "model.vocab_size=64", "model.n_layer=4", "model.n_embd=32", "model.n_head=4",
        "model.block_size=16", "seq_len=16", "batch_size=2", "optim.lr=3e-3", "optim.warmup_steps=3",
        "optim.eps=1e-6", "data.mode=shuffled", "threads=1", "data.prefetch=0", "data.path=" + data,
@@ -84,7 +84,7 @@ TEST(PipelineParallelGpu, MetricsLogTheBubbleFromDeviceTimes) {
   if (world.rank() == 0) std::snprintf(root, sizeof root, "%s", make_temp_dir("mt_pp_gpu_metrics").c_str());
   world.broadcast(root, sizeof root / 4, DType::i32, 0);
   const int steps = 3, accum = 4;
-  TrainOptions o = options(data, Layout{.pp = W, .accum = accum}, steps, Device::cuda);
+  config::TrainOptions o = options(data, Layout{.pp = W, .accum = accum}, steps, Device::cuda);
   o.out_dir = std::string(root) + "/run";
   Trainer(o, &world, world.rank()).run();
   if (world.rank() != 0) return;

@@ -23,7 +23,7 @@
 namespace mt::testing {
 namespace {
 
-using train::TrainOptions;
+using config::TrainOptions;
 using train::HostBatch;
 using train::Trainer;
 
@@ -42,7 +42,7 @@ struct Layout {
   }
 };
 
-TrainOptions options(const std::string& data, const Layout& l, int batch, int steps) {
+config::TrainOptions options(const std::string& data, const Layout& l, int batch, int steps) {
   std::vector<std::string> a = {
       "model=tiny", "model.vocab_size=64", "model.n_layer=4", "model.n_embd=32", "model.n_head=4",
       "model.block_size=16", "seq_len=16", "optim.lr=3e-3", "optim.warmup_steps=3", "data.mode=shuffled",
@@ -59,7 +59,7 @@ TrainOptions options(const std::string& data, const Layout& l, int batch, int st
     a.push_back("pp.virtual=" + std::to_string(l.virt));
     if (*l.layers) a.push_back(std::string("pp.layers=") + l.layers);
   }
-  TrainOptions o = train::parse_train_options(a);
+  config::TrainOptions o = config::parse_train_options(a);
   o.batch_size = batch;
   o.parallel.zero = l.zero;
   o.parallel.bucket_mb = 0.01;
@@ -155,7 +155,7 @@ TEST(PipelineParallel, FirstStepGradientsAreBitwiseTheSingleRanks) {
   if (W == 2) ls.push_back({.pp = W, .virt = 2, .schedule = "interleaved"});
   std::vector<std::string> names;  // of the single rank's entries: the whole model's, in order
   auto first_grads = [&](const Layout& l, parallel::Comm* comm) {
-    TrainOptions o = options(data, l, 2, 1);
+    config::TrainOptions o = options(data, l, 2, 1);
     o.optim.grad_clip = 0;
     Trainer t(o, comm);
     t.step();
@@ -219,7 +219,7 @@ TEST(PipelineParallel, MetricsLogTheMeasuredBubbleAndPipelineBytes) {
   if (world.rank() == 0) std::snprintf(root, sizeof root, "%s", make_temp_dir("mt_pp_metrics").c_str());
   world.broadcast(root, sizeof root / 4, DType::i32, 0);
   const int steps = 3, B = 2, accum = 4;
-  TrainOptions o = options(data, Layout{.pp = W, .accum = accum, .schedule = "1f1b"}, B, steps);
+  config::TrainOptions o = options(data, Layout{.pp = W, .accum = accum, .schedule = "1f1b"}, B, steps);
   o.out_dir = std::string(root) + "/run";
   o.peak_flops = 1e11;
   Trainer(o, &world).run();
@@ -264,7 +264,7 @@ TEST(PipelineParallel, PairedExchangesGiveTheBitsOfPostingAhead) {
                             {.pp = W, .accum = 3, .schedule = "zb1", .recompute = "full"}};
   if (W == 4) ls.push_back({.pp = 2, .dp = 2, .zero = 1, .schedule = "1f1b"});
   for (const Layout& l : ls) {
-    TrainOptions ahead = options(data, l, 2, steps), paired = ahead;
+    config::TrainOptions ahead = options(data, l, 2, steps), paired = ahead;
     ahead.parallel.pp_exchange = "ahead";
     paired.parallel.pp_exchange = "paired";
     Trainer ta(ahead, &world);
@@ -289,7 +289,7 @@ TEST(PipelineParallel, FirstLossAndEvaluationAreTheSingleRanks) {
   const int W = world.size();
   const std::string data = shared_corpus(world);
   Layout l{.pp = W, .schedule = "1f1b"};
-  TrainOptions ro = options(data, Layout{}, 2, 2), po = options(data, l, 2, 2);
+  config::TrainOptions ro = options(data, Layout{}, 2, 2), po = options(data, l, 2, 2);
   ro.eval_every = po.eval_every = 1;
   ro.eval_batches = po.eval_batches = 2;
   ro.data.val_path = po.data.val_path = data;
@@ -326,7 +326,7 @@ TEST(PipelineParallel, CheckpointStoresEachTensorOnceAndResumesOnOneRank) {
     for (const checkpoint::TensorInfo& ti : r.tensors()) total += ti.numel();
     EXPECT_EQ(stored, total) << "a tensor stored more than once, or not at all";
   }
-  TrainOptions o = options(data, Layout{}, 2, steps);
+  config::TrainOptions o = options(data, Layout{}, 2, steps);
   o.resume = dir + "/a";
   Trainer t(o);
   double err = 0;
@@ -365,7 +365,7 @@ TEST(PipelineParallel, ResumesAcrossPipelineLayouts) {
   const std::vector<std::pair<Layout, std::string>> chain = {{pp4, "pp1"}, {pp2, "pp4"}};
   for (size_t k = 0; k < chain.size(); k++) {
     const auto& [l, from] = chain[k];
-    TrainOptions o = options(data, l, B / l.dp, steps);
+    config::TrainOptions o = options(data, l, B / l.dp, steps);
     o.resume = dir + "/" + from;
     Trainer t(o, &world);
     for (int i = 0; i < 3; i++) got.push_back(t.step().loss);
@@ -395,7 +395,7 @@ TEST(PipelineParallel, NoiseScaleCoversEveryParameterButTheTiedEmbedding) {
   if (ls.empty()) GTEST_SKIP() << "pp2 x dp2 (x tp2) only";
   const std::string data = shared_corpus(world);
   for (const Layout& l : ls) {
-    const TrainOptions o = options(data, l, 2, 1);
+    const config::TrainOptions o = options(data, l, 2, 1);
     Trainer t(o, &world);
     const int D = l.dp;
     WholeModel whole(o);

@@ -29,7 +29,7 @@
 namespace mt::testing {
 namespace {
 
-using train::TrainOptions;
+using config::TrainOptions;
 using train::Trainer;
 
 
@@ -48,8 +48,8 @@ struct Layout {
   }
 };
 
-TrainOptions options(const std::string& data, const Layout& l, int batch, int steps) {
-  TrainOptions o = train::parse_train_options(
+config::TrainOptions options(const std::string& data, const Layout& l, int batch, int steps) {
+  config::TrainOptions o = config::parse_train_options(
       {"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
        "model.block_size=16", "seq_len=16", "optim.lr=3e-3", "optim.warmup_steps=3", "data.mode=shuffled",
        "threads=1", "data.prefetch=0", "data.path=" + data, "parallel.tp=" + std::to_string(l.tp),
@@ -147,7 +147,7 @@ TEST(TensorParallel, OnGpusMatchesTheCpuRun) {
     Layout l{.tp = W, .dp = 1, .attention = attention};
     Trainer cpu(options(data, l, 2, steps), &world);
     const Curve want = train_curve(cpu, steps);
-    TrainOptions o = options(data, l, 2, steps);
+    config::TrainOptions o = options(data, l, 2, steps);
     o.device = Device::cuda;
     Trainer gpu(o, &world, world.rank());
     const Curve got = train_curve(gpu, steps);
@@ -169,7 +169,7 @@ TEST(TensorParallel, NoiseScaleEqualsTheDataParallelRuns) {
   // The dp=2 reference on ranks 0-1 and, independently, on ranks 2-3, over the same parameters (the
   // embeddings too: not reduced as rows, which would leave them out of its per-rank norm).
   std::unique_ptr<parallel::Comm> pair = world.split(world.rank() / 2, world.rank(), "pair");
-  TrainOptions ro = options(data, Layout{.tp = 1, .dp = 2}, 2, 6);
+  config::TrainOptions ro = options(data, Layout{.tp = 1, .dp = 2}, 2, 6);
   ro.parallel.embedding_rows = false;
   Trainer ref(ro, pair.get());
   Trainer t(options(data, Layout{.tp = 2, .dp = 2}, 2, 6), &world);
@@ -303,7 +303,7 @@ TEST(TensorParallel, StateSavedUnderOneLayoutResumesUnderAnother) {
   // Resume under each layout the world holds, and alone on every rank (tp = dp = 1).
   std::vector<Layout> to = {{.tp = 1, .dp = W, .zero = 3}, {.tp = W, .dp = 1}, {.tp = 1, .dp = 1}};
   for (const Layout& l : to) {
-    TrainOptions o = options(data, l, G / l.dp, steps);
+    config::TrainOptions o = options(data, l, G / l.dp, steps);
     o.resume = dir + "/a";
     const bool alone = l.tp * l.dp == 1;
     Trainer t(o, alone ? nullptr : &world);
@@ -320,7 +320,7 @@ TEST(TensorParallel, StateSavedUnderOneLayoutResumesUnderAnother) {
   }
   world.barrier();
   {
-    TrainOptions o = options(data, Layout{.tp = W, .dp = 1, .zero = 1}, G, steps);
+    config::TrainOptions o = options(data, Layout{.tp = W, .dp = 1, .zero = 1}, G, steps);
     o.resume = dir + "/c";
     Trainer t(o, &world);
     double err = 0;
@@ -330,7 +330,7 @@ TEST(TensorParallel, StateSavedUnderOneLayoutResumesUnderAnother) {
   }
   // Through another layout and back out: saved again at once under tp = W, the state is unchanged.
   {
-    TrainOptions o = options(data, Layout{.tp = W, .dp = 1}, G, steps);
+    config::TrainOptions o = options(data, Layout{.tp = W, .dp = 1}, G, steps);
     o.resume = dir + "/a";
     Trainer t(o, &world);
     t.save_state(dir + "/b");

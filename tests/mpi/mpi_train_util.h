@@ -83,7 +83,7 @@ inline bool tied_copies_equal(train::Trainer& t) {
 // A whole model apart from any trainer, with a run's initial weights (fp32, host memory): the
 // reference the per-rank gradient tests run a rank's micro-batches through.
 struct WholeModel {
-  explicit WholeModel(const train::TrainOptions& o) : gpt(o.model, store) {
+  explicit WholeModel(const config::TrainOptions& o) : gpt(o.model, store) {
     store.finalize(arena, DType::f32);
     gpt.init_weights(o.seed);
     gpt.set_arena(&arena);

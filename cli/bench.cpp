@@ -1,0 +1,210 @@
+#include "cli/bench.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/calibrate.h"
+#include "runtime/check.h"
+#include "train/run_summary.h"
+#include "train/trainer.h"
+#ifdef MT_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+namespace mt::cli {
+namespace {
+
+std::string flop_rate(double flops, double seconds) {
+  if (flops <= 0 || seconds <= 0) return "-";
+  const double r = flops / seconds;
+  return r >= 1e12 ? strfmt("%.1f TFLOP/s", r / 1e12) : strfmt("%.1f GFLOP/s", r / 1e9);
+}
+
+// The least time an op can take on a device with these peaks: its FLOPs at the FLOP peak or its
+// least memory traffic at the bandwidth, whichever is longer (the roofline). 0 when unknown.
+double roofline_seconds(const ops::OpTotal& t, const plan::Peak& peak) {
+  if (peak.bytes_per_s <= 0) return 0;
+  return std::max(peak.flops > 0 ? t.flops / peak.flops : 0.0, t.bytes / peak.bytes_per_s);
+}
+
+// Where the measured steps' time went, op by op (profile_ops=1), the most expensive first. On a GPU
+// the op times are the device's, and "of roofline" is the roofline time over the measured time: how
+// close the op came to the device's FLOP peak or memory bandwidth, whichever bounds it. The last row
+// is what no op accounts for (host work, communication, waiting).
+void print_op_table(ops::OpTimer& timer, double step_seconds, int steps, const plan::Peak& peak) {
+  std::vector<ops::OpTotal> ts = timer.totals();
+  std::sort(ts.begin(), ts.end(), [](const ops::OpTotal& a, const ops::OpTotal& b) { return a.seconds > b.seconds; });
+  double in_ops = 0;
+  for (const ops::OpTotal& t : ts) in_ops += t.seconds;
+  std::printf("\n| %-22s | calls/step | ms/step | share of step | rate | memory | of roofline |\n",
+              "op (profile_ops=1)");
+  std::printf("|------------------------|-----------:|--------:|--------------:|------|-------:|------------:|\n");
+  for (const ops::OpTotal& t : ts) {
+    const double roof = roofline_seconds(t, peak);
+    std::printf("| %-22s | %10.1f | %7.2f | %12.1f%% | %s | %s | %s |\n", t.op.c_str(), double(t.calls) / steps,
+                1e3 * t.seconds / steps, 100.0 * t.seconds / steps / step_seconds,
+                flop_rate(t.flops, t.seconds).c_str(),
+                t.seconds > 0 ? strfmt("%.0f GB/s", t.bytes / t.seconds / 1e9).c_str() : "-",
+                roof > 0 && t.seconds > 0 ? strfmt("%.0f%%", 100.0 * roof / t.seconds).c_str() : "-");
+  }
+  const double rest = step_seconds - in_ops / steps;
+  std::printf("| %-22s | %10s | %7.2f | %12.1f%% | %s | %s | %s |\n", "(outside the ops)", "", 1e3 * rest,
+              100.0 * rest / step_seconds, "-", "-", "-");
+  if (peak.bytes_per_s > 0)
+    std::printf("(roofline: %.0f TFLOP/s, %.2f TB/s; memory = least bytes moved / time)\n", peak.flops / 1e12,
+                peak.bytes_per_s / 1e12);
+}
+
+}  // namespace
+
+int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int local_rank) {
+  if (std::find(args.begin(), args.end(), "--calibrate") != args.end()) {
+    MT_CHECK(world != nullptr, "bench --calibrate needs the world communicator");
+    return calibrate_main(args, *world, local_rank);
+  }
+  int warmup = kBenchWarmup;
+  std::vector<std::string> rest;
+  bool has_data = false, has_steps = false;
+  for (const std::string& a : args) {
+    if (a.rfind("warmup=", 0) == 0) {
+      warmup = config::parse_int("warmup", a.substr(7));
+      if (warmup < 0) fail("warmup must not be negative");
+      continue;
+    }
+    has_data |= a.rfind("data.path=", 0) == 0 || a == "--data";
+    has_steps |= a.rfind("steps=", 0) == 0 || a == "--steps";
+    rest.push_back(a);
+  }
+  if (!has_data) rest.push_back("data.path=synthetic");
+  if (!has_steps) rest.push_back(strfmt("steps=%d", kBenchSteps));
+  config::TrainOptions o = config::parse_train_options(rest);
+  const int measured = o.steps;
+  o.steps = measured + warmup;
+  o.optim.warmup_steps = 0;
+  train::Trainer tr(o, world, local_rank);
+  const bool print = !world || world->rank() == 0;
+  const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+  const plan::Peak peak = train::run_peak(o, threads);
+  std::vector<train::StepResult> rs;
+  for (int i = 0; i < o.steps; i++) {
+    if (i == warmup) {
+      tr.arena().reset_peaks();
+      if (ops::OpTimer* t = tr.op_timer()) t->reset();
+    }
+    train::StepResult r = tr.step();
+    if (i >= warmup) rs.push_back(r);
+    if (print)
+      std::fprintf(stderr, "bench: step %d/%d %.3f s%s\n", i + 1, o.steps, r.t_total, i < warmup ? " (warm-up)" : "");
+  }
+  // Bytes each group sent in the last step (before the blocking measurement below adds its own).
+  // The gradient group: dp, or cp x dp under context parallelism (its replicas reduce together).
+  const parallel::Mesh& mesh = tr.mesh();
+  parallel::Comm& dp = mesh.cp() > 1 ? mesh.cp_dp_comm() : mesh.dp_comm();
+  const char* dp_name = mesh.cp() > 1 ? "cp x dp" : "dp";
+  const parallel::CommCounters dp_bytes = tr.group_counters(parallel::MeshDim::dp);
+  const parallel::CommCounters tp_bytes = tr.group_counters(parallel::MeshDim::tp);
+  const parallel::CommCounters pp_bytes = tr.group_counters(parallel::MeshDim::pp);
+  const parallel::CommCounters cp_bytes = tr.group_counters(parallel::MeshDim::cp);
+  const parallel::CommCounters ep_bytes = tr.ep_counters();
+  // Without overlap: the same gradient reduction, blocking, after everything else has finished.
+  std::vector<double> waits, blocking;
+  for (const train::StepResult& r : rs) waits.push_back(r.t_grad_wait);
+  if (dp.size() > 1) {
+    std::vector<float> g(static_cast<size_t>(tr.params().total_numel()), 1.f);
+    for (int i = 0; i < 3; i++) {
+      dp.barrier();
+      auto t0 = std::chrono::steady_clock::now();
+      if (o.parallel.zero >= 2)
+        dp.reduce_scatter(g.data(), g.data() + size_t(dp.rank()) * (g.size() / size_t(dp.size())),
+                          g.size() / size_t(dp.size()), DType::f32, parallel::ReduceOp::sum);
+      else
+        dp.all_reduce(g.data(), g.size(), DType::f32, parallel::ReduceOp::sum);
+      blocking.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  if (!print) return 0;
+  std::vector<double> totals;
+  train::StepResult sum;
+  for (const train::StepResult& r : rs) {
+    totals.push_back(r.t_total);
+    sum.t_data += r.t_data;
+    sum.t_forward += r.t_forward;
+    sum.t_backward += r.t_backward;
+    sum.t_optimizer += r.t_optimizer;
+    sum.t_total += r.t_total;
+  }
+  std::sort(totals.begin(), totals.end());
+  const size_t n = totals.size();
+  const double median = n % 2 ? totals[n / 2] : 0.5 * (totals[n / 2 - 1] + totals[n / 2]);
+  const long tokens = rs[0].tokens;
+  const double tok_s = double(tokens) / median;
+  const double world_peak = peak.flops * (world ? world->size() : 1);
+  const double mfu = tok_s * o.model.flops_per_token(o.seq_len) / world_peak;
+  const double hfu = tok_s * model::hardware_flops_per_token(o.model, o.seq_len, o.recompute, o.attention_kind(), o.device) / world_peak;
+  const MemStats& m = tr.arena().stats();
+  auto pct = [&](double x) { return 100.0 * x / sum.t_total; };
+  std::printf("| %-22s | %s |\n", "minitrain bench", "value");
+  std::printf("|------------------------|-------|\n");
+  std::printf("| %-22s | %s (%.2fM params) |\n", "model", o.model_preset.c_str(), o.model.num_params() / 1e6);
+  std::printf("| %-22s | B=%d T=%d accum=%d %s recompute=%s attention=%s threads=%d |\n", "config", o.batch_size,
+              o.seq_len, o.grad_accum, dtype_name(o.precision), model::recompute_name(o.recompute),
+              model::attention_name(o.attention_kind()), threads);
+  std::printf("| %-22s | %s, sp %s, zero %d (world %d) |\n", "layout",
+              parallel::layout_name(mesh.layout()).c_str(), o.sequence_parallel() ? "on" : "off",
+              o.parallel.zero, world ? world->size() : 1);
+  std::printf("| %-22s | %.1f |\n", "tokens/s (median)", tok_s);
+  std::printf("| %-22s | %.1f |\n", "ms/step (median)", 1e3 * median);
+  std::printf("| %-22s | %.1f%% |\n", "MFU", 100 * mfu);
+  std::printf("| %-22s | %.1f%% |\n", "HFU", 100 * hfu);
+  std::printf("| %-22s | %.1f GFLOP/s (%s) |\n", "peak", peak.flops / 1e9, peak.label.c_str());
+  std::printf("| %-22s | data %.1f%%, forward %.1f%%, backward %.1f%%, optimizer %.1f%% |\n", "time split",
+              pct(sum.t_data), pct(sum.t_forward), pct(sum.t_backward), pct(sum.t_optimizer));
+  for (int c = 0; c < kNumMemCategories; c++)
+    if (m.peak[size_t(c)])
+      std::printf("| %-22s | %s |\n", (std::string("peak mem ") + mem_category_name(MemCategory(c))).c_str(),
+                  format_bytes(m.peak[size_t(c)]).c_str());
+  std::printf("| %-22s | %s |\n", "peak mem total", format_bytes(m.peak_total).c_str());
+#ifdef MT_HAVE_CUDA
+  if (o.device == Device::cuda) {
+    // The arena counts what the run asked for; the driver's figure adds the CUDA context, cuBLASLt's
+    // workspace and the blocks the stream-ordered pool keeps cached after the peak.
+    const cuda::DeviceMemoryInfo dm = cuda::device_memory_info();
+    std::printf("| %-22s | %s of %s (cudaMemGetInfo after the run) |\n", "device mem in use",
+                format_bytes(dm.used).c_str(), format_bytes(dm.total).c_str());
+  }
+#endif
+  // Bytes this rank sent per step, per group and collective (parallel/comm.h's sent_bytes).
+  auto bytes_row = [](const char* group, const parallel::CommCounters& c) {
+    std::string cells;
+    for (int op = 0; op < parallel::kNumCommOps; op++) {
+      const parallel::CommOpCount& k = c[parallel::CommOp(op)];
+      if (k.calls)
+        cells += strfmt("%s%s %s (%llu calls)", cells.empty() ? "" : ", ", parallel::comm_op_name(parallel::CommOp(op)),
+                        format_bytes(k.sent_bytes).c_str(), (unsigned long long)k.calls);
+    }
+    std::printf("| %-22s | %s |\n", (std::string("bytes/step/rank ") + group).c_str(), cells.empty() ? "0" : cells.c_str());
+  };
+  if (dp.size() > 1) bytes_row(dp_name, dp_bytes);
+  if (mesh.tp() > 1) bytes_row("tp", tp_bytes);
+  if (mesh.pp() > 1) bytes_row("pp", pp_bytes);
+  if (mesh.cp() > 1) bytes_row("cp", cp_bytes);  // ring attention
+  if (mesh.ep() > 1) bytes_row("ep", ep_bytes);  // the mixture layers' token all-to-alls
+  if (dp.size() > 1) {
+    std::sort(waits.begin(), waits.end());
+    std::sort(blocking.begin(), blocking.end());
+    std::printf("| %-22s | %s=%d zero=%d: %.1f ms exposed after backward (median) |\n", "grad comm wait", dp_name,
+                dp.size(), o.parallel.zero, 1e3 * waits[waits.size() / 2]);
+    std::printf("| %-22s | %.1f ms for the same reduction with nothing to overlap (median of 3) |\n",
+                "grad comm blocking", 1e3 * blocking[1]);
+  }
+  if (ops::OpTimer* t = tr.op_timer()) print_op_table(*t, sum.t_total / double(n), int(n), peak);
+  if (o.trace.on) tr.write_trace(o.out_dir + "/trace");  // the bench's steps are counted as the trainer's
+  return 0;
+}
+
+}  // namespace mt::cli

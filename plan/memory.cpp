@@ -1,0 +1,419 @@
+#include "plan/memory.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "config/layout_rules.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_sim.h"
+#include "runtime/check.h"
+
+namespace mt::plan {
+namespace {
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// One unit's flat length: entries 16-element aligned, the unit a multiple of 16 x D (param_store.cpp).
+int64_t padded_unit(const std::vector<int64_t>& entries, int D) {
+  int64_t n = 0;
+  for (int64_t e : entries) n += round_up(e, 16);
+  const int64_t align = 16 * int64_t(D);
+  return n == 0 ? align : round_up(n, align);
+}
+
+// The units of a stage, as model/gpt.cpp registers them: the model's store, and under expert
+// parallelism (ep > 1, a mixture model) the store of the routed experts held apart, one unit per
+// mixture layer, padded for and sharded over the expert-data group (D / ep ranks).
+struct StageUnits {
+  std::vector<int64_t> size;   // padded elements
+  std::vector<int64_t> xsize;  // the expert store's units
+  int emb = -1, pos = -1, fin = -1;
+  std::vector<int> layers;     // unit of each of the stage's layers, in order
+  std::vector<int> xlayers;    // each layer's expert-store unit (-1: none)
+  bool first = true, last = true;
+};
+
+bool experts_apart(const config::TrainOptions& o, const parallel::MeshLayout& l) { return l.ep > 1 && o.model.moe.enabled(); }
+
+StageUnits stage_units(const config::TrainOptions& o, const parallel::MeshLayout& l, int pp_rank) {
+  const model::GPTConfig& m = o.model;
+  const model::StagePlan plan = l.pp > 1 ? config::stage_plan(o, pp_rank) : model::StagePlan::whole(m.n_layer);
+  const int64_t C = m.n_embd, Vp = m.padded_vocab(), P = l.tp;
+  const int D = l.dp * l.cp;
+  StageUnits s;
+  s.first = plan.first;
+  s.last = plan.last;
+  const bool tied_pair = plan.first != plan.last;
+  if (plan.first || plan.last) {
+    s.emb = int(s.size.size());
+    std::vector<int64_t> e = {Vp / P * C};
+    if (plan.first && !tied_pair) e.push_back(int64_t(m.block_size) * C);
+    s.size.push_back(padded_unit(e, D));
+  }
+  if (plan.first && tied_pair) {
+    s.pos = int(s.size.size());
+    s.size.push_back(padded_unit({int64_t(m.block_size) * C}, D));
+  } else {
+    s.pos = s.emb;
+  }
+  for (const model::StagePlan::Chunk& k : plan.chunks)
+    for (int layer = k.begin; layer < k.end; layer++) {
+      std::vector<int64_t> e = {C, C, 3 * C / P * C, 3 * C / P, C * C / P, C, C, C};
+      const std::vector<int64_t> mlp = {4 * C * C, 4 * C, 4 * C * C, C};
+      int xunit = -1;
+      if (m.is_moe_layer(layer)) {
+        e.push_back(int64_t(m.moe.experts) * C);
+        const bool apart = experts_apart(o, l);
+        for (int x = 0; x < m.moe.shared + (apart ? 0 : m.moe.experts); x++) e.insert(e.end(), mlp.begin(), mlp.end());
+        if (apart) {
+          std::vector<int64_t> x;
+          for (int k = 0; k < m.moe.experts / l.ep; k++) x.insert(x.end(), mlp.begin(), mlp.end());
+          xunit = int(s.xsize.size());
+          s.xsize.push_back(padded_unit(x, D / l.ep));
+        }
+      } else {
+        e.insert(e.end(), {4 * C / P * C, 4 * C / P, C * 4 * C / P, C});
+      }
+      s.layers.push_back(int(s.size.size()));
+      s.xlayers.push_back(xunit);
+      s.size.push_back(padded_unit(e, D));
+    }
+  if (plan.last) {
+    s.fin = int(s.size.size());
+    s.size.push_back(padded_unit({C, C}, D));
+  }
+  return s;
+}
+
+// What the data-parallel engine does with the units during one micro-batch (parallel/data_parallel.cpp):
+// acquire (with or without a gradient buffer), release, gradient ready; replayed to find the peak of
+// the per-unit buffers of ZeRO 2-3.
+// engine 0: the model's store (data parallelism over dp x cp); 1: the experts held apart (over the
+// expert-data group). A layer's expert unit is acquired after the layer's, released before it and
+// reported ready after it (model/gpt.h acquire_layer).
+struct UnitEvent {
+  enum Kind { acquire, release, ready } kind;
+  int unit;
+  bool grads = false;
+  int engine = 0;
+};
+
+std::vector<UnitEvent> micro_events(const StageUnits& s, bool emb_rows) {
+  std::vector<UnitEvent> ev;
+  auto A = [&](int u, bool g) { ev.push_back({UnitEvent::acquire, u, g}); };
+  auto R = [&](int u) { ev.push_back({UnitEvent::release, u}); };
+  auto G = [&](int u) { ev.push_back({UnitEvent::ready, u}); };
+  auto layer = [&](size_t i, bool g, bool ready) {
+    const int u = s.layers[i], x = s.xlayers[i];
+    A(u, g);
+    if (x >= 0) ev.push_back({UnitEvent::acquire, x, g, 1}), ev.push_back({UnitEvent::release, x, false, 1});
+    R(u);
+    if (!ready) return;
+    G(u);
+    if (x >= 0) ev.push_back({UnitEvent::ready, x, false, 1});
+  };
+  if (s.first) {
+    A(s.emb, false);
+    if (s.pos != s.emb) A(s.pos, false), R(s.pos);
+    R(s.emb);
+  }
+  for (size_t i = 0; i < s.layers.size(); i++) layer(i, false, false);
+  if (s.last) {
+    A(s.fin, false), R(s.fin);
+    A(s.emb, true), R(s.emb);
+    if (emb_rows || !s.first) G(s.emb);
+    A(s.fin, true), R(s.fin), G(s.fin);
+  }
+  for (size_t i = s.layers.size(); i-- > 0;) layer(i, true, true);
+  if (s.first && !emb_rows) {
+    A(s.emb, true);
+    if (s.pos != s.emb) A(s.pos, true), R(s.pos), G(s.pos);
+    R(s.emb), G(s.emb);
+  }
+  return ev;
+}
+
+constexpr size_t kMaxReductionsInFlight = 2;  // parallel/data_parallel.cpp
+constexpr uint64_t kStepScalarsBytes = 24;    // Trainer::StepScalars: two doubles and a float
+constexpr int kCpuClassifierRows = 256;       // model/gpt_forward.cpp
+constexpr double kDeviceLogitsBytes = double(1 << 30);
+
+// Replays the unit events of `micros` micro-batches; returns the peaks of the transient gathered
+// parameters (ZeRO-3), unit gradient buffers and reduce-scatter chunks (ZeRO 2-3).
+struct Transients {
+  uint64_t params = 0, grads = 0, comm = 0;
+  std::vector<int> gathers;   // ZeRO-3: all-gathers of each unit (the model's store)
+  std::vector<int> xgathers;  // the same for the expert store's units
+};
+
+// When the reductions complete: by the next poll (instant), while the next unit's backward runs (the
+// plan's figure), or only when the bound of two in flight forces a wait (bound).
+enum class Progress { instant, next_unit, bound };
+
+Transients replay(const StageUnits& s, int zero, int D, int ep, size_t cb, bool emb_rows, int micros,
+                  Progress progress = Progress::next_unit) {
+  Transients peak;
+  peak.gathers.assign(s.size.size(), 0);
+  peak.xgathers.assign(s.xsize.size(), 0);
+  if (zero < 2) return peak;
+  // Each engine (a DataParallel) polls its own reductions and prefetches its own next unit.
+  struct Engine {
+    Engine(const std::vector<int64_t>& units, int ranks)
+        : size(&units), D(ranks), gathered(units.size(), 0), grads(units.size(), 0), gathers(units.size(), 0) {}
+    const std::vector<int64_t>* size;
+    int D;
+    std::vector<char> gathered, grads;
+    std::deque<int> pending;
+    int last = -1;
+    std::vector<int> gathers;
+  };
+  Engine eng[2] = {Engine(s.size, D), Engine(s.xsize, D / std::max(ep, 1))};
+  uint64_t p = 0, g = 0, c = 0;
+  auto bump = [&] {
+    peak.params = std::max(peak.params, p);
+    peak.grads = std::max(peak.grads, g);
+    peak.comm = std::max(peak.comm, c);
+  };
+  auto retire = [&](Engine& k) {  // the oldest reduction completes: its unit buffer and chunk are freed
+    const size_t v = size_t(k.pending.front());
+    k.pending.pop_front();
+    g -= uint64_t((*k.size)[v]) * 4;
+    c -= uint64_t((*k.size)[v] / k.D) * 4;
+  };
+  auto gather = [&](Engine& k, int u) {
+    k.gathered[size_t(u)] = 1;
+    k.gathers[size_t(u)]++;
+    p += uint64_t((*k.size)[size_t(u)]) * cb;
+  };
+  for (int m = 0; m < micros; m++)  // the embeddings go as rows in the last micro-batch only
+    for (const UnitEvent& e : micro_events(s, emb_rows && m + 1 == micros)) {
+      Engine& k = eng[e.engine];
+      const size_t u = size_t(e.unit), U = k.size->size();
+      const uint64_t n = uint64_t((*k.size)[u]);
+      if (e.kind == UnitEvent::acquire) {
+        // The poll at each acquire finds every reduction but the newest complete: one unit's backward
+        // hides a reduction (the bound of two in flight applies when the links are slower).
+        const size_t keep = progress == Progress::instant ? 0 : progress == Progress::next_unit ? 1 : k.pending.size();
+        while (k.pending.size() > keep) retire(k);
+        if (e.grads && !k.grads[u]) {
+          k.grads[u] = 1;
+          g += n * 4;
+        }
+        if (zero == 3) {
+          if (!k.gathered[u]) gather(k, e.unit);
+          const int step = e.unit - k.last, next = e.unit + step;
+          if ((step == 1 || step == -1) && next >= 0 && next < int(U) && !k.gathered[size_t(next)]) gather(k, next);
+          k.last = e.unit;
+        }
+      } else if (e.kind == UnitEvent::release) {
+        if (zero == 3 && k.gathered[u]) {
+          k.gathered[u] = 0;
+          p -= n * cb;
+        }
+      } else {
+        k.pending.push_back(e.unit);
+        k.grads[u] = 0;  // the buffer moves to the reduction
+        c += n / uint64_t(k.D) * 4;
+        bump();
+        while (k.pending.size() > kMaxReductionsInFlight) retire(k);
+      }
+      bump();
+    }
+  peak.gathers = eng[0].gathers;
+  peak.xgathers = eng[1].gathers;
+  return peak;
+}
+
+// Bytes of the model's activation buffers for one micro-batch of this rank (model/gpt_pass.h).
+struct ActModel {
+  uint64_t layer_kept = 0;    // one layer's LayerActs under the recompute mode
+  uint64_t layer_scratch = 0; // a LayerActs without attention state (full recompute's scratch)
+  uint64_t att = 0;           // one layer's attention state (probabilities or log-sum-exp)
+  uint64_t resid = 0;         // one (Ns, C) residual-stream buffer
+  uint64_t all_rows = 0;      // one (N, C) buffer
+  uint64_t att_scratch = 0;   // backward's attention workspace (fp32)
+  uint64_t bwd_ws = 0;        // backward's per-layer gradient buffers
+  uint64_t ring_fwd = 0, ring_bwd = 0;  // ring attention's buffers while a call runs (cp)
+  uint64_t head = 0;          // last stage: lnf, its statistics, dlnf, the losses
+  uint64_t logits = 0;        // one classifier chunk (and tp's softmax statistics)
+};
+
+ActModel act_model(const config::TrainOptions& o, const parallel::MeshLayout& l) {
+  const model::GPTConfig& m = o.model;
+  const size_t cb = dtype_size(o.precision);
+  const int64_t B = o.batch_size, T = o.seq_len / l.cp, P = l.tp, C = m.n_embd;
+  const int64_t N = B * T, Ns = o.sequence_parallel() ? N / P : N, Cl = C / P, NHl = m.n_head / P;
+  const bool flash = o.attention_kind() == model::Attention::flash;
+  const uint64_t lse = uint64_t(B * NHl * T) * 4, probs = uint64_t(B * NHl * T * T) * cb;
+  ActModel a;
+  a.resid = uint64_t(Ns * C) * cb;
+  a.all_rows = uint64_t(N * C) * cb;
+  a.att = flash ? lse : probs;
+  const uint64_t stats = uint64_t(4 * Ns) * 4;  // the two LayerNorms' mean and rstd
+  // ln1, res2, ln2 (Ns, C); qkv (N, 3Cl), atty (N, Cl); fch, fch_gelu (N, 4Cl); the LayerNorm statistics.
+  a.layer_scratch = 3 * a.resid + uint64_t((3 + 1 + 8) * N * Cl) * cb + stats;
+  a.layer_kept = a.layer_scratch + (o.recompute == model::Recompute::none ? a.att : 0);
+  a.att_scratch = flash ? lse : uint64_t(B * NHl * T * T) * 4;
+  a.bwd_ws = a.resid + uint64_t((1 + 3 + 4) * N * Cl) * cb;  // dln; datty, dqkv, dfc
+  if (l.cp > 1) {
+    const uint64_t nkv = uint64_t(B * T * 2 * Cl), no = uint64_t(B * T * Cl), nl = uint64_t(B * NHl * T);
+    const uint64_t docs = o.data.doc_mask ? 2 * uint64_t(B * T) * 4 : 0;
+    a.ring_fwd = 2 * nkv * cb + docs + 2 * no * 4 + 2 * nl * 4;
+    a.ring_bwd = nl * 4 + no * 4 + 2 * nkv * 4 + 2 * nkv * cb + docs + 3 * no * 4;  // + (B, Tl, 3C) fp32 dqkv
+  }
+  a.head = 2 * a.resid + uint64_t(2 * Ns) * 4 + uint64_t(N) * 4;
+  const int64_t Vl = m.padded_vocab() / P;
+  int64_t rows = std::min<int64_t>(N, kCpuClassifierRows);
+  if (o.device == Device::cuda) {
+    const int64_t most = std::max<int64_t>(kCpuClassifierRows, int64_t(kDeviceLogitsBytes / double(Vl * int64_t(cb))));
+    const int64_t chunks = (N + most - 1) / most;
+    rows = (N + chunks - 1) / chunks;
+  }
+  a.logits = uint64_t(rows * Vl) * cb + (P > 1 ? uint64_t(rows * 3 * (1 + P)) * 4 : 0);
+  return a;
+}
+
+}  // namespace
+
+uint64_t MemoryPlan::total() const {
+  uint64_t t = 0;
+  for (uint64_t b : bytes) t += b;
+  return t;
+}
+
+std::vector<int64_t> plan_units(const config::TrainOptions& o, const parallel::MeshLayout& l, int pp_rank) {
+  return stage_units(o, l, pp_rank).size;
+}
+
+std::vector<int> plan_unit_gathers(const config::TrainOptions& o, const parallel::MeshLayout& l, int pp_rank) {
+  const StageUnits s = stage_units(o, l, pp_rank);
+  const int zero = o.parallel.zero;
+  if (zero != 3) return std::vector<int>(s.size.size(), 0);
+  return replay(s, zero, l.dp * l.cp, l.ep, dtype_size(o.precision), false, o.grad_accum).gathers;
+}
+
+std::vector<int64_t> plan_expert_units(const config::TrainOptions& o, const parallel::MeshLayout& l, int pp_rank) {
+  return stage_units(o, l, pp_rank).xsize;
+}
+
+std::vector<int> plan_expert_unit_gathers(const config::TrainOptions& o, const parallel::MeshLayout& l, int pp_rank) {
+  const StageUnits s = stage_units(o, l, pp_rank);
+  const int zero = o.parallel.zero;
+  if (zero != 3) return std::vector<int>(s.xsize.size(), 0);
+  return replay(s, zero, l.dp * l.cp, l.ep, dtype_size(o.precision), false, o.grad_accum).xgathers;
+}
+
+bool plan_embedding_rows(const config::TrainOptions& o, const parallel::MeshLayout& l) {
+  return o.parallel.embedding_rows && l.tp == 1 && l.pp == 1 && l.dp * l.cp > 1 && o.parallel.zero <= 2 &&
+         o.device == Device::cpu;
+}
+
+PipelineFigures pipeline_figures(const config::TrainOptions& o, const parallel::MeshLayout& l) {
+  PipelineFigures f;
+  if (l.pp == 1) return f;
+  const parallel::Simulation sim = parallel::simulate(parallel::build_schedule(config::pipeline_spec(o)), parallel::PipelineCosts());
+  f.bubble_over_ideal = sim.bubble_over_ideal();
+  for (int r = 0; r < l.pp; r++) f.peak_micro_batches.push_back(sim.peak_activations(r));
+  return f;
+}
+
+MemoryPlan plan_memory(const config::TrainOptions& o, const parallel::MeshLayout& l, int pp_rank) {
+  return plan_memory(o, l, pp_rank, pipeline_figures(o, l));
+}
+
+MemoryPlan plan_memory(const config::TrainOptions& o, const parallel::MeshLayout& l, int pp_rank, const PipelineFigures& pipe) {
+  MT_CHECK(pp_rank >= 0 && pp_rank < l.pp, "plan_memory: pipeline rank %d of %d", pp_rank, l.pp);
+  const StageUnits s = stage_units(o, l, pp_rank);
+  const int D = l.dp * l.cp, zero = o.parallel.zero;
+  const uint64_t cb = dtype_size(o.precision);
+  uint64_t total = 0, xtotal = 0;
+  for (int64_t n : s.size) total += uint64_t(n);
+  for (int64_t n : s.xsize) xtotal += uint64_t(n);
+  // The experts held apart are sharded over their expert-data group (D / ep ranks), the rest over D;
+  // both engines hold the same kinds of state, so the formulas below take their sums.
+  const uint64_t shard = (zero == 0 ? total : total / uint64_t(D)) +
+                         (zero == 0 || xtotal == 0 ? xtotal : xtotal / uint64_t(D / l.ep));
+  total += xtotal;
+  const bool emb_rows = plan_embedding_rows(o, l);
+  const Transients t = replay(s, zero, D, l.ep, cb, emb_rows, o.grad_accum);
+  MemoryPlan mp;
+  mp.pp_rank = pp_rank;
+  auto& b = mp.bytes;
+  const auto cat = [](MemCategory c) { return size_t(c); };
+  // Model state.
+  if (zero == 0) {
+    b[cat(MemCategory::params)] = total * 4 + (cb != 4 ? total * cb : 0);
+    b[cat(MemCategory::grads)] = total * 4;
+  } else {
+    b[cat(MemCategory::params)] = shard * 4 + (zero < 3 ? total * cb : (cb != 4 ? shard * cb : 0)) + t.params;
+    b[cat(MemCategory::grads)] = shard * 4 + (zero < 2 ? total * 4 : t.grads);
+  }
+  if (zero >= 2) {
+    mp.grads_least = shard * 4 + replay(s, zero, D, l.ep, cb, emb_rows, o.grad_accum, Progress::instant).grads;
+    mp.grads_bound = shard * 4 + replay(s, zero, D, l.ep, cb, emb_rows, o.grad_accum, Progress::bound).grads;
+  }
+  b[cat(MemCategory::optimizer)] = 2 * shard * 4 + kStepScalarsBytes;
+  // The MPI communicators stage a host reduction's data in reusable buffers: the largest all-reduce
+  // of ZeRO 0-1 (a bucket), one (N, C) activation of tp. An estimate: which other collectives stage
+  // depends on the transport.
+  uint64_t staging = 0;
+  if (D > 1 && zero <= 1) staging = std::min<uint64_t>(total * 4, uint64_t(o.parallel.bucket_mb * 1024 * 1024) + *std::max_element(s.size.begin(), s.size.end()) * 4);
+  if (l.tp > 1) staging = std::max<uint64_t>(staging, uint64_t(o.batch_size) * (o.seq_len / l.cp) * o.model.n_embd * cb);
+  // Under pp the first and the last stage receive the other copy's part of wte's gradient (fp32, this
+  // rank's dp shard of it) into arena memory before adding it (train/pipeline.cpp sum_tied_grads).
+  uint64_t tied = 0;
+  if (l.pp > 1 && (s.first || s.last) && s.emb >= 0) {
+    const uint64_t wte = uint64_t(s.size[size_t(s.emb)]);
+    tied = (zero == 0 ? wte : (wte + uint64_t(D) - 1) / uint64_t(D)) * 4;
+  }
+  // A norm scalar per data-parallel engine (the experts held apart have their own).
+  b[cat(MemCategory::comm)] = sizeof(double) * (s.xsize.empty() ? 1 : 2) + t.comm + staging + tied;
+  // Activations: what each micro-batch keeps, times the micro-batches in flight, plus the workspace of
+  // the pass at the peak (backward of the top layer, or the classifier at the end of the forward).
+  const ActModel a = act_model(o, l);
+  const int n = int(s.layers.size());
+  const bool keep = o.recompute != model::Recompute::full;
+  uint64_t stash = uint64_t(n + 1) * a.resid + (keep ? uint64_t(n) * a.layer_kept : 0) + (s.last ? a.head : 0);
+  const bool sp = o.sequence_parallel();
+  const uint64_t shared_att = o.recompute == model::Recompute::none ? 0 : a.att;
+  const uint64_t fwd_ws = (sp ? 2 * a.all_rows : 0) + shared_att + (keep ? 0 : a.layer_scratch) +
+                          (s.last ? a.logits : 0) + a.ring_fwd;
+  // Backward frees the last stage's lnf and dlnf, allocates its workspace (and the last stage's dx),
+  // then in the top layer frees the stage output while the layer's own buffers (sp's gathered output
+  // gradient, ring attention's blocks) come and go: the peak is before the loop or inside it.
+  const uint64_t bwd_pre = (sp ? 2 * a.all_rows : 0) + shared_att + (keep ? 0 : a.layer_scratch + a.resid) +
+                           a.att_scratch + a.bwd_ws + (s.last ? a.resid : 0);
+  const uint64_t bwd_in_layer = (sp ? a.all_rows : 0) + a.ring_bwd;
+  const uint64_t head_freed = s.last ? 2 * a.resid : 0;
+  const uint64_t bwd_ws = bwd_pre + std::max(a.resid, bwd_in_layer) - a.resid;  // net of the stage output
+  double in_flight = 1;
+  if (l.pp > 1) in_flight = std::max(1.0, pipe.peak_micro_batches[size_t(pp_rank)]);
+  // Pipeline messages beyond the stash: the receive posted for the next action, a non-last stage's
+  // incoming gradient (it becomes the stage's dx), and a non-first stage's gradient send in flight.
+  const uint64_t messages = l.pp > 1 ? uint64_t(1 + !s.last + !s.first) * a.resid : 0;
+  // The last stage keeps every micro-batch's per-token losses (fp32) until the step's end.
+  const uint64_t losses =
+      l.pp > 1 && s.last ? uint64_t(o.grad_accum) * uint64_t(o.batch_size) * uint64_t(o.seq_len / l.cp) * 4 : 0;
+  const uint64_t held = uint64_t(double(stash) * in_flight + 0.5) + messages + losses;
+  mp.in_flight = in_flight;
+  mp.stash_per_micro = stash;
+  const uint64_t bwd_net = bwd_ws > head_freed ? bwd_ws - head_freed : 0;
+  mp.workspace = std::max(fwd_ws, bwd_net);
+  b[cat(MemCategory::activations)] = held + mp.workspace;
+  return mp;
+}
+
+MemoryPlan plan_memory_worst(const config::TrainOptions& o, const parallel::MeshLayout& l) {
+  return plan_memory_worst(o, l, pipeline_figures(o, l));
+}
+
+MemoryPlan plan_memory_worst(const config::TrainOptions& o, const parallel::MeshLayout& l, const PipelineFigures& pipe) {
+  MemoryPlan best = plan_memory(o, l, 0, pipe);
+  for (int r = 1; r < l.pp; r++) {
+    MemoryPlan m = plan_memory(o, l, r, pipe);
+    if (m.total() > best.total()) best = m;
+  }
+  return best;
+}
+
+}  // namespace mt::plan

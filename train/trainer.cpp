@@ -261,7 +261,11 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
   if (!resume_path_.empty()) load_checkpoint(resume_path_);
 }
 
-Trainer::~Trainer() = default;
+// The world communicator is the caller's and outlives this trainer: it must not keep pointing at our
+// trace.
+Trainer::~Trainer() {
+  if (trace_) world_.set_trace(nullptr);
+}
 
 parallel::CommCounters Trainer::group_counters(parallel::MeshDim d) const {
   const parallel::Comm* device = d == parallel::MeshDim::dp ? dp_device_comm_.get()

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every command answers -h and --help with exit status 0 and its usage on stdout; --version names the
+# Every command and subcommand answers -h and --help with exit status 0 and its usage on stdout (not
+# "--help is not a directory"); --version names the
 # git revision and the build; `train --help` lists what the parser takes (a key given from the help
 # is accepted). Usage: help_test.sh <minitrain binary>
 set -u
@@ -8,7 +9,7 @@ fails=0
 pass() { echo "ok   $1"; }
 fail() { echo "FAIL $1"; fails=$((fails + 1)); }
 
-for cmd in train bench sample data "data prepare" "data inspect" ckpt plan selftest; do
+for cmd in train bench sample data "data prepare" "data inspect" ckpt "ckpt ls" "ckpt verify" "ckpt export" "ckpt bench" plan selftest; do
   for h in -h --help; do
     if out=$("$mt" $cmd $h 2>/dev/null) && [[ "$out" == *usage:* ]]; then pass "$cmd $h"; else fail "$cmd $h"; fi
   done

@@ -69,9 +69,9 @@ Op copy_op(Device& d, const char* call, void* dst, const void* src, size_t n, cu
   Op op;
   op.seq = next_seq(d);
   op.what = format("%s(dst %p, src %p, %zu bytes, %s)", call, dst, src, n, kind_name(kind));
-  op.run = [dst, src, n, s, staged = std::move(staged), what = op.what] {
-    if (s.dst_device) check_device_range(dst, n, what.c_str(), "dst");
-    if (s.src_device) check_device_range(src, n, what.c_str(), "src");
+  op.run = [call, dst, src, n, s, staged = std::move(staged)] {
+    if (s.dst_device) check_device_range(dst, n, call, "dst");
+    if (s.src_device) check_device_range(src, n, call, "src");
     std::memmove(dst, staged.empty() ? src : staged.data(), n);
   };
   return op;
@@ -85,8 +85,8 @@ cudaError_t memset_on(const char* call, void* p, int value, size_t count, cudaSt
     Op op;
     op.seq = next_seq(d);
     op.what = format("%s(devPtr %p, 0x%02x, %zu bytes)", call, p, unsigned(value) & 0xffu, count);
-    op.run = [p, value, count, what = op.what] {
-      check_device_range(p, count, what.c_str(), "devPtr");
+    op.run = [call, p, value, count] {
+      check_device_range(p, count, call, "devPtr");
       std::memset(p, value, count);
     };
     push(d, s, std::move(op));

@@ -4,6 +4,10 @@
 
 #include "sim/state.h"
 
+// The symbols defined here are the CUDA 13 runtime's (CUDA 12's headers map cudaGetDeviceProperties to
+// a _v2 symbol, with another cudaDeviceProp).
+static_assert(CUDART_VERSION >= 13000, "the simulated device stands in for the CUDA 13 runtime");
+
 namespace mt::sim {
 namespace detail {
 namespace {

@@ -94,7 +94,7 @@ void check_device_range(const void* p, size_t n, const char* call, const char* w
   const Block* b = live_block(p);
   const auto a = uintptr_t(p);
   if (!b || b->kind != Kind::device)
-    throw CudaError(bad_address_code(), format("%s: %s = 0x%" PRIxPTR " is %s, not device memory", call, what, a,
+    throw CudaError(bad_address_code(), format("%s: %s = 0x%" PRIxPTR " is %s, not live device memory", call, what, a,
                                                describe(p).c_str()));
   if (n > b->base + b->bytes - a)
     throw CudaError(bad_address_code(),

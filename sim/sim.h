@@ -75,7 +75,8 @@ class DeviceAccess {
 
 // Queues `work` on stream s (0, cudaStreamLegacy, cudaStreamPerThread or a created stream) behind the
 // work already there; it runs inside a DeviceAccess when something waits for it. A CudaError or other
-// exception it throws becomes the sticky error of the synchronising call, its message naming `what`.
+// exception it throws becomes the sticky error of the synchronising call (in eager mode, of the next
+// call), its message naming `what`.
 // Throws CudaError (cudaErrorInvalidResourceHandle) for a stream that is not live, or the sticky
 // error if the device already failed.
 void enqueue(cudaStream_t s, std::string what, std::function<void()> work);

@@ -67,8 +67,9 @@ cudaError_t check_launch(const char* kernel, dim3 grid, dim3 block, size_t dyn_s
   using namespace detail;
   return api([&](Device& d) {
     auto fail = [&](cudaError_t code, const std::string& limit) {
-      throw CudaError(code, format("launch of %s<<<(%u, %u, %u), (%u, %u, %u), %zu>>>: %s", kernel ? kernel : "a kernel",
-                                   grid.x, grid.y, grid.z, block.x, block.y, block.z, dyn_smem, limit.c_str()));
+      throw CudaError(code, format("launch of %s<<<(%u, %u, %u), (%u, %u, %u), %zu>>>: %s",
+                                   kernel ? kernel : "a kernel", grid.x, grid.y, grid.z, block.x, block.y, block.z,
+                                   dyn_smem, limit.c_str()));
     };
     const unsigned b[3] = {block.x, block.y, block.z}, g[3] = {grid.x, grid.y, grid.z};
     for (int i = 0; i < 3; i++) {
@@ -77,7 +78,8 @@ cudaError_t check_launch(const char* kernel, dim3 grid, dim3 block, size_t dyn_s
         fail(cudaErrorInvalidConfiguration, format("block.%c = %u, above the limit of %u (1024 x 1024 x 64)", "xyz"[i],
                                                    b[i], kMaxBlockDim[i]));
       if (g[i] > kMaxGridDim[i])
-        fail(cudaErrorInvalidConfiguration, format("grid.%c = %u, above the limit of %u", "xyz"[i], g[i], kMaxGridDim[i]));
+        fail(cudaErrorInvalidConfiguration,
+             format("grid.%c = %u, above the limit of %u", "xyz"[i], g[i], kMaxGridDim[i]));
     }
     const uint64_t threads = uint64_t(block.x) * block.y * block.z;
     if (threads > uint64_t(kMaxThreadsPerBlock))
@@ -89,7 +91,8 @@ cudaError_t check_launch(const char* kernel, dim3 grid, dim3 block, size_t dyn_s
       fail(cudaErrorInvalidValue,
            raised == d.max_dynamic_shared.end()
                ? format("%zu bytes of dynamic shared memory, above the default limit of %zu (raise it with "
-                        "cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), to at most %zu)",
+                        "cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), "
+                        "to at most %zu)",
                         dyn_smem, kSharedDefault, kSharedOptin)
                : format("%zu bytes of dynamic shared memory, above the %zu that cudaFuncSetAttribute allowed it",
                         dyn_smem, limit));
@@ -173,8 +176,9 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     if (!value) throw CudaError(cudaErrorInvalidValue, "cudaDeviceGetAttribute: value is null");
     check_device(device, "cudaDeviceGetAttribute");
     if (!attribute(attr, *value))
-      throw CudaError(cudaErrorInvalidValue,
-                      format("cudaDeviceGetAttribute: attribute %d is not simulated (add it to sim/device.cpp)", int(attr)));
+      throw CudaError(cudaErrorInvalidValue, format("cudaDeviceGetAttribute: attribute %d is not simulated "
+                                                    "(add it to sim/device.cpp)",
+                                                    int(attr)));
     return cudaSuccess;
   });
 }

@@ -98,7 +98,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
     for (const auto& e : {a, b}) {
       if (e->flags & cudaEventDisableTiming)
         throw CudaError(cudaErrorInvalidResourceHandle,
-                        format("cudaEventElapsedTime: event %p was created with cudaEventDisableTiming", (void*)e.get()));
+                        format("cudaEventElapsedTime: event %p was created with cudaEventDisableTiming",
+                               (void*)e.get()));
       if (!e->recorded)
         throw CudaError(cudaErrorInvalidResourceHandle,
                         format("cudaEventElapsedTime: event %p was never recorded", (void*)e.get()));

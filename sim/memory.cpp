@@ -140,7 +140,8 @@ void* allocate(Device& d, size_t bytes, Kind kind, const char* call) {
   b.kind = kind;
   if (kind == Kind::pinned) {
     void* p = std::aligned_alloc(page, round_up(bytes, page));
-    if (!p) throw CudaError(cudaErrorMemoryAllocation, format("%s: %zu bytes of host memory not available", call, bytes));
+    if (!p)
+      throw CudaError(cudaErrorMemoryAllocation, format("%s: %zu bytes of host memory not available", call, bytes));
     b.base = uintptr_t(p);
     d.blocks.emplace(b.base, b);
     return p;
@@ -257,8 +258,9 @@ cudaError_t cudaFreeHost(void* ptr) {
     if (d.sticky != cudaSuccess) return d.sticky;
     const Block* b = live_block(ptr);
     if (!b || b->kind != Kind::pinned || b->base != uintptr_t(ptr))
-      throw CudaError(cudaErrorInvalidValue, format("cudaFreeHost: ptr = %p is %s, not the start of a live pinned block",
-                                                    ptr, describe(ptr).c_str()));
+      throw CudaError(cudaErrorInvalidValue,
+                      format("cudaFreeHost: ptr = %p is %s, not the start of a live pinned block", ptr,
+                             describe(ptr).c_str()));
     release(d, b->base, "cudaFreeHost");
     return cudaSuccess;
   });

@@ -1,8 +1,8 @@
 // The stream-ordered allocator. cudaMallocAsync hands out a fresh device block at the call;
 // cudaFreeAsync queues the free, so the block lives until its stream reaches that point, and work
 // that runs afterwards (queued behind the free, or on another stream and run later for want of an
-// event ordering it first) finds an illegal address. The default pool's attributes are kept but change nothing: the sim holds no freed
-// memory in reserve and never hands an address out twice.
+// event ordering it first) finds an illegal address. The default pool's attributes are kept but
+// change nothing: the sim holds no freed memory in reserve and never hands an address out twice.
 #include "sim/state.h"
 
 using namespace mt::sim;
@@ -24,8 +24,9 @@ cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t hStream) {
     const auto base = uintptr_t(devPtr);
     auto it = d.blocks.find(base);
     if (it == d.blocks.end() || it->second.kind != Kind::device)
-      throw CudaError(cudaErrorInvalidValue, format("cudaFreeAsync: devPtr = %p is %s, not the start of a live device block",
-                                                    devPtr, describe(devPtr).c_str()));
+      throw CudaError(cudaErrorInvalidValue,
+                      format("cudaFreeAsync: devPtr = %p is %s, not the start of a live device block", devPtr,
+                             describe(devPtr).c_str()));
     if (it->second.free_queued)
       throw CudaError(cudaErrorInvalidValue,
                       format("cudaFreeAsync: devPtr = %p (%s'd block of %zu bytes) is already queued to be freed",
@@ -45,7 +46,8 @@ cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* memPool, int device) {
     if (!memPool) throw CudaError(cudaErrorInvalidValue, "cudaDeviceGetDefaultMemPool: memPool is null");
     if (device != 0)
       throw CudaError(cudaErrorInvalidDevice,
-                      format("cudaDeviceGetDefaultMemPool: device %d (the simulated machine has device 0 only)", device));
+                      format("cudaDeviceGetDefaultMemPool: device %d (the simulated machine has device 0 only)",
+                             device));
     *memPool = &d.pool;
     return cudaSuccess;
   });

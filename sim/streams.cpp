@@ -9,6 +9,7 @@
 //     created with cudaStreamNonBlocking take part in neither; the per-thread default stream
 //     (cudaStreamPerThread) is a blocking stream.
 // Dependencies always point to earlier ops, so running them first terminates.
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 
@@ -115,6 +116,9 @@ void push(Device& d, const std::shared_ptr<CUstream_st>& s, Op op) {
   } else if (blocking(s) && !d.legacy->pending.empty()) {
     op.deps.push_back({d.legacy, d.legacy->pending.back().seq});
   }
+  // Earliest first: the order in which unordered work runs must not depend on where the heap put
+  // the streams.
+  std::sort(op.deps.begin(), op.deps.end(), [](const Dep& a, const Dep& b) { return a.seq < b.seq; });
   const uint64_t seq = op.seq;
   s->pending.push_back(std::move(op));
   if (d.eager) run_until(d, s, seq);

@@ -5,6 +5,7 @@
 // libcudart: every runtime call below is the sim's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
@@ -346,6 +347,21 @@ TEST_F(Sim, WithoutAnEventAnotherStreamReadsStaleData) {
   ASSERT_EQ(cudaMemcpyAsync(h, d, n, cudaMemcpyDeviceToHost, b), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(b), cudaSuccess);
   EXPECT_TRUE(all_equal(h, n, 1)) << "b's copy ran before a's memset: nothing ordered them";
+}
+
+// Work that nothing orders runs in the order it was issued, whatever the streams: the same stale (or
+// fresh) data on every run.
+TEST_F(Sim, UnorderedWorkRunsInIssueOrder) {
+  const size_t n = random_size();
+  unsigned char* d = device(n);
+  std::vector<cudaStream_t> streams;
+  for (int i = 0; i < 8; i++) streams.push_back(stream());
+  for (int round = 0; round < 5; round++) {
+    std::shuffle(streams.begin(), streams.end(), rng_);
+    for (size_t i = 0; i < streams.size(); i++)
+      ASSERT_EQ(cudaMemsetAsync(d, int(i + 1), n, streams[i]), cudaSuccess);
+    ASSERT_TRUE(all_equal(read(d, n).data(), n, (unsigned char)streams.size())) << "the last memset issued wins";
+  }
 }
 
 TEST_F(Sim, StreamWaitEventOrdersAcrossStreams) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -86,7 +87,7 @@ void* unmapped_address() {
   return reinterpret_cast<void*>(a);
 }
 
-// ---- the device
+// The device: one H200.
 
 TEST_F(Sim, DeviceReportsAnH200) {
   int n = 0;
@@ -148,7 +149,7 @@ TEST_F(Sim, AllocationBeyondTheDeviceIsOutOfMemory) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "reading the last error clears it";
 }
 
-// ---- device memory is its own kind
+// Device memory is its own kind, checked at every call.
 
 TEST_F(Sim, HostPointerGivenAsCopyDestinationFailsNamingTheCall) {
   unsigned char* d = device(64);
@@ -259,7 +260,7 @@ TEST_F(Sim, MemsetSetsEveryByteToTheValuesLowByte) {
   EXPECT_TRUE(has(mt::sim::last_message(), "cudaMemset: devPtr = " + hex(h.data()))) << mt::sim::last_message();
 }
 
-// ---- device memory is out of the host's reach
+// Device memory is out of the host's reach outside device work.
 
 TEST_F(Sim, HostReadOfDeviceMemoryIsCaught) {
   unsigned char* d = device(64);
@@ -302,7 +303,7 @@ TEST_F(Sim, OtherFaultsGoToThePreviousHandler) {
   EXPECT_EXIT(write_one_byte(unmapped_address()), ::testing::KilledBySignal(SIGSEGV), "^$");
 }
 
-// ---- streams run lazily, in order, when waited for
+// Streams run lazily, in order, when waited for.
 
 TEST_F(Sim, WorkRunsOnlyWhenWaitedFor) {
   const size_t n = random_size();
@@ -507,7 +508,7 @@ TEST(SimEnvironment, EagerModeCanBeTurnedOnFromTheEnvironment) {
   GTEST_FLAG_SET(death_test_style, style);
 }
 
-// ---- events
+// Events.
 
 TEST_F(Sim, EventQueryRunsTheWorkInFrontOfTheEventOnly) {
   const size_t n = random_size();
@@ -579,7 +580,7 @@ TEST_F(Sim, DestroyingAnEventWithItsRecordQueuedIsSafe) {
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
-// ---- the stream-ordered allocator
+// The stream-ordered allocator.
 
 TEST_F(Sim, FreeAsyncFreesInStreamOrder) {
   const size_t n = random_size();
@@ -621,7 +622,7 @@ TEST_F(Sim, DefaultPoolTakesTheReleaseThreshold) {
   EXPECT_EQ(cudaDeviceGetDefaultMemPool(&pool, 1), cudaErrorInvalidDevice);
 }
 
-// ---- launch limits
+// Launch limits.
 
 void some_kernel() {}
 void other_kernel() {}
@@ -668,7 +669,7 @@ TEST_F(Sim, DynamicSharedMemoryAboveDefaultNeedsTheAttribute) {
   EXPECT_EQ(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, 232449), cudaErrorInvalidValue);
 }
 
-// ---- errors
+// Errors.
 
 TEST_F(Sim, ErrorStringsAreTheRuntimesOwn) {
   EXPECT_STREQ(cudaGetErrorString(cudaSuccess), "no error");

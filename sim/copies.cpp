@@ -7,8 +7,8 @@
 //   cudaMemcpy               on the legacy default stream; returns after the copy unless both sides
 //                            are device memory (device to device does not block the host);
 //   cudaMemcpyAsync          from pageable host memory: the source is read at the call (staged),
-//                            the copy itself stays queued; to pageable host memory: returns after the
-//                            copy; pinned host memory and device memory: queued, nothing waits;
+//                            the copy itself stays queued; to pageable host memory, or host to host:
+//                            returns after the copy; otherwise queued, nothing waits;
 //   cudaMemset(Async)        queued (cudaMemset on the legacy default stream).
 #include <cinttypes>
 #include <cstring>
@@ -125,7 +125,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
     Op op = copy_op(d, "cudaMemcpyAsync", dst, src, count, kind, s, std::move(staged));
     const uint64_t seq = op.seq;
     push(d, st, std::move(op));
-    if (pageable(dst)) run_until(d, st, seq);
+    if (pageable(dst) || (!s.dst_device && !s.src_device)) run_until(d, st, seq);
     return d.sticky;
   });
 }

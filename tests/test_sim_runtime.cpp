@@ -440,6 +440,14 @@ TEST_F(Sim, AsyncCopyToPageableMemoryReturnsAfterTheCopy) {
   EXPECT_TRUE(all_equal(dst.data(), n, 11));
 }
 
+TEST_F(Sim, AsyncHostToHostCopyReturnsAfterTheCopy) {
+  const size_t n = random_size();
+  unsigned char* a = pinned(n, 21);
+  unsigned char* b = pinned(n, 0);
+  ASSERT_EQ(cudaMemcpyAsync(b, a, n, cudaMemcpyHostToHost, stream()), cudaSuccess);
+  EXPECT_TRUE(all_equal(b, n, 21));
+}
+
 TEST_F(Sim, DestroyedStreamStillRunsItsWork) {
   unsigned char* d = device(64);
   cudaStream_t s = stream(cudaStreamNonBlocking);

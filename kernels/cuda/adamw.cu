@@ -21,12 +21,13 @@ void adamw(float* params, float* m, float* v, const float* grads, int64_t N, flo
   if (N <= 0) return;
   const AdamWHyper h = make_hyper(lr, beta1, beta2, eps, weight_decay, t);
   const LaunchShape l = adamw_shape(N);
-  adamw_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(params, m, v, grads, N, h, grad_scale);
+  MT_LAUNCH(l, stream_of(ctx), adamw_kernel)(params, m, v, grads, N, h, grad_scale);
   MT_CUDA_CHECK_LAUNCH();
 }
 
 void clip_coefficient(float* coef, const double* sum_sq, double inv_scale, double max_norm, const ops::Ctx& ctx) {
-  clip_coefficient_kernel<<<1, 1, 0, stream_of(ctx)>>>(coef, sum_sq, inv_scale, max_norm);
+  const LaunchShape one_thread{dim3(1), dim3(1)};
+  MT_LAUNCH(one_thread, stream_of(ctx), clip_coefficient_kernel)(coef, sum_sq, inv_scale, max_norm);
   MT_CUDA_CHECK_LAUNCH();
 }
 

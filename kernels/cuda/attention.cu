@@ -47,7 +47,7 @@ void attention_fwd(S* out, S* att, const S* qkv, const int32_t* doc, int B, int 
   for (int b = 0; b < B; b++) gemm(scores_gemm(s, scores, qkv, b), ctx);
   const int64_t rows = int64_t(B) * NH * T;
   const LaunchShape l = rows_shape(rows);
-  masked_softmax_kernel<<<l.grid, l.block, l.smem, stream>>>(dev_ptr(att), scores, doc, B, NH, T);
+  MT_LAUNCH(l, stream, masked_softmax_kernel<dev_t<S>>)(dev_ptr(att), scores, doc, B, NH, T);
   MT_CUDA_CHECK_LAUNCH();
   for (int b = 0; b < B; b++) gemm(out_gemm(s, out, qkv, att, b), ctx);
 }
@@ -72,7 +72,7 @@ void attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S
   for (int b = 0; b < B; b++) gemm(dp_gemm(s, scratch, dout, qkv, b), ctx);
   const int64_t rows = int64_t(B) * NH * T;
   const LaunchShape l = rows_shape(rows);
-  softmax_bwd_kernel<<<l.grid, l.block, l.smem, stream>>>(scratch, dev_ptr(att), rows, T);
+  MT_LAUNCH(l, stream, softmax_bwd_kernel<dev_t<S>>)(scratch, dev_ptr(att), rows, T);
   MT_CUDA_CHECK_LAUNCH();
   for (int b = 0; b < B; b++) {
     gemm(dq_gemm(s, dqk32, qkv32, scratch, b), ctx);
@@ -81,7 +81,7 @@ void attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S
   }
   if constexpr (!kF32) {
     const LaunchShape lq = store_qk_shape(int64_t(B) * T, C);
-    store_qk_kernel<<<lq.grid, lq.block, lq.smem, stream>>>(dev_ptr(dqkv), dqk_temp.get(), int64_t(B) * T, C);
+    MT_LAUNCH(lq, stream, store_qk_kernel<dev_t<S>>)(dev_ptr(dqkv), dqk_temp.get(), int64_t(B) * T, C);
     MT_CUDA_CHECK_LAUNCH();
   }
 }

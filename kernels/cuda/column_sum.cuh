@@ -19,9 +19,9 @@ void column_sums(column_sum_kernels::ColumnOutputs<K> outs, Term term, int R, in
   const csk::ColumnSplit s = csk::column_split(R, C);
   const StreamTemp<float> partial(csk::partial_floats(s, K), stream);
   const LaunchShape p = csk::partials_shape(s), f = csk::finish_shape(s);
-  csk::column_partials_kernel<K, Term><<<p.grid, p.block, p.smem, stream>>>(partial.get(), term, s);
+  MT_LAUNCH(p, stream, csk::column_partials_kernel<K, Term>)(partial.get(), term, s);
   MT_CUDA_CHECK_LAUNCH();
-  csk::column_finish_kernel<K><<<f.grid, f.block, f.smem, stream>>>(outs, partial.get(), s);
+  MT_LAUNCH(f, stream, csk::column_finish_kernel<K>)(outs, partial.get(), s);
   MT_CUDA_CHECK_LAUNCH();
 }
 

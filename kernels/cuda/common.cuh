@@ -1,6 +1,6 @@
-// Shared pieces of the CUDA kernels: the stream of a Ctx, launch sizing for grid-stride loops and
-// launch shapes, warp/block reductions, and the spellings that differ between the device build and
-// the host build against the emulator.
+// Shared pieces of the CUDA kernels: the stream of a Ctx, launch sizing for grid-stride loops, launch
+// shapes and the launch helper (launch.cuh), warp/block reductions, and the spellings that differ
+// between the device build and the host build against the emulator.
 //
 // Every reduction here is a fixed tree (xor shuffles within a warp, then the warp partials in warp
 // order), so a kernel built on them gives the same bits on every run for the same launch shape. No
@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/ops.h"
 
 // The kernel headers (*_kernels.cuh) build twice: by nvcc for the device, and by the host compiler
@@ -64,13 +65,6 @@ inline bool aligned16(std::initializer_list<const void*> ptrs) {
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   return true;
 }
-
-// What a launcher passes in <<<grid, block, smem>>>. Each kernel header computes it in one function
-// that the launcher and the emulator test both call, so the test runs the launcher's shape.
-struct LaunchShape {
-  dim3 grid, block;
-  size_t smem = 0;
-};
 
 struct SumOp {
   template <class T>

@@ -18,7 +18,7 @@ template <class S>
 void add(S* out, const S* a, const S* b, int64_t N, const ops::Ctx& ctx) {
   if (N <= 0) return;
   const LaunchShape l = elementwise_shape(N);
-  add_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(dev_ptr(out), dev_ptr(a), dev_ptr(b), N);
+  MT_LAUNCH(l, stream_of(ctx), add_kernel<dev_t<S>>)(dev_ptr(out), dev_ptr(a), dev_ptr(b), N);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -26,7 +26,7 @@ template <class S>
 void gelu_fwd(S* out, const S* inp, int64_t N, const ops::Ctx& ctx) {
   if (N <= 0) return;
   const LaunchShape l = elementwise_shape(N);
-  gelu_fwd_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(dev_ptr(out), dev_ptr(inp), N);
+  MT_LAUNCH(l, stream_of(ctx), gelu_fwd_kernel<dev_t<S>>)(dev_ptr(out), dev_ptr(inp), N);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -34,7 +34,7 @@ template <class S>
 void gelu_bwd(S* dinp, const S* dout, const S* inp, int64_t N, const ops::Ctx& ctx) {
   if (N <= 0) return;
   const LaunchShape l = elementwise_shape(N);
-  gelu_bwd_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(dev_ptr(dinp), dev_ptr(dout), dev_ptr(inp), N);
+  MT_LAUNCH(l, stream_of(ctx), gelu_bwd_kernel<dev_t<S>>)(dev_ptr(dinp), dev_ptr(dout), dev_ptr(inp), N);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -46,7 +46,7 @@ void convert(D* out, const S* in, int64_t N, const ops::Ctx& ctx) {
     MT_CUDA_CHECK(cudaMemcpyAsync(out, in, size_t(N) * sizeof(S), cudaMemcpyDeviceToDevice, stream_of(ctx)));
   } else {
     const LaunchShape l = elementwise_shape(N);
-    convert_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(dev_ptr(out), dev_ptr(in), N);
+    MT_LAUNCH(l, stream_of(ctx), convert_kernel<dev_t<D>, dev_t<S>>)(dev_ptr(out), dev_ptr(in), N);
     MT_CUDA_CHECK_LAUNCH();
   }
 }
@@ -54,7 +54,7 @@ void convert(D* out, const S* in, int64_t N, const ops::Ctx& ctx) {
 void scale(float* x, float s, int64_t N, const ops::Ctx& ctx) {
   if (N <= 0) return;
   const LaunchShape l = elementwise_shape(N);
-  scale_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(x, s, N);
+  MT_LAUNCH(l, stream_of(ctx), scale_kernel)(x, s, N);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -64,9 +64,9 @@ void round_to(float* x, int64_t N, DType t, const ops::Ctx& ctx) {
   if (N <= 0 || t == DType::f32) return;
   const LaunchShape l = elementwise_shape(N);
   if (t == DType::bf16)
-    round_bf16_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(x, N);
+    MT_LAUNCH(l, stream_of(ctx), round_bf16_kernel)(x, N);
   else
-    round_f16_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(x, N);
+    MT_LAUNCH(l, stream_of(ctx), round_f16_kernel)(x, N);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -12,7 +12,11 @@
 //
 // The vocabulary-parallel embedding (tensor parallelism: this rank holds rows [row0, row0 + rows) of
 // wte) is the same gather and scatter with ids outside the rows giving zero rows and no gradient.
+#if defined(MT_CUDA_SIM)
+#include "sim/cub_radix_sort.h"  // CUB's headers hold device code the host compiler cannot build
+#else
 #include <cub/device/device_radix_sort.cuh>
+#endif
 
 #include <cstdint>
 
@@ -34,8 +38,8 @@ void encoder_fwd(S* out, const int32_t* tokens, const int32_t* pos, const S* wte
   const int64_t total = int64_t(B) * T * C;
   if (total == 0) return;
   const LaunchShape l = fwd_shape(total);
-  encoder_fwd_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(dev_ptr(out), tokens, pos, dev_ptr(wte), dev_ptr(wpe),
-                                                                  T, C, total);
+  MT_LAUNCH(l, stream_of(ctx), encoder_fwd_kernel<dev_t<S>>)(
+      dev_ptr(out), tokens, pos, dev_ptr(wte), dev_ptr(wpe), T, C, total);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -51,8 +55,7 @@ void scatter_rows(float* dst, const D* src, const int32_t* keys, int rows, int T
   const StreamTemp<uint32_t> keys_in(n, stream), keys_out(n, stream);
   const StreamTemp<int32_t> rows_in(n, stream), rows_out(n, stream);
   const LaunchShape lp = pairs_shape(rows);
-  sort_pairs_kernel<<<lp.grid, lp.block, lp.smem, stream>>>(keys_in.get(), rows_in.get(), keys, rows, T, row0,
-                                                                 limit);
+  MT_LAUNCH(lp, stream, sort_pairs_kernel)(keys_in.get(), rows_in.get(), keys, rows, T, row0, limit);
   MT_CUDA_CHECK_LAUNCH();
   size_t temp_bytes = 0;
   MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in.get(), keys_out.get(), rows_in.get(),
@@ -61,7 +64,7 @@ void scatter_rows(float* dst, const D* src, const int32_t* keys, int rows, int T
   MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.get(), temp_bytes, keys_in.get(), keys_out.get(), rows_in.get(),
                                                 rows_out.get(), rows, 0, 32, stream));
   const LaunchShape lr = runs_shape(rows, C);
-  sum_runs_kernel<<<lr.grid, lr.block, lr.smem, stream>>>(dst, src, keys_out.get(), rows_out.get(), rows, C);
+  MT_LAUNCH(lr, stream, sum_runs_kernel<D>)(dst, src, keys_out.get(), rows_out.get(), rows, C);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -82,7 +85,7 @@ void embedding_fwd(S* out, const int32_t* ids, const S* table, int row0, int row
   const int64_t total = int64_t(N) * C;
   if (total == 0) return;
   const LaunchShape l = vocab_parallel_kernels::embedding_shape(total);
-  vocab_parallel_kernels::embedding_fwd_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(
+  MT_LAUNCH(l, stream_of(ctx), vocab_parallel_kernels::embedding_fwd_kernel<dev_t<S>>)(
       dev_ptr(out), ids, dev_ptr(table), row0, rows, C, total);
   MT_CUDA_CHECK_LAUNCH();
 }

@@ -60,7 +60,7 @@ template <class D, int ND>
 void launch_fwd(D* out, float* lse, const D* qkv, const int32_t* doc, const FlashShape& s, cudaStream_t stream) {
   const LaunchShape l = fwd_shape(s.B, s.T, s.NH, s.hs);
   opt_in_shared_memory(flash_fwd_kernel<D, ND>, l.smem, "flash_attention_fwd");
-  flash_fwd_kernel<D, ND><<<l.grid, l.block, l.smem, stream>>>(out, lse, qkv, doc, s.T, s.C, s.NH, s.scale());
+  MT_LAUNCH(l, stream, flash_fwd_kernel<D, ND>)(out, lse, qkv, doc, s.T, s.C, s.NH, s.scale());
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -69,12 +69,10 @@ void launch_bwd(D* dqkv, const D* dout, const D* qkv, const float* lse, const fl
                 const FlashShape& s, cudaStream_t stream) {
   const LaunchShape lkv = dkdv_shape(s.B, s.T, s.NH, s.hs), lq = dq_shape(s.B, s.T, s.NH, s.hs);
   opt_in_shared_memory(flash_bwd_dkdv_kernel<D, ND>, lkv.smem, "flash_attention_bwd");
-  flash_bwd_dkdv_kernel<D, ND><<<lkv.grid, lkv.block, lkv.smem, stream>>>(dqkv, dout, qkv, lse, dsum, doc, s.T, s.C,
-                                                                          s.NH, s.scale());
+  MT_LAUNCH(lkv, stream, flash_bwd_dkdv_kernel<D, ND>)(dqkv, dout, qkv, lse, dsum, doc, s.T, s.C, s.NH, s.scale());
   MT_CUDA_CHECK_LAUNCH();
   opt_in_shared_memory(flash_bwd_dq_kernel<D, ND>, lq.smem, "flash_attention_bwd");
-  flash_bwd_dq_kernel<D, ND><<<lq.grid, lq.block, lq.smem, stream>>>(dqkv, dout, qkv, lse, dsum, doc, s.T, s.C, s.NH,
-                                                                     s.scale());
+  MT_LAUNCH(lq, stream, flash_bwd_dq_kernel<D, ND>)(dqkv, dout, qkv, lse, dsum, doc, s.T, s.C, s.NH, s.scale());
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -107,7 +105,7 @@ void flash_attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, c
   cudaStream_t stream = stream_of(ctx);
   const int64_t rows = int64_t(B) * NH * T;
   const LaunchShape ld = dsum_shape(rows);
-  flash_dsum_kernel<<<ld.grid, ld.block, ld.smem, stream>>>(scratch, dev_ptr(dout), dev_ptr(out), B, T, C, NH);
+  MT_LAUNCH(ld, stream, flash_dsum_kernel<dev_t<S>>)(scratch, dev_ptr(dout), dev_ptr(out), B, T, C, NH);
   MT_CUDA_CHECK_LAUNCH();
   auto* g = dev_ptr(dqkv);
   const auto* dy = dev_ptr(dout);

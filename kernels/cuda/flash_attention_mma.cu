@@ -43,7 +43,7 @@ void launch_fwd(D* out, float* lse, const D* qkv, const int32_t* doc, int B, int
   const LaunchShape ls = fwd_shape<D, HS>(B, T, NH);
   opt_in_shared_memory(fwd_kernel<D, HS>, ls.smem, "flash attention (tensor cores)");
   const float scale_log2 = kLog2e / std::sqrt(float(HS));
-  fwd_kernel<D, HS><<<ls.grid, ls.block, ls.smem, st>>>(out, lse, qkv, doc, T, C, NH, scale_log2);
+  MT_LAUNCH(ls, st, fwd_kernel<D, HS>)(out, lse, qkv, doc, T, C, NH, scale_log2);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -53,10 +53,10 @@ void launch_bwd(D* dqkv, const D* dout, const D* qkv, const float* lse, const fl
   const LaunchShape ls = bwd_shape<D, HS>(B, T, NH);
   const float scale = 1.f / std::sqrt(float(HS)), scale_log2 = kLog2e * scale;
   opt_in_shared_memory(dkdv_kernel<D, HS>, ls.smem, "flash attention (tensor cores)");
-  dkdv_kernel<D, HS><<<ls.grid, ls.block, ls.smem, st>>>(dqkv, dout, qkv, lse, dsum, doc, T, C, NH, scale, scale_log2);
+  MT_LAUNCH(ls, st, dkdv_kernel<D, HS>)(dqkv, dout, qkv, lse, dsum, doc, T, C, NH, scale, scale_log2);
   MT_CUDA_CHECK_LAUNCH();
   opt_in_shared_memory(dq_kernel<D, HS>, ls.smem, "flash attention (tensor cores)");
-  dq_kernel<D, HS><<<ls.grid, ls.block, ls.smem, st>>>(dqkv, dout, qkv, lse, dsum, doc, T, C, NH, scale, scale_log2);
+  MT_LAUNCH(ls, st, dq_kernel<D, HS>)(dqkv, dout, qkv, lse, dsum, doc, T, C, NH, scale, scale_log2);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -37,8 +37,8 @@ void launch_fwd(float* out, float* lse, const D* q, int ldq, const D* k, const D
   const int hs = C / NH;
   const LaunchShape l = tile_shape(B, Tq, NH, fwd_smem_bytes(hs));
   opt_in_shared_memory(block_fwd_kernel<D, ND>, l.smem, "flash_block_fwd");
-  block_fwd_kernel<D, ND><<<l.grid, l.block, l.smem, stream>>>(out, lse, q, ldq, k, v, ldkv, q_pos, k_pos, q_doc,
-                                                               k_doc, Tq, Tk, C, NH, 1.f / std::sqrt(float(hs)));
+  MT_LAUNCH(l, stream, block_fwd_kernel<D, ND>)(
+      out, lse, q, ldq, k, v, ldkv, q_pos, k_pos, q_doc, k_doc, Tq, Tk, C, NH, 1.f / std::sqrt(float(hs)));
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -50,12 +50,12 @@ void launch_bwd(float* dq, float* dk, float* dv, int lddkv, const D* dout, const
   const float scale = 1.f / std::sqrt(float(hs));
   const LaunchShape lkv = tile_shape(B, Tk, NH, dkdv_smem_bytes(hs)), lq = tile_shape(B, Tq, NH, dq_smem_bytes(hs));
   opt_in_shared_memory(block_bwd_dkdv_kernel<D, ND>, lkv.smem, "flash_block_bwd");
-  block_bwd_dkdv_kernel<D, ND><<<lkv.grid, lkv.block, lkv.smem, stream>>>(
+  MT_LAUNCH(lkv, stream, block_bwd_dkdv_kernel<D, ND>)(
       dk, dv, lddkv, dout, q, ldq, k, v, ldkv, lse, delta, q_pos, k_pos, q_doc, k_doc, Tq, Tk, C, NH, scale);
   MT_CUDA_CHECK_LAUNCH();
   opt_in_shared_memory(block_bwd_dq_kernel<D, ND>, lq.smem, "flash_block_bwd");
-  block_bwd_dq_kernel<D, ND><<<lq.grid, lq.block, lq.smem, stream>>>(dq, dout, q, ldq, k, v, ldkv, lse, delta, q_pos,
-                                                                     k_pos, q_doc, k_doc, Tq, Tk, C, NH, scale);
+  MT_LAUNCH(lq, stream, block_bwd_dq_kernel<D, ND>)(
+      dq, dout, q, ldq, k, v, ldkv, lse, delta, q_pos, k_pos, q_doc, k_doc, Tq, Tk, C, NH, scale);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -83,7 +83,7 @@ void attention_merge(float* out, float* lse, const float* part_out, const float*
   const int64_t rows = int64_t(B) * NH * T;
   if (rows == 0) return;
   const LaunchShape l = merge_shape(rows);
-  merge_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(out, lse, part_out, part_lse, B, T, C, NH);
+  MT_LAUNCH(l, stream_of(ctx), merge_kernel)(out, lse, part_out, part_lse, B, T, C, NH);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -92,7 +92,7 @@ void attention_delta(float* delta, const S* dout, const S* out, int B, int T, in
   const int64_t rows = int64_t(B) * NH * T;
   if (rows == 0) return;
   const LaunchShape l = flash_attention_kernels::dsum_shape(rows);
-  flash_attention_kernels::flash_dsum_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(
+  MT_LAUNCH(l, stream_of(ctx), flash_attention_kernels::flash_dsum_kernel<dev_t<S>>)(
       delta, dev_ptr(dout), dev_ptr(out), B, T, C, NH);
   MT_CUDA_CHECK_LAUNCH();
 }

@@ -20,8 +20,9 @@ Result run_as() {
   DeviceArray<float> c_n(std::vector<float>(kN * kN)), c_k(std::vector<float>(kN * kN));
   DeviceArray<uint32_t> regs(std::vector<uint32_t>(kLanes * kRegsPerLane)),
       copied(std::vector<uint32_t>(kLanes * kCopyWords));
-  probe_kernel<dev_t<S>><<<1, kLanes, kSmemBytes>>>(dev_ptr(d_a.get()), dev_ptr(d_b.get()), c_n.get(), c_k.get(),
-                                                    regs.get(), copied.get());
+  const LaunchShape one_warp{dim3(1), dim3(kLanes), kSmemBytes};
+  MT_LAUNCH(one_warp, 0, probe_kernel<dev_t<S>>)(
+      dev_ptr(d_a.get()), dev_ptr(d_b.get()), c_n.get(), c_k.get(), regs.get(), copied.get());
   MT_CUDA_CHECK_LAUNCH();
   Result r = expectations(bit_patterns(a), bit_patterns(b));
   r.c_nmajor = c_n.host();

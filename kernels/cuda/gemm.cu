@@ -160,7 +160,7 @@ bool lt_matmul(const Gemm& g, const Target& t, cublasLtEpilogue_t epi, cudaStrea
 template <class AB, class D>
 void launch_simple_gemm(const Gemm& g, const Target& t, cudaStream_t stream) {
   const LaunchShape l = simple_gemm_shape(g.m, g.n, g.batch);
-  simple_gemm_kernel<AB, D><<<l.grid, l.block, l.smem, stream>>>(
+  MT_LAUNCH(l, stream, simple_gemm_kernel<AB, D>)(
       static_cast<D*>(t.d), t.ld, t.stride, t.beta, static_cast<const AB*>(g.a), g.lda, g.stride_a, g.trans_a,
       static_cast<const AB*>(g.b), g.ldb, g.stride_b, g.trans_b, g.alpha, g.m, g.n, g.k, g.batch);
   MT_CUDA_CHECK_LAUNCH();
@@ -192,9 +192,9 @@ template <class D>
 void launch_epilogue(const Gemm& g, const float* x, cudaStream_t stream) {
   const LaunchShape l = epilogue_shape(g.m, g.n);
   const void* c = g.c ? g.c : g.d;
-  epilogue_kernel<D><<<l.grid, l.block, l.smem, stream>>>(static_cast<D*>(g.d), g.ldd, x, static_cast<const D*>(g.bias),
-                                                          static_cast<const D*>(c), g.beta, static_cast<D*>(g.aux),
-                                                          g.epilogue, g.m, g.n);
+  MT_LAUNCH(l, stream, epilogue_kernel<D>)(
+      static_cast<D*>(g.d), g.ldd, x, static_cast<const D*>(g.bias), static_cast<const D*>(c), g.beta,
+      static_cast<D*>(g.aux), g.epilogue, g.m, g.n);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -42,14 +42,14 @@ void layernorm_fwd(S* out, float* mean, float* rstd, const S* inp, const S* weig
   cudaStream_t stream = stream_of(ctx);
   if (aligned16({out, inp, weight, bias}) &&
       with_chunks_per_lane<D>(C, [&](auto chunks) {
-        layernorm_fwd_vec_kernel<D, decltype(chunks)::value><<<l.grid, l.block, l.smem, stream>>>(
+        MT_LAUNCH(l, stream, layernorm_fwd_vec_kernel<D, decltype(chunks)::value>)(
             nullptr, dev_ptr(out), mean, rstd, dev_ptr(inp), nullptr, dev_ptr(weight), dev_ptr(bias), N, C);
       })) {
     MT_CUDA_CHECK_LAUNCH();
     return;
   }
-  layernorm_fwd_kernel<<<l.grid, l.block, l.smem, stream>>>(dev_ptr(out), mean, rstd, dev_ptr(inp), dev_ptr(weight),
-                                                            dev_ptr(bias), N, C);
+  MT_LAUNCH(l, stream, layernorm_fwd_kernel<D>)(
+      dev_ptr(out), mean, rstd, dev_ptr(inp), dev_ptr(weight), dev_ptr(bias), N, C);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -63,13 +63,13 @@ void residual_layernorm_fwd(S* res, S* out, float* mean, float* rstd, const S* a
   cudaStream_t stream = stream_of(ctx);
   if (aligned16({res, out, a, b, weight, bias}) &&
       with_chunks_per_lane<D>(C, [&](auto chunks) {
-        layernorm_fwd_vec_kernel<D, decltype(chunks)::value><<<l.grid, l.block, l.smem, stream>>>(
+        MT_LAUNCH(l, stream, layernorm_fwd_vec_kernel<D, decltype(chunks)::value>)(
             dev_ptr(res), dev_ptr(out), mean, rstd, dev_ptr(a), dev_ptr(b), dev_ptr(weight), dev_ptr(bias), N, C);
       })) {
     MT_CUDA_CHECK_LAUNCH();
     return;
   }
-  residual_layernorm_fwd_kernel<<<l.grid, l.block, l.smem, stream>>>(
+  MT_LAUNCH(l, stream, residual_layernorm_fwd_kernel<D>)(
       dev_ptr(res), dev_ptr(out), mean, rstd, dev_ptr(a), dev_ptr(b), dev_ptr(weight), dev_ptr(bias), N, C);
   MT_CUDA_CHECK_LAUNCH();
 }
@@ -89,13 +89,12 @@ void layernorm_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S
     const StreamTemp<float> partial(column_sum_kernels::partial_floats(split, 2), stream);
     with_cols_per_lane(C, [&](auto cols) {
       const LaunchShape l = fused_shape(N, C);
-      layernorm_bwd_kernel<D, decltype(cols)::value>
-          <<<l.grid, l.block, l.smem, stream>>>(dx, partial.get(), dy, x, w, mean, rstd, N, C, accumulate);
+      MT_LAUNCH(l, stream, layernorm_bwd_kernel<D, decltype(cols)::value>)(
+          dx, partial.get(), dy, x, w, mean, rstd, N, C, accumulate);
       MT_CUDA_CHECK_LAUNCH();
     });
     const LaunchShape f = column_sum_kernels::finish_shape(split);
-    column_sum_kernels::column_finish_kernel<2>
-        <<<f.grid, f.block, f.smem, stream>>>({{dweight, dbias}}, partial.get(), split);
+    MT_LAUNCH(f, stream, column_sum_kernels::column_finish_kernel<2>)({{dweight, dbias}}, partial.get(), split);
     MT_CUDA_CHECK_LAUNCH();
     return;
   }
@@ -103,7 +102,7 @@ void layernorm_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S
   if (params) column_sums<2>({{dweight, dbias}}, ParamGradTerms<D>{dy, x, mean, rstd}, N, C, stream);
   if (dinp) {
     const LaunchShape l = rows_shape(N);
-    layernorm_bwd_dinp_kernel<<<l.grid, l.block, l.smem, stream>>>(dx, dy, x, w, mean, rstd, N, C, accumulate);
+    MT_LAUNCH(l, stream, layernorm_bwd_dinp_kernel<D>)(dx, dy, x, w, mean, rstd, N, C, accumulate);
     MT_CUDA_CHECK_LAUNCH();
   }
 }

@@ -20,13 +20,13 @@ void moe_route(float* probs, float* lse, double* lse_sq, int32_t* expert, float*
                const float* bias, int N, int E, int K, const ops::Ctx& ctx) {
   if (N == 0) return;
   const LaunchShape l = items_shape(N);
-  route_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(probs, lse, lse_sq, expert, gate, logits, bias, N, E, K);
+  MT_LAUNCH(l, stream_of(ctx), route_kernel)(probs, lse, lse_sq, expert, gate, logits, bias, N, E, K);
   MT_CUDA_CHECK_LAUNCH();
 }
 
 void moe_route_stats(double* sums, const float* probs, const double* lse_sq, int N, int E, const ops::Ctx& ctx) {
   const LaunchShape l = stats_shape(E);
-  route_stats_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(sums, probs, lse_sq, N, E);
+  MT_LAUNCH(l, stream_of(ctx), route_stats_kernel)(sums, probs, lse_sq, N, E);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -35,8 +35,8 @@ void moe_route_bwd(float* dlogits, const float* dgate, const float* probs, const
                    const ops::Ctx& ctx) {
   if (N == 0) return;
   const LaunchShape l = items_shape(N);
-  route_bwd_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(dlogits, dgate, probs, lse, expert, gate, load, N, E,
-                                                                K, aux_weight, z_weight);
+  MT_LAUNCH(l, stream_of(ctx), route_bwd_kernel)(
+      dlogits, dgate, probs, lse, expert, gate, load, N, E, K, aux_weight, z_weight);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -45,12 +45,12 @@ void moe_plan(int32_t* load, int32_t* offset, int32_t* row_of, int32_t* assignme
   const int64_t A = int64_t(N) * K;
   const cudaStream_t s = stream_of(ctx);
   const LaunchShape c = plan_count_shape(E), o = single_shape(), r = items_shape(A);
-  plan_count_kernel<<<c.grid, c.block, c.smem, s>>>(load, row_of, expert, A);
+  MT_LAUNCH(c, s, plan_count_kernel)(load, row_of, expert, A);
   MT_CUDA_CHECK_LAUNCH();
-  plan_offsets_kernel<<<o.grid, o.block, o.smem, s>>>(offset, load, E, capacity);
+  MT_LAUNCH(o, s, plan_offsets_kernel)(offset, load, E, capacity);
   MT_CUDA_CHECK_LAUNCH();
   if (A == 0) return;
-  plan_rows_kernel<<<r.grid, r.block, r.smem, s>>>(row_of, assignment_of, expert, offset, A, capacity);
+  MT_LAUNCH(r, s, plan_rows_kernel)(row_of, assignment_of, expert, offset, A, capacity);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -59,7 +59,7 @@ void moe_permute(S* out, const S* x, const int32_t* assignment_of, int64_t M, in
   const int64_t total = M * C;
   if (total == 0) return;
   const LaunchShape l = items_shape(total);
-  permute_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(dev_ptr(out), dev_ptr(x), assignment_of, K, C, total);
+  MT_LAUNCH(l, stream_of(ctx), permute_kernel<dev_t<S>>)(dev_ptr(out), dev_ptr(x), assignment_of, K, C, total);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -68,7 +68,7 @@ void moe_unpermute(S* out, const S* rows, const int32_t* row_of, int64_t A, int 
   const int64_t total = A * C;
   if (total == 0) return;
   const LaunchShape l = items_shape(total);
-  unpermute_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(dev_ptr(out), dev_ptr(rows), row_of, C, total);
+  MT_LAUNCH(l, stream_of(ctx), unpermute_kernel<dev_t<S>>)(dev_ptr(out), dev_ptr(rows), row_of, C, total);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -78,8 +78,7 @@ void moe_permute_bwd(S* dx, const S* drows, const float* extra, const int32_t* r
   const int64_t total = int64_t(N) * C;
   if (total == 0) return;
   const LaunchShape l = items_shape(total);
-  permute_bwd_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(dev_ptr(dx), dev_ptr(drows), extra, row_of, K, C,
-                                                                  total);
+  MT_LAUNCH(l, stream_of(ctx), permute_bwd_kernel<dev_t<S>>)(dev_ptr(dx), dev_ptr(drows), extra, row_of, K, C, total);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -89,8 +88,8 @@ void moe_combine(S* y, const S* rows, const float* gate, const S* base, const in
   const int64_t total = int64_t(N) * C;
   if (total == 0) return;
   const LaunchShape l = items_shape(total);
-  combine_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(dev_ptr(y), dev_ptr(rows), gate, dev_ptr(base), row_of,
-                                                              K, C, total);
+  MT_LAUNCH(l, stream_of(ctx), combine_kernel<dev_t<S>>)(
+      dev_ptr(y), dev_ptr(rows), gate, dev_ptr(base), row_of, K, C, total);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -102,12 +101,11 @@ void moe_combine_bwd(S* drows, float* dgate, const S* dy, const S* rows, const f
   const cudaStream_t s = stream_of(ctx);
   if (M > 0) {
     const LaunchShape r = items_shape(M * C);
-    combine_bwd_rows_kernel<<<r.grid, r.block, r.smem, s>>>(dev_ptr(drows), dev_ptr(dy), gate, assignment_of, K, C,
-                                                            M * C);
+    MT_LAUNCH(r, s, combine_bwd_rows_kernel<dev_t<S>>)(dev_ptr(drows), dev_ptr(dy), gate, assignment_of, K, C, M * C);
     MT_CUDA_CHECK_LAUNCH();
   }
   const LaunchShape g = items_shape(A);
-  combine_bwd_gate_kernel<<<g.grid, g.block, g.smem, s>>>(dgate, dev_ptr(dy), dev_ptr(rows), row_of, K, C, A);
+  MT_LAUNCH(g, s, combine_bwd_gate_kernel<dev_t<S>>)(dgate, dev_ptr(dy), dev_ptr(rows), row_of, K, C, A);
   MT_CUDA_CHECK_LAUNCH();
 }
 

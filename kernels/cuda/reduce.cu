@@ -24,9 +24,9 @@ void sum_squares_into(double* out, const float* x, int64_t N, bool accumulate, c
   // N = 0 runs too: the partials are zeros, and *out is written (or kept) as for any N.
   const StreamTemp<double> partial(kSumBlocks, stream);
   const LaunchShape lp = partial_shape(), ls = partials_shape();
-  sum_squares_partial_kernel<<<lp.grid, lp.block, lp.smem, stream>>>(partial.get(), x, N);
+  MT_LAUNCH(lp, stream, sum_squares_partial_kernel)(partial.get(), x, N);
   MT_CUDA_CHECK_LAUNCH();
-  sum_partials_kernel<<<ls.grid, ls.block, ls.smem, stream>>>(out, partial.get(), accumulate);
+  MT_LAUNCH(ls, stream, sum_partials_kernel)(out, partial.get(), accumulate);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -51,7 +51,7 @@ bool all_finite(const float* x, int64_t N, const ops::Ctx& ctx) {
     const StreamTemp<int> flag(1, stream);
     MT_CUDA_CHECK(cudaMemsetAsync(flag.get(), 0, sizeof(int), stream));
     const LaunchShape l = all_finite_shape(N);
-    all_finite_kernel<<<l.grid, l.block, l.smem, stream>>>(flag.get(), x, N);
+    MT_LAUNCH(l, stream, all_finite_kernel)(flag.get(), x, N);
     MT_CUDA_CHECK_LAUNCH();
     MT_CUDA_CHECK(cudaMemcpyAsync(&any_bad, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, stream));
   }

@@ -18,7 +18,10 @@ void opt_in_shared_memory(Kernel kernel, size_t bytes, const char* op) {
   MT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   MT_CHECK(bytes <= size_t(optin), "%s: needs %zu bytes of shared memory per block, the device allows %d", op,
            bytes, optin);
-  MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  // The runtime's C entry point (the templated overload exists for nvcc only), so the host build of the
+  // simulated device compiles the same call.
+  MT_CUDA_CHECK(
+      cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
 }  // namespace mt::cuda

@@ -26,8 +26,8 @@ void softmax_xent(float* losses, S* dlogits, const S* logits, const int32_t* tar
   MT_CHECK(V > 0 && V <= Vp, "softmax_xent: need 0 < V <= Vp (V=%d, Vp=%d)", V, Vp);
   if (N == 0) return;
   const LaunchShape l = xent_shape(N);
-  softmax_xent_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(losses, dev_ptr(dlogits), dev_ptr(logits), targets,
-                                                                   dloss, V, Vp);
+  MT_LAUNCH(l, stream_of(ctx), softmax_xent_kernel<dev_t<S>>)(
+      losses, dev_ptr(dlogits), dev_ptr(logits), targets, dloss, V, Vp);
   MT_CUDA_CHECK_LAUNCH();
 }
 

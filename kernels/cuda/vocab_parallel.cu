@@ -21,7 +21,7 @@ void xent_slice_stats(float* stats, const S* logits, const int32_t* targets, int
   MT_CHECK(V > 0 && Vl > 0 && col0 >= 0, "xent_slice_stats: bad slice col0=%d Vl=%d of V=%d", col0, Vl, V);
   if (N == 0) return;
   const LaunchShape l = slice_shape(N);
-  xent_slice_stats_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(stats, dev_ptr(logits), targets, col0, V, Vl);
+  MT_LAUNCH(l, stream_of(ctx), xent_slice_stats_kernel<dev_t<S>>)(stats, dev_ptr(logits), targets, col0, V, Vl);
   MT_CUDA_CHECK_LAUNCH();
 }
 
@@ -32,8 +32,8 @@ void xent_slice_finish(float* losses, S* dlogits, const S* logits, const float* 
            col0, Vl, V, P);
   if (N == 0) return;
   const LaunchShape l = slice_shape(N);
-  xent_slice_finish_kernel<<<l.grid, l.block, l.smem, stream_of(ctx)>>>(losses, dev_ptr(dlogits), dev_ptr(logits),
-                                                                        stats, P, targets, dloss, col0, N, V, Vl);
+  MT_LAUNCH(l, stream_of(ctx), xent_slice_finish_kernel<dev_t<S>>)(
+      losses, dev_ptr(dlogits), dev_ptr(logits), stats, P, targets, dloss, col0, N, V, Vl);
   MT_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,222 @@
+// Streams as in-order queues that run lazily: work runs when something waits for it, and a failure
+// inside it becomes the sticky error of the call that waited.
+//
+// Order between streams is a dependency of the queued op on a prefix of another stream:
+//   - cudaStreamWaitEvent queues a marker that depends on the event's record;
+//   - the legacy default stream (handle 0 or cudaStreamLegacy): an op queued on it depends on the
+//     work queued so far on every blocking stream, and an op queued on a blocking stream depends on
+//     the legacy stream's work so far (CUDA Runtime API, "Stream synchronization behavior"). Streams
+//     created with cudaStreamNonBlocking take part in neither; the per-thread default stream
+//     (cudaStreamPerThread) is a blocking stream.
+// Dependencies always point to earlier ops, so running them first terminates.
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
+#include "sim/state.h"
+
+namespace mt::sim {
+namespace detail {
+
+namespace {
+
+template <class F>
+void for_each_stream(Device& d, F f) {
+  f(d.legacy);
+  for (auto& [h, s] : d.streams) f(s);
+  for (auto& [id, s] : d.per_thread) f(s);
+  for (auto& s : d.retired) f(s);
+}
+
+void fail_device(Device& d, const std::string& what, cudaError_t code, const std::string& why) {
+  d.sticky = code;
+  drop_all_work(d);  // the context is lost, as after a kernel fault
+  report(CudaError(code, format("queued work '%s' failed: %s", what.c_str(), why.c_str())));
+}
+
+void execute(Device& d, Op& op, std::optional<DeviceAccess>& access) {
+  if (!op.device) {
+    if (op.run) op.run();  // a marker: cannot fail
+    return;
+  }
+  if (!access) access.emplace();
+  ThreadState& t = this_thread();
+  const bool was_in_work = t.in_device_work;
+  const std::string* was_running = d.running;
+  t.in_device_work = true;
+  d.running = &op.what;
+  cudaError_t code = cudaSuccess;
+  std::string why;
+  try {
+    op.run();
+  } catch (const CudaError& e) {
+    code = e.code();
+    why = e.what();
+  } catch (const std::exception& e) {
+    code = cudaErrorLaunchFailure;
+    why = e.what();
+  }
+  t.in_device_work = was_in_work;
+  d.running = was_running;
+  d.clock_ms += kOpMs;
+  if (code != cudaSuccess) fail_device(d, op.what, code, why);
+}
+
+void run(Device& d, const std::shared_ptr<CUstream_st>& s, uint64_t seq, std::optional<DeviceAccess>& access) {
+  std::vector<Dep> todo{{s, seq}};
+  while (!todo.empty() && d.sticky == cudaSuccess) {
+    const Dep top = todo.back();
+    auto& q = top.stream->pending;
+    if (q.empty() || q.front().seq > top.seq) {
+      todo.pop_back();
+      continue;
+    }
+    bool blocked = false;
+    for (const Dep& dep : q.front().deps) {
+      if (!done(dep)) {
+        todo.push_back(dep);
+        blocked = true;
+        break;
+      }
+    }
+    if (blocked) continue;
+    Op op = std::move(q.front());
+    q.pop_front();
+    execute(d, op, access);
+  }
+  std::erase_if(d.retired, [](const auto& r) { return r->pending.empty(); });
+}
+
+}  // namespace
+
+std::shared_ptr<CUstream_st> stream_of(Device& d, cudaStream_t s, const char* call) {
+  if (s == nullptr || s == cudaStreamLegacy) return d.legacy;
+  if (s == cudaStreamPerThread) {
+    auto& mine = d.per_thread[std::this_thread::get_id()];
+    if (!mine) mine = std::make_shared<CUstream_st>();
+    return mine;
+  }
+  auto it = d.streams.find(s);
+  if (it == d.streams.end())
+    throw CudaError(cudaErrorInvalidResourceHandle,
+                    format("%s: stream %p is not a live stream (never created, or destroyed)", call, (void*)s));
+  return it->second;
+}
+
+uint64_t next_seq(Device& d) { return ++d.seq; }
+
+bool done(const Dep& dep) { return dep.stream->pending.empty() || dep.stream->pending.front().seq > dep.seq; }
+
+void push(Device& d, const std::shared_ptr<CUstream_st>& s, Op op) {
+  auto blocking = [](const std::shared_ptr<CUstream_st>& t) { return !(t->flags & cudaStreamNonBlocking); };
+  if (s->legacy) {
+    for_each_stream(d, [&](const std::shared_ptr<CUstream_st>& t) {
+      if (t != s && blocking(t) && !t->pending.empty()) op.deps.push_back({t, t->pending.back().seq});
+    });
+  } else if (blocking(s) && !d.legacy->pending.empty()) {
+    op.deps.push_back({d.legacy, d.legacy->pending.back().seq});
+  }
+  // Earliest first: the order in which unordered work runs must not depend on where the heap put
+  // the streams.
+  std::sort(op.deps.begin(), op.deps.end(), [](const Dep& a, const Dep& b) { return a.seq < b.seq; });
+  const uint64_t seq = op.seq;
+  s->pending.push_back(std::move(op));
+  if (d.eager) run_until(d, s, seq);
+}
+
+void run_until(Device& d, const std::shared_ptr<CUstream_st>& s, uint64_t seq) {
+  std::optional<DeviceAccess> access;  // opened once, at the first device work
+  run(d, s, seq, access);
+}
+
+void run_all(Device& d) {
+  std::optional<DeviceAccess> access;
+  while (d.sticky == cudaSuccess) {
+    std::shared_ptr<CUstream_st> first;  // the stream holding the earliest op
+    for_each_stream(d, [&](const std::shared_ptr<CUstream_st>& t) {
+      if (!t->pending.empty() && (!first || t->pending.front().seq < first->pending.front().seq)) first = t;
+    });
+    if (!first) break;
+    run(d, first, first->pending.front().seq, access);
+  }
+}
+
+void drop_all_work(Device& d) {
+  for_each_stream(d, [](const std::shared_ptr<CUstream_st>& t) { t->pending.clear(); });
+  d.retired.clear();
+}
+
+}  // namespace detail
+
+void enqueue(cudaStream_t s, std::string what, std::function<void()> work) {
+  detail::Device& d = detail::device();
+  std::lock_guard lock(d.mutex);
+  if (d.sticky != cudaSuccess)
+    throw CudaError(d.sticky, detail::format("%s: the device already failed (%s)", what.c_str(),
+                                             cudaGetErrorString(d.sticky)));
+  auto stream = detail::stream_of(d, s, what.c_str());
+  detail::Op op;
+  op.seq = detail::next_seq(d);
+  op.what = std::move(what);
+  op.run = std::move(work);
+  detail::push(d, stream, std::move(op));
+}
+
+void set_eager(bool on) {
+  detail::Device& d = detail::device();
+  std::lock_guard lock(d.mutex);
+  d.eager = on;
+  if (on) detail::run_all(d);
+}
+
+bool eager() {
+  detail::Device& d = detail::device();
+  std::lock_guard lock(d.mutex);
+  return d.eager;
+}
+
+}  // namespace mt::sim
+
+using namespace mt::sim;
+using namespace mt::sim::detail;
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* pStream, unsigned int flags) {
+  return api([&](Device& d) {
+    if (!pStream) throw CudaError(cudaErrorInvalidValue, "cudaStreamCreateWithFlags: pStream is null");
+    if (flags & ~unsigned(cudaStreamNonBlocking))
+      throw CudaError(cudaErrorInvalidValue, format("cudaStreamCreateWithFlags: unknown flags 0x%x", flags));
+    auto s = std::make_shared<CUstream_st>();
+    s->flags = flags;
+    d.streams[s.get()] = s;
+    *pStream = s.get();
+    return cudaSuccess;
+  });
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* pStream) { return cudaStreamCreateWithFlags(pStream, cudaStreamDefault); }
+
+// Work still queued on the stream runs later all the same, as on the hardware.
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  return api([&](Device& d) {
+    if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
+      throw CudaError(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: a default stream cannot be destroyed");
+    auto s = stream_of(d, stream, "cudaStreamDestroy");
+    if (!s->pending.empty()) d.retired.push_back(s);
+    d.streams.erase(stream);
+    return cudaSuccess;
+  });
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  return api([&](Device& d) {
+    run_until(d, stream_of(d, stream, "cudaStreamSynchronize"), UINT64_MAX);
+    return d.sticky;
+  });
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  return api([](Device& d) {
+    run_all(d);
+    return d.sticky;
+  });
+}

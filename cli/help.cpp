@@ -100,8 +100,11 @@ std::string version_text() {
   return strfmt("minitrain %s (git %s)\n"
                 "build: %s, compiler %s\n"
                 "  CUDA %s%s, NCCL %s, MPI %s, BLAS %s\n",
-                kVersion, kGitRevision, kBuildType, kCompiler, kHaveCuda ? "on" : "off",
-                kHaveCuda ? strfmt(" (architectures %s)", kCudaArchs).c_str() : "", kHaveNccl ? "on" : "off",
+                kVersion, kGitRevision, kBuildType, kCompiler,
+                kCudaSimulated ? "simulated" : kHaveCuda ? "on" : "off",
+                kCudaSimulated ? " (the CUDA backend on a simulated device, on the CPU: no GPU)"
+                : kHaveCuda    ? strfmt(" (architectures %s)", kCudaArchs).c_str()
+                               : "", kHaveNccl ? "on" : "off",
                 kHaveMpi ? "on" : "off", kHaveBlas ? "on (OpenBLAS)" : "off (built-in GEMM)");
 }
 

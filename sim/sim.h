@@ -81,6 +81,14 @@ class DeviceAccess {
 // error if the device already failed.
 void enqueue(cudaStream_t s, std::string what, std::function<void()> work);
 
+// Queues `work` on s as enqueue does, then runs s up to and including it (first the work it depends on:
+// earlier work on s, and on other streams through events or the legacy default stream), so `work` sees
+// exactly the data produced by the work ordered before it. For stand-ins whose work cannot wait for the
+// host to come back later (NCCL's: a peer process waits for it). A failure inside it, or inside the
+// work it waited for, follows enqueue's rules (reported, sticky) and is thrown again here as the sticky
+// CudaError. With an empty `work` it only checks that s is live and the device has not failed.
+void run_now(cudaStream_t s, std::string what, std::function<void()> work);
+
 // Eager mode, a debugging aid: every call runs its work at once instead of when waited for, so a
 // result that changes with MT_SIM_EAGER=1 points at a missing synchronisation. The environment
 // variable MT_SIM_EAGER=1 turns it on for the process (read once, announced on stderr); set_eager

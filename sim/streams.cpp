@@ -9,6 +9,8 @@
 //     created with cudaStreamNonBlocking take part in neither; the per-thread default stream
 //     (cudaStreamPerThread) is a blocking stream.
 // Dependencies always point to earlier ops, so running them first terminates.
+// run_now queues work and at once runs its stream up to it, for the stand-ins whose work cannot wait to
+// be waited for (NCCL's: a peer process is waiting for it).
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -160,6 +162,24 @@ void enqueue(cudaStream_t s, std::string what, std::function<void()> work) {
   op.what = std::move(what);
   op.run = std::move(work);
   detail::push(d, stream, std::move(op));
+}
+
+void run_now(cudaStream_t s, std::string what, std::function<void()> work) {
+  detail::Device& d = detail::device();
+  std::lock_guard lock(d.mutex);
+  if (d.sticky != cudaSuccess)
+    throw CudaError(d.sticky, detail::format("%s: the device already failed (%s)", what.c_str(),
+                                             cudaGetErrorString(d.sticky)));
+  auto stream = detail::stream_of(d, s, what.c_str());
+  if (!work) return;
+  detail::Op op;
+  op.seq = detail::next_seq(d);
+  op.what = std::move(what);
+  op.run = std::move(work);
+  const uint64_t seq = op.seq;
+  detail::push(d, stream, std::move(op));
+  detail::run_until(d, stream, seq);
+  if (d.sticky != cudaSuccess) throw CudaError(d.sticky, last_message());
 }
 
 void set_eager(bool on) {

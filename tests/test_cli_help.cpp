@@ -84,7 +84,10 @@ TEST(OptionsHelp, WantsHelpAnywhereInTheArguments) {
 TEST(Version, NamesRevisionAndBuild) {
   const std::string v = version_text();
   EXPECT_NE(v.find(kGitRevision), std::string::npos);
-  EXPECT_NE(v.find(std::string("CUDA ") + (kHaveCuda ? "on" : "off")), std::string::npos);
+  EXPECT_NE(v.find(std::string("CUDA ") + (kCudaSimulated ? "simulated" : kHaveCuda ? "on" : "off")),
+            std::string::npos);
+  // A simulated device says so: its figures are not a GPU's.
+  EXPECT_EQ(v.find("simulated device") != std::string::npos, kCudaSimulated);
   EXPECT_NE(v.find("MPI "), std::string::npos);
   EXPECT_NE(v.find("BLAS "), std::string::npos);
   EXPECT_FALSE(std::string(kGitRevision).empty());

@@ -2,7 +2,7 @@
 //
 // A kernel header that builds with nvcc for the device also builds with the host compiler against this
 // file (the *_kernels.cuh headers do): `launch` runs each thread of a block as a fiber (a user-space
-// context with its own stack, POSIX ucontext) on the calling host thread, blocks one after another, with
+// context with its own stack; see Context below) on the calling host thread, blocks one after another, with
 //   - threadIdx, blockIdx, blockDim, gridDim per thread (1-, 2- and 3-D blocks, x fastest);
 //   - __syncthreads and __syncthreads_or as barriers over the block's threads;
 //   - __syncwarp, __shfl_xor_sync, __ballot_sync, mma.sync (m16n8k16, bf16/fp16 in, fp32
@@ -14,7 +14,7 @@
 //     undefined contents; dynamic shared memory starts zeroed.
 // A thread runs until it reaches a barrier, then the next ready thread runs, in thread order (or, under
 // Timing::early, its own warp's threads first), so a run is deterministic. Fibers rather than host threads: passing a barrier costs each thread one
-// user-space context switch (about a microsecond) instead of a wake-up through the operating system's
+// user-space context switch (tens of nanoseconds) instead of a wake-up through the operating system's
 // scheduler, and a barrier that some threads never reach is reported (an exception from `launch`
 // naming the block) instead of hanging. Every warp-level call must be reached by all 32 threads of the
 // warp, as on the hardware. What it cannot show: timing, races the hardware would expose (here a missing barrier shows
@@ -95,8 +95,12 @@ class Barrier {
 // What the 32 threads of a warp exchange. Shuffles and ballots alternate between two word buffers, so
 // one barrier per exchange suffices: no lane writes a buffer again before every lane has passed the
 // next barrier, i.e. has read what the buffer held.
+// A block whose size is not a multiple of 32 ends with a partial warp (`lanes` < 32), as on the
+// hardware; warp-wide operations there are refused (require_full), since they name absent lanes.
 struct Warp {
-  Barrier sync{kLanes, true};
+  explicit Warp(int lanes = kLanes) : sync(lanes, true), lanes(lanes) {}
+  Barrier sync;
+  int lanes;
   uint32_t a[kLanes][4], b[kLanes][2];
   uint64_t word[2][kLanes];
 };
@@ -104,11 +108,12 @@ struct Warp {
 struct Block {
   Block(int threads, size_t smem_bytes)
       : sync(threads),
-        warps(size_t(threads / kLanes)),
         // Undefined on a GPU: filled with 0xff bytes (NaN as any float type), so that a kernel reading
         // shared memory it never wrote cannot pass on zeros that happen to look like padding.
         smem((smem_bytes + 15) / 16, uint4{~0u, ~0u, ~0u, ~0u}),
-        votes{std::vector<int>(size_t(threads)), std::vector<int>(size_t(threads))} {}
+        votes{std::vector<int>(size_t(threads)), std::vector<int>(size_t(threads))} {
+    for (int t = 0; t < threads; t += kLanes) warps.emplace_back(std::min(kLanes, threads - t));
+  }
   Barrier sync;
   std::deque<Warp> warps;                             // barriers do not move
   std::vector<uint4> smem;                            // dynamic shared memory
@@ -136,6 +141,79 @@ struct ThreadState {
   unsigned async_groups = 0;
 };
 
+// A fiber's saved context and the switch between two. On x86-64 the switch is a few instructions of
+// our own (mt_emu_switch below): it saves the registers a called function must preserve, the SSE and
+// x87 control words and the stack pointer, and loads another fiber's. POSIX swapcontext would also save
+// and restore the signal mask, a system call on every switch, which made it most of a simulated
+// training step's time. Elsewhere, swapcontext.
+#if defined(__x86_64__) && defined(__ELF__)
+// mt_emu_switch(&from, to): pushes rbp, rbx, r12-r15 and the control words on the current stack,
+// stores the stack pointer in *from, loads `to` and pops the same from there. Weak: each translation
+// unit including this header emits it, and the linker keeps one.
+extern "C" void mt_emu_switch(void** from, void* to);
+__asm__(R"(
+  .pushsection .text
+  .weak mt_emu_switch
+  .type mt_emu_switch, @function
+mt_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size mt_emu_switch, .-mt_emu_switch
+  .popsection
+)");
+
+struct Context {
+  void* sp = nullptr;
+};
+inline void switch_context(Context& from, Context& to) { mt_emu_switch(&from.sp, to.sp); }
+// Prepares c to enter entry() on the stack [stack, stack + bytes) at its first switch; entry never
+// returns (it switches away for the last time).
+inline void start_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t(15);
+  auto* frame = reinterpret_cast<uint64_t*>(top - 72);  // control words, six registers, return address
+  uint32_t mxcsr = 0;
+  uint16_t fpucw = 0;
+  __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
+  __asm__ volatile("fnstcw %0" : "=m"(fpucw));
+  frame[0] = uint64_t(mxcsr) | uint64_t(fpucw) << 32;
+  for (int r = 1; r <= 6; r++) frame[r] = 0;
+  frame[7] = reinterpret_cast<uint64_t>(entry);  // `ret` lands here with rsp = top - 8, as after a call
+  frame[8] = 0;
+  c.sp = frame;
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+inline void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+inline void start_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+#endif
+
 // One emulated thread: its context, its stack (with an inaccessible guard page below it, so an
 // overflow faults instead of corrupting a neighbour) and its CUDA registers.
 struct Fiber {
@@ -148,12 +226,11 @@ struct Fiber {
       throw std::runtime_error("warp emulator: cannot map a fiber stack");
     map = static_cast<char*>(p);
     stack = map + page;
-    getcontext(&context);
   }
   Fiber(const Fiber&) = delete;
   Fiber& operator=(const Fiber&) = delete;
   ~Fiber() { munmap(map, map_bytes); }
-  ucontext_t context;
+  Context context;
   char* map = nullptr;
   char* stack = nullptr;
   size_t map_bytes = 0;
@@ -192,7 +269,7 @@ class Scheduler {
   std::deque<Fiber>& fibers_;
   int threads_;
   std::deque<Fiber*> ready_;
-  ucontext_t main_;
+  Context main_;
   Fiber* current_ = nullptr;
   int finished_ = 0;
   Body body_;
@@ -223,14 +300,14 @@ inline void Barrier::arrive_and_wait() {
 
 inline void Scheduler::switch_from(Fiber* from) {
   if (ready_.empty()) {  // every thread finished, or the rest wait: back to run_block
-    swapcontext(&from->context, &main_);
+    switch_context(from->context, main_);
     return;
   }
   Fiber* to = ready_.front();
   ready_.pop_front();
   current_ = to;
   running = &to->state;
-  swapcontext(&from->context, &to->context);
+  switch_context(from->context, to->context);
 }
 
 inline void Scheduler::wait() { switch_from(current_); }
@@ -253,10 +330,7 @@ inline bool Scheduler::run_block(const ThreadState& base) {
     f.state = base;
     f.state.tid = tid;
     f.state.thread_idx = uint3{unsigned(tid) % bd.x, unsigned(tid) / bd.x % bd.y, unsigned(tid) / (bd.x * bd.y)};
-    f.context.uc_stack.ss_sp = f.stack;
-    f.context.uc_stack.ss_size = Fiber::kStackBytes;
-    f.context.uc_link = &main_;
-    makecontext(&f.context, &Scheduler::fiber_main, 0);
+    start_context(f.context, f.stack, Fiber::kStackBytes, &Scheduler::fiber_main);
     ready_.push_back(&f);
   }
   finished_ = 0;
@@ -264,7 +338,7 @@ inline bool Scheduler::run_block(const ThreadState& base) {
   ready_.pop_front();
   current_ = first;
   running = &first->state;
-  swapcontext(&main_, &first->context);
+  switch_context(main_, first->context);
   running = nullptr;
   ready_.clear();
   return finished_ == threads_;
@@ -276,6 +350,10 @@ inline Warp& warp() { return self().block->warps[size_t(self().tid / kLanes)]; }
 inline void require_full(unsigned mask, const char* what) {
   if (mask != kFullMask)
     throw std::logic_error(std::string("warp emulator: ") + what + " with a partial mask is not emulated");
+  if (warp().lanes != kLanes)
+    throw std::logic_error(std::string("warp emulator: ") + what + " in a partial warp of " +
+                           std::to_string(warp().lanes) + " threads (undefined on the hardware: the mask names "
+                           "absent lanes)");
 }
 
 template <class T>
@@ -347,6 +425,7 @@ inline float frag_b(const Warp& w, int k, int col, bool bf16) {
 
 // c += a b (m16n8k16) for the calling lane's accumulator fragment.
 inline void mma_m16n8k16(float c[4], const uint32_t a[4], const uint32_t b[2], bool bf16) {
+  require_full(kFullMask, "mma.sync");
   Warp& w = warp();
   const int l = lane(), g = l / 4, t = l % 4;
   std::memcpy(w.a[l], a, sizeof(w.a[l]));
@@ -383,6 +462,7 @@ inline void ldmatrix_x4(uint32_t r[4], const void* row, bool trans) {
   if (reinterpret_cast<uintptr_t>(row) % 16 != 0)
     throw std::logic_error("warp emulator: ldmatrix row address not 16-byte aligned");
   require_shared(row, 16, "ldmatrix row");
+  require_full(kFullMask, "ldmatrix");
   Warp& w = warp();
   const int l = lane(), g = l / 4, t = l % 4;
   uint64_t* word = w.word[self().warp_exchanges++ % 2];
@@ -436,14 +516,13 @@ inline void cp_async_wait(int n) {
 }
 
 // Runs kernel(args...) over the grid, one fiber per CUDA thread, one block at a time. The block has
-// block.x * block.y * block.z threads, a multiple of 32, at most 1024. Throws when a block deadlocks
-// or the kernel throws (an emulator limit it reached).
+// block.x * block.y * block.z threads, at most 1024 (a last partial warp may not use warp-wide
+// operations). Throws when a block deadlocks or the kernel throws (an emulator limit it reached).
 template <class Kernel, class... Args>
 void launch(dim3 grid, dim3 block, size_t smem_bytes, Kernel kernel, Args... args) {
   const int threads = int(block.x * block.y * block.z);
-  if (threads <= 0 || threads > 1024 || threads % kLanes != 0)
-    throw std::invalid_argument("warp emulator: " + std::to_string(threads) +
-                                " threads per block (need a multiple of 32, at most 1024)");
+  if (threads <= 0 || threads > 1024)
+    throw std::invalid_argument("warp emulator: " + std::to_string(threads) + " threads per block (need 1 to 1024)");
   auto body = [&] { kernel(args...); };
   Scheduler sched(threads, [](void* p) { (*static_cast<decltype(body)*>(p))(); }, &body);
   struct Current {

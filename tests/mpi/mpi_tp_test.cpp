@@ -140,7 +140,7 @@ TEST(TensorParallel, OnGpusMatchesTheCpuRun) {
   parallel::Comm& world = mpi_world().comm();
   const int W = world.size();
   if (W != 2 && W != 4) GTEST_SKIP() << "tp=2 or tp=4 only";
-  if (cuda::device_count() < W) GTEST_SKIP() << "needs one GPU per rank (" << W << "), found " << cuda::device_count();
+  if (const std::string missing = gpus_missing(W); !missing.empty()) GTEST_SKIP() << missing;
   const std::string data = shared_corpus(world);
   const int steps = 5;
   for (const char* attention : {"materialized", "flash"}) {

@@ -51,11 +51,14 @@ inline std::string shared_corpus(parallel::Comm& world, uint64_t seed = 0) {
 }
 
 // The GPUs a test on `ranks` ranks needs (one per rank, one node), or why it cannot run here ("" when
-// it can).
+// it can). On the simulated device every process has a device of its own.
 inline std::string gpus_missing(int ranks) {
-#ifndef MT_HAVE_CUDA
+#if !defined(MT_HAVE_CUDA)
   (void)ranks;
   return "a build without CUDA";
+#elif defined(MT_CUDA_SIM)
+  (void)ranks;
+  return "";
 #else
   if (cuda::device_count() < ranks)
     return strfmt("needs one GPU per rank (%d), found %d", ranks, cuda::device_count());

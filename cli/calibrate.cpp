@@ -42,12 +42,13 @@ struct Target {
   bool gpu() const { return ctx.device == Device::cuda; }
 };
 
-// n elements of T in the target's memory (zero-filled, or a copy of `init`), freed on scope exit.
+// n elements of T in the target's memory (zero-filled, or a copy of `init`), freed on scope exit. No
+// elements, no memory: device memory then gives a null pointer.
 template <class T>
 class Block {
  public:
   Block(const Target& t, size_t n, const std::vector<T>& init = {}) : mem_(t.mem), p_(static_cast<T*>(t.mem.alloc(n * sizeof(T)))) {
-    MT_CHECK(p_ != nullptr, "bench --calibrate: out of memory allocating %zu bytes", n * sizeof(T));
+    MT_CHECK(n == 0 || p_ != nullptr, "bench --calibrate: out of memory allocating %zu bytes", n * sizeof(T));
     if (!init.empty()) mem_.upload(p_, init.data(), std::min(n, init.size()) * sizeof(T));
   }
   ~Block() { mem_.free(p_); }

@@ -1,5 +1,8 @@
 #include "parallel/mesh.h"
 
+#include "parallel/nccl_comm.h"  // empty without NCCL
+#include "runtime/check.h"
+
 namespace mt::parallel {
 
 const char* mesh_dim_name(MeshDim d) {
@@ -165,6 +168,52 @@ Comm& Mesh::ep_comm() const {
 }
 
 Comm& Mesh::expert_data_comm() const { return expert_data_comm_ ? *expert_data_comm_ : cp_dp_comm(); }
+
+const char* mesh_group_name(MeshGroup g) {
+  static const char* const names[kNumMeshGroups] = {"tp", "cp", "pp", "dp", "cp_dp", "ep", "expert_data"};
+  return names[size_t(g)];
+}
+
+namespace {
+
+Comm& host_comm(const Mesh& m, MeshGroup g) {
+  switch (g) {
+    case MeshGroup::tp: return m.tp_comm();
+    case MeshGroup::cp: return m.cp_comm();
+    case MeshGroup::pp: return m.pp_comm();
+    case MeshGroup::dp: return m.dp_comm();
+    case MeshGroup::cp_dp: return m.cp_dp_comm();
+    case MeshGroup::ep: return m.ep_comm();
+    case MeshGroup::expert_data: return m.expert_data_comm();
+  }
+  return m.dp_comm();
+}
+
+}  // namespace
+
+Comm& Mesh::add_device_comm(MeshGroup g, void* compute_stream, bool wide_sums) {
+  const char* name = mesh_group_name(g);
+  MT_CHECK(!device_comms_[size_t(g)], "the %s group's device communicator is already built", name);
+#ifdef MT_HAVE_NCCL
+  device_comms_[size_t(g)] = std::make_unique<NcclComm>(host_comm(*this, g), static_cast<cudaStream_t>(compute_stream),
+                                                        strfmt("%s.nccl", name), wide_sums);
+  return *device_comms_[size_t(g)];
+#else
+  (void)compute_stream, (void)wide_sums;
+  fail("the %s group's device communicator needs a build with NCCL (this one has none)", name);
+#endif
+}
+
+Comm* Mesh::device_comm(MeshGroup g) const { return device_comms_[size_t(g)].get(); }
+
+std::vector<Comm*> Mesh::comms() const {
+  std::vector<Comm*> all = {&dp_comm(), &tp_comm(), &pp_comm(), &cp_comm(), &cp_dp_comm()};
+  if (ep_comm_) all.push_back(ep_comm_.get());
+  if (expert_data_comm_) all.push_back(expert_data_comm_.get());
+  for (const auto& c : device_comms_)
+    if (c) all.push_back(c.get());
+  return all;
+}
 
 std::string layout_name(const MeshLayout& l) { return strfmt("TP(%d)-CP(%d)-PP(%d)-DP(%d)", l.tp, l.cp, l.pp, l.dp); }
 

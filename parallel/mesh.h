@@ -27,6 +27,14 @@
 namespace mt::parallel {
 
 enum class MeshDim : uint8_t { tp, cp, pp, dp };  // fastest-varying first
+// The groups a rank communicates in: the four dimensions, cp x dp (the replicas of one tp x pp
+// position), and under expert parallelism the ep group and the expert-data group.
+enum class MeshGroup : uint8_t { tp, cp, pp, dp, cp_dp, ep, expert_data };
+constexpr int kNumMeshGroups = 7;
+const char* mesh_group_name(MeshGroup g);  // "tp", "cp", "pp", "dp", "cp_dp", "ep", "expert_data"
+// The group along one dimension (the first four groups are the dimensions, in order).
+constexpr MeshGroup group_of(MeshDim d) { return MeshGroup(uint8_t(d)); }
+static_assert(group_of(MeshDim::dp) == MeshGroup::dp && group_of(MeshDim::tp) == MeshGroup::tp);
 constexpr int kNumMeshDims = 4;
 const char* mesh_dim_name(MeshDim d);  // "tp", "cp", "pp", "dp"
 
@@ -109,6 +117,17 @@ class Mesh {
   Comm& ep_comm() const;
   Comm& expert_data_comm() const;
 
+  // Device communicators (NCCL), each built beside a group's host communicator, which bootstraps it,
+  // and owned here with the host ones. add_device_comm is collective over the group; the communicator
+  // runs on its own stream, ordered after `compute_stream` (a cudaStream_t), and is named
+  // "<group>.nccl". wide_sums: 16-bit sums reduced in fp32 (parallel/nccl_comm.h). Fails in a build
+  // without NCCL, and for a group built twice. device_comm is null for a group without one.
+  Comm& add_device_comm(MeshGroup g, void* compute_stream, bool wide_sums = false);
+  Comm* device_comm(MeshGroup g) const;
+  // Every communicator this rank holds: the host ones of each group, then the device ones built:
+  // the one list walked for counters, their resets and trace lanes.
+  std::vector<Comm*> comms() const;
+
   // "TP(2)-CP(1)-PP(2)-DP(4)-Rank(3)": this rank's coordinates, then its world rank.
   std::string str() const;
   // "dp=4 pp=2 cp=1 tp=2" (the resolved layout, for logs).
@@ -122,6 +141,8 @@ class Mesh {
   std::array<std::unique_ptr<Comm>, kNumMeshDims> comms_;
   std::unique_ptr<Comm> cp_dp_comm_;
   std::unique_ptr<Comm> ep_comm_, expert_data_comm_;  // ep > 1 only
+  // Declared last: destroyed first, before the host communicators that bootstrapped them.
+  std::array<std::unique_ptr<Comm>, kNumMeshGroups> device_comms_;
 };
 
 }  // namespace mt::parallel

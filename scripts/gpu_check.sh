@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One command for a CUDA machine that has only the CUDA toolkit (nvcc, cuBLAS, maybe NCCL), CMake and a
 # C++ compiler: configures a build with what is there, builds minitrain, runs `minitrain selftest
-# --device cuda` (every CUDA op against its CPU twin), the GoogleTest GPU tests when GoogleTest is
-# available, and the GPT-2 benchmark at T=1024 in bf16 (flash attention at the largest micro-batch
+# --device cuda` (every CUDA op against its CPU twin), then the GoogleTest GPU tests when GoogleTest is
+# available (the whole trainer on the GPU against the CPU: every precision, recompute mode and attention
+# path, ZeRO over NCCL, a checkpoint resumed; the same comparisons the simulated device runs in CI), and
+# only then the GPT-2 benchmark at T=1024 in bf16 (flash attention at the largest micro-batch
 # of 32/16/8 that fits, then the materialised attention at that size, then gpt2-large if time is
 # left); then prints one summary table, last. Finishes within 8 minutes (each step is capped with `timeout`).
 #
@@ -210,6 +212,26 @@ if ((built)); then
   fi
 fi
 
+# ---- GoogleTest GPU tests first (label gpu): the whole trainer against the CPU, then the figures ----
+tests_row="not run (no build)"
+((tests)) || tests_row="not run (no GoogleTest here or in .deps/: run scripts/gpu_deps.sh)"
+((want_tests)) || tests_row="not run (--no-tests)"
+if ((built && tests)) && [[ $cuda_on == ON ]]; then
+  say "running the GPU unit tests (ctest -L gpu)"
+  capped 150 "$build/ctest.out" ctest --test-dir "$build" -L gpu -j 4 --timeout 120 --output-on-failure
+  rc=$?
+  line=$(grep -m1 'tests passed' "$build/ctest.out")
+  if [[ -n $line ]]; then
+    skipped=$(grep -c ' (Skipped)$' "$build/ctest.out")
+    tests_row="$line (skipped: $skipped)"
+  else
+    tests_row="FAILED (exit $rc): $(last_line "$build/ctest.out")"
+  fi
+  say "tests: $tests_row"
+elif ((tests)) && [[ $cuda_on != ON ]]; then
+  tests_row="not run (no CUDA backend in this build)"
+fi
+
 # ---- benchmark: GPT-2 (124M), T=1024, bf16 ----
 # Flash attention at the largest micro-batch that fits (tried from the top; an out-of-memory start
 # fails fast), then the materialised attention path at the same size for comparison.
@@ -307,26 +329,6 @@ if ((built)); then
     bench_row="FAILED (exit $rc): $(last_line "$build/bench.out")"
   fi
   say "bench: $bench_row"
-fi
-
-# ---- GoogleTest GPU tests (label gpu; they skip without a device) ----
-tests_row="not run (no build)"
-((tests)) || tests_row="not run (no GoogleTest here or in .deps/: run scripts/gpu_deps.sh)"
-((want_tests)) || tests_row="not run (--no-tests)"
-if ((built && tests)) && [[ $cuda_on == ON ]]; then
-  say "running the GPU unit tests (ctest -L gpu)"
-  capped 150 "$build/ctest.out" ctest --test-dir "$build" -L gpu -j 4 --timeout 120 --output-on-failure
-  rc=$?
-  line=$(grep -m1 'tests passed' "$build/ctest.out")
-  if [[ -n $line ]]; then
-    skipped=$(grep -c ' (Skipped)$' "$build/ctest.out")
-    tests_row="$line (skipped: $skipped)"
-  else
-    tests_row="FAILED (exit $rc): $(last_line "$build/ctest.out")"
-  fi
-  say "tests: $tests_row"
-elif ((tests)) && [[ $cuda_on != ON ]]; then
-  tests_row="not run (no CUDA backend in this build)"
 fi
 
 # ---- the summary table ----

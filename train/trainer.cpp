@@ -11,7 +11,6 @@
 #include "model/hf_io.h"
 #include "parallel/launch.h"
 #ifdef MT_HAVE_NCCL
-#include "parallel/nccl_comm.h"
 #endif
 #include "parallel/self_comm.h"
 #include "runtime/check.h"
@@ -136,14 +135,7 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
     // activations are summed in fp32 (parallel/nccl_comm.h).
     parallel::Comm* tp_data = nullptr;
     if (o_.device == Device::cuda) {
-#ifdef MT_HAVE_NCCL
-      tp_device_comm_ =
-          std::make_unique<parallel::NcclComm>(mesh_->tp_comm(), static_cast<cudaStream_t>(ctx_.stream), "tp.nccl",
-                                               /*wide_sums=*/true);
-      tp_data = tp_device_comm_.get();
-#else
-      fail("--tp %d with --device cuda needs a build with NCCL (this one has none)", mesh_->tp());
-#endif
+      tp_data = &mesh_->add_device_comm(parallel::MeshGroup::tp, ctx_.stream, /*wide_sums=*/true);
     }
     tp_ = parallel::TensorParallel(mesh_->tp_comm(), o_.sequence_parallel(), tp_data);
   }
@@ -168,13 +160,7 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
     // On the GPU the rows travel over NCCL (the counts stay on the host communicator).
     parallel::Comm* rows = nullptr;
     if (o_.device == Device::cuda) {
-#ifdef MT_HAVE_NCCL
-      ep_device_comm_ =
-          std::make_unique<parallel::NcclComm>(mesh_->ep_comm(), static_cast<cudaStream_t>(ctx_.stream), "ep.nccl");
-      rows = ep_device_comm_.get();
-#else
-      fail("--ep %d with --device cuda needs a build with NCCL (this one has none)", mesh_->ep());
-#endif
+      rows = &mesh_->add_device_comm(parallel::MeshGroup::ep, ctx_.stream);
     }
     gpt_->set_expert_parallel(&mesh_->ep_comm(), rows);
   }
@@ -189,13 +175,14 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
   dpo.zero = o_.parallel.zero;
   dpo.bucket_bytes = size_t(o_.parallel.bucket_mb * 1024 * 1024);
   dpo.embedding_rows = o_.parallel.embedding_rows && mesh_->tp() == 1 && mesh_->pp() == 1;
-#ifdef MT_HAVE_NCCL
   // Gradient and parameter collectives on the GPU: NCCL over the dp group, bootstrapped by its host
   // communicator, on a communication stream ordered after the compute stream.
+  parallel::Comm* dp_device = nullptr;
+#ifdef MT_HAVE_NCCL
   if (o_.device == Device::cuda && (dp.size() > 1 || o_.parallel.zero != 0))
-    dp_device_comm_ = std::make_unique<parallel::NcclComm>(dp, static_cast<cudaStream_t>(ctx_.stream), "dp.nccl");
+    dp_device = &mesh_->add_device_comm(parallel::MeshGroup::dp, ctx_.stream);
 #endif
-  dp_ = std::make_unique<parallel::DataParallel>(store_, reps, arena_, dpo, ctx_, dp_device_comm_.get());
+  dp_ = std::make_unique<parallel::DataParallel>(store_, reps, arena_, dpo, ctx_, dp_device);
   if (tp_.active()) {
     // Partial gradients (sequence-parallel LayerNorms, positions) are summed over tp, then reduced
     // over dp.
@@ -214,13 +201,7 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
     // CUDA events on the compute stream.
     parallel::Comm* messages = &mesh_->pp_comm();
     if (o_.device == Device::cuda) {
-#ifdef MT_HAVE_NCCL
-      pp_device_comm_ =
-          std::make_unique<parallel::NcclComm>(mesh_->pp_comm(), static_cast<cudaStream_t>(ctx_.stream), "pp.nccl");
-      messages = pp_device_comm_.get();
-#else
-      fail("--pp %d with --device cuda needs a build with NCCL (this one has none)", mesh_->pp());
-#endif
+      messages = &mesh_->add_device_comm(parallel::MeshGroup::pp, ctx_.stream);
     }
     pipeline_ = std::make_unique<Pipeline>(o_, mesh_->pp_comm(), *messages, *gpt_, store_, *dp_, arena_, ctx_);
     pipeline_->set_expert_data_parallel(expert_dp_.get());
@@ -268,36 +249,23 @@ Trainer::~Trainer() {
 }
 
 parallel::CommCounters Trainer::group_counters(parallel::MeshDim d) const {
-  const parallel::Comm* device = d == parallel::MeshDim::dp ? dp_device_comm_.get()
-                                 : d == parallel::MeshDim::tp ? tp_device_comm_.get()
-                                 : d == parallel::MeshDim::pp ? pp_device_comm_.get()
-                                                              : nullptr;
+  const parallel::Comm* device = mesh_->device_comm(parallel::group_of(d));
   parallel::CommCounters c = d == parallel::MeshDim::dp ? replicas().counters() : mesh_->comm(d).counters();
   if (device) c += device->counters();
   // The experts' gradients and parameters travel over the expert-data group, a part of dp x cp.
   if (d == parallel::MeshDim::dp && expert_dp_) {
     c += mesh_->expert_data_comm().counters();
-    if (expert_device_comm_) c += expert_device_comm_->counters();
+    if (const parallel::Comm* x = mesh_->device_comm(parallel::MeshGroup::expert_data)) c += x->counters();
   }
   return c;
 }
 
-std::vector<parallel::Comm*> Trainer::comms() const {
-  std::vector<parallel::Comm*> all = {&mesh_->dp_comm(), &mesh_->tp_comm(), &mesh_->pp_comm(), &mesh_->cp_comm(),
-                                      &mesh_->cp_dp_comm()};
-  if (mesh_->ep() > 1) {
-    all.push_back(&mesh_->ep_comm());
-    all.push_back(&mesh_->expert_data_comm());
-  }
-  for (const auto* device : {&dp_device_comm_, &tp_device_comm_, &ep_device_comm_, &pp_device_comm_, &expert_device_comm_})
-    if (*device) all.push_back(device->get());
-  return all;
-}
+std::vector<parallel::Comm*> Trainer::comms() const { return mesh_->comms(); }
 
 parallel::CommCounters Trainer::ep_counters() const {
   parallel::CommCounters c;
   if (mesh_->ep() > 1) c += mesh_->ep_comm().counters();  // the counts (and the rows, on the CPU)
-  if (ep_device_comm_) c += ep_device_comm_->counters();  // the rows, on GPUs
+  if (parallel::Comm* rows = mesh_->device_comm(parallel::MeshGroup::ep)) c += rows->counters();  // on GPUs
   return c;
 }
 

@@ -197,16 +197,11 @@ class Trainer {
   std::unique_ptr<parallel::Comm> own_world_;
   parallel::Comm& world_;
   Arena arena_;  // before mesh_: the communicators return their buffers to it when destroyed
-  std::unique_ptr<parallel::Mesh> mesh_;
-  std::unique_ptr<parallel::Comm> dp_device_comm_;  // NCCL over the dp group (cuda, dp > 1 or ZeRO)
-  std::unique_ptr<parallel::Comm> tp_device_comm_;  // NCCL over the tp group (cuda, tp > 1)
-  std::unique_ptr<parallel::Comm> ep_device_comm_;  // NCCL over the ep group (cuda, ep > 1): the rows
-  std::unique_ptr<parallel::Comm> pp_device_comm_;  // NCCL over the pp group (cuda, pp > 1): the messages
+  std::unique_ptr<parallel::Mesh> mesh_;  // the groups' communicators, host and device (NCCL)
   ParamStore store_;
   ParamStore expert_store_;  // --ep: this rank's routed experts (empty otherwise)
   std::unique_ptr<model::GPT> gpt_;
   std::unique_ptr<parallel::DataParallel> dp_;
-  std::unique_ptr<parallel::Comm> expert_device_comm_;       // NCCL over the expert-data group (cuda)
   std::unique_ptr<parallel::DataParallel> expert_dp_;        // the experts over the expert-data group
   std::unique_ptr<parallel::TensorParallelGrads> expert_tp_grads_;
   parallel::TensorParallel tp_;                           // this rank's tp group (size 1: none)

@@ -10,7 +10,6 @@
 #include <algorithm>
 
 #ifdef MT_HAVE_NCCL
-#include "parallel/nccl_comm.h"
 #endif
 #include "runtime/check.h"
 #include "train/trainer.h"
@@ -21,12 +20,12 @@ void Trainer::build_expert_state(const parallel::DataParallelOptions& dense) {
   parallel::Comm& xdata = mesh_->expert_data_comm();
   parallel::DataParallelOptions xo = dense;
   xo.embedding_rows = false;  // no embedding here
+  parallel::Comm* xdata_device = nullptr;
 #ifdef MT_HAVE_NCCL
   if (o_.device == Device::cuda && (xdata.size() > 1 || o_.parallel.zero != 0))
-    expert_device_comm_ =
-        std::make_unique<parallel::NcclComm>(xdata, static_cast<cudaStream_t>(ctx_.stream), "expert_data.nccl");
+    xdata_device = &mesh_->add_device_comm(parallel::MeshGroup::expert_data, ctx_.stream);
 #endif
-  expert_dp_ = std::make_unique<parallel::DataParallel>(expert_store_, xdata, arena_, xo, ctx_, expert_device_comm_.get());
+  expert_dp_ = std::make_unique<parallel::DataParallel>(expert_store_, xdata, arena_, xo, ctx_, xdata_device);
   if (tp_.active()) {
     expert_tp_grads_ = std::make_unique<parallel::TensorParallelGrads>(expert_store_, tp_, *expert_dp_);
     gpt_->set_expert_hooks(expert_tp_grads_.get());

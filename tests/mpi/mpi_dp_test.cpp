@@ -66,6 +66,31 @@ TEST(DataParallel, EveryZeroStageMatchesTheSingleRankRun) {
   }
 }
 
+// The device path (gradients and parameters over the dp group's NCCL communicator, the optimizer on
+// the device) against the same layout on the CPU, ZeRO-1 and ZeRO-3: one GPU per rank, or the
+// simulated device (tolerances: kDeviceLossTol, kDeviceWeightTol).
+TEST(DataParallel, OnGpusEveryShardingMatchesTheCpuRun) {
+  parallel::Comm& world = mpi_world().comm();
+  const int D = world.size();
+  if (D < 2) GTEST_SKIP() << "needs 2 ranks";
+  if (const std::string missing = gpus_missing(D); !missing.empty()) GTEST_SKIP() << missing;
+  const std::string data = shared_corpus(world);
+  for (int zero : {1, 3}) {
+    config::TrainOptions o = options(data, 2, 2, zero, D);
+    o.steps = 5;
+    Trainer cpu(o, &world);
+    const Curve want = train_curve(cpu, o.steps);
+    o.device = Device::cuda;
+    Trainer gpu(o, &world, world.rank());
+    const Curve got = train_curve(gpu, o.steps);
+    const double loss_err = max_rel(got.loss, want.loss), werr = weight_err(got.weights, want.weights);
+    if (world.rank() == 0)
+      std::printf("dp=%d zero=%d on the device vs CPU: loss max rel err %.2e, weights %.2e\n", D, zero, loss_err, werr);
+    EXPECT_LE(loss_err, kDeviceLossTol) << "zero=" << zero;
+    EXPECT_LE(werr, kDeviceWeightTol) << "zero=" << zero;
+  }
+}
+
 // The gradient noise scale's small-batch input is the mean over ranks of |g_r|^2, g_r the gradient
 // of the mean loss over rank r's own tokens. Here g_r is computed apart from the trainer: a model
 // with the same initial weights runs rank r's micro-batches (read from the same loader).

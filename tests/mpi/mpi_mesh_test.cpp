@@ -5,7 +5,11 @@
 #include <algorithm>
 
 #include "parallel/mesh.h"
+#include "runtime/check.h"
 #include "tests/mpi/mpi_test_util.h"
+#ifdef MT_HAVE_NCCL
+#include <cuda_runtime.h>
+#endif
 
 namespace mt::parallel {
 namespace {
@@ -75,6 +79,57 @@ TEST(MpiMesh, ReductionsOverATensorParallelGroupSeeOnlyThatGroup) {
   EXPECT_EQ(x, want);
   EXPECT_EQ(mesh.tp_comm().counters()[CommOp::all_reduce].calls, 1u);
   EXPECT_EQ(mesh.dp_comm().counters()[CommOp::all_reduce].calls, 0u);
+}
+
+// The mesh builds each group's device communicator beside its host one, names it after the group,
+// hands it out by group and lists it with the host ones (what counters, resets and trace lanes walk).
+// Runs where NCCL is built and each rank has a device (a GPU per rank, or the simulated device).
+TEST(MpiMesh, DeviceCommunicatorsAreBuiltBesideTheirGroupsAndListedWithThem) {
+  const int n = mpi_world().size();
+  Mesh mesh(MeshLayout{0, 1, 1, n % 2 == 0 ? 2 : 1}, mpi_world().comm());
+#if !defined(MT_HAVE_NCCL)
+  EXPECT_THROW(mesh.add_device_comm(MeshGroup::dp, nullptr), Error);
+  GTEST_SKIP() << "a build without NCCL: adding a device communicator fails (checked)";
+#else
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+#if !defined(MT_CUDA_SIM)
+  if (devices < n) GTEST_SKIP() << "needs one GPU per rank";
+#endif
+  ASSERT_GT(devices, 0);
+  ASSERT_EQ(cudaSetDevice(mpi_world().rank() % devices), cudaSuccess);
+  const size_t host_count = mesh.comms().size();
+  EXPECT_EQ(mesh.device_comm(MeshGroup::dp), nullptr);
+  Comm& dp = mesh.add_device_comm(MeshGroup::dp, nullptr);
+  Comm& tp = mesh.add_device_comm(MeshGroup::tp, nullptr, /*wide_sums=*/true);
+  EXPECT_EQ(mesh.device_comm(MeshGroup::dp), &dp);
+  EXPECT_EQ(mesh.device_comm(group_of(MeshDim::tp)), &tp);
+  EXPECT_EQ(mesh.device_comm(MeshGroup::pp), nullptr);
+  EXPECT_EQ(dp.name(), "dp.nccl");
+  EXPECT_EQ(tp.name(), "tp.nccl");
+  EXPECT_EQ(dp.size(), mesh.dp_comm().size());
+  EXPECT_EQ(tp.rank(), mesh.tp_comm().rank());
+  const std::vector<Comm*> all = mesh.comms();
+  EXPECT_EQ(all.size(), host_count + 2);
+  EXPECT_NE(std::find(all.begin(), all.end(), &dp), all.end());
+  EXPECT_NE(std::find(all.begin(), all.end(), &tp), all.end());
+  EXPECT_THROW(mesh.add_device_comm(MeshGroup::dp, nullptr), Error) << "a group's communicator built twice";
+  // A sum over the tp group's device communicator, on device memory, counted there only.
+  float* x = nullptr;
+  ASSERT_EQ(cudaMalloc(&x, sizeof(float)), cudaSuccess);
+  const float mine = float(mesh.rank());
+  ASSERT_EQ(cudaMemcpy(x, &mine, sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  tp.all_reduce(x, 1, DType::f32, ReduceOp::sum);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  float got = 0;
+  ASSERT_EQ(cudaMemcpy(&got, x, sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(x);
+  float want = 0;
+  for (int r : mesh.group_ranks(MeshDim::tp)) want += float(r);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(tp.counters()[CommOp::all_reduce].calls, 1u);
+  EXPECT_EQ(mesh.tp_comm().counters()[CommOp::all_reduce].calls, 0u);
+#endif
 }
 
 TEST(MpiMesh, PrintedCoordinatesAreDistinctPerRank) {

@@ -154,8 +154,8 @@ TEST(TensorParallel, OnGpusMatchesTheCpuRun) {
     const double loss_err = max_rel(got.loss, want.loss), werr = weight_err(got.weights, want.weights);
     if (world.rank() == 0)
       std::printf("%s on GPUs vs CPU: loss max rel err %.2e, weights %.2e\n", l.str().c_str(), loss_err, werr);
-    EXPECT_LE(loss_err, 1e-4) << l.str();
-    EXPECT_LE(werr, 1e-3) << l.str();
+    EXPECT_LE(loss_err, kDeviceLossTol) << l.str();
+    EXPECT_LE(werr, kDeviceWeightTol) << l.str();
   }
 #endif
 }

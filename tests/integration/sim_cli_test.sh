@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The commands a user runs first on a GPU, run whole on the simulated device (a build with
+# MT_CUDA_SIM=ON): `minitrain --version` says the device is simulated, `selftest` passes every check,
+# `bench device=cuda` completes and names the simulated device, and `bench --calibrate device=cuda`
+# writes a hardware file the planner reads.
+# Usage: sim_cli_test.sh <minitrain>
+set -euo pipefail
+mt=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$mt" --version | grep -q "CUDA simulated" || fail "--version does not say the device is simulated"
+
+"$mt" selftest >"$work/selftest.txt" 2>&1 || { tail -20 "$work/selftest.txt"; fail "selftest"; }
+grep -q "failed=0" "$work/selftest.txt" || fail "selftest summary: $(tail -1 "$work/selftest.txt")"
+echo "ok   selftest: $(grep 'selftest summary' "$work/selftest.txt")"
+
+(cd "$work" && "$mt" bench device=cuda steps=2 warmup=1 batch_size=2 seq_len=32 model.n_layer=2 \
+  model.n_embd=64 >"$work/bench.txt" 2>&1) || { tail -20 "$work/bench.txt"; fail "bench device=cuda"; }
+grep -q "tokens/s" "$work/bench.txt" || fail "bench printed no tokens/s"
+grep -q "(simulated)" "$work/bench.txt" || fail "bench does not name the simulated device"
+echo "ok   bench device=cuda"
+
+"$mt" bench --calibrate device=cuda rows=64 seq_len=32 n_embd=64 n_head=4 out="$work/hw.json" \
+  >"$work/calibrate.txt" 2>&1 || { tail -20 "$work/calibrate.txt"; fail "bench --calibrate device=cuda"; }
+grep -q '"device": "cuda"' "$work/hw.json" || fail "the hardware file is not a device's"
+"$mt" plan hw="$work/hw.json" >"$work/plan.txt" 2>&1 || { tail -5 "$work/plan.txt"; fail "plan hw=<calibrated file>"; }
+echo "ok   bench --calibrate device=cuda, read back by plan"

@@ -25,18 +25,6 @@ ThreadState& this_thread() {
   return t;
 }
 
-std::string format(const char* fmt, ...) {
-  va_list ap, ap2;
-  va_start(ap, fmt);
-  va_copy(ap2, ap);
-  const int n = std::vsnprintf(nullptr, 0, fmt, ap);
-  va_end(ap);
-  std::string s(size_t(n > 0 ? n : 0), '\0');
-  std::vsnprintf(s.data(), s.size() + 1, fmt, ap2);
-  va_end(ap2);
-  return s;
-}
-
 const char* call_name(Kind k) {
   switch (k) {
     case Kind::all_reduce: return "ncclAllReduce";

@@ -31,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "sim/sim.h"
+
 struct ncclComm;  // the handle type nccl.h declares without a body; defined below
 
 namespace mt::sim::nccl {
@@ -45,7 +47,7 @@ class Failure : public std::runtime_error {
   ncclResult_t code_;
 };
 
-std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+using mt::sim::format;  // sim/sim.h
 
 // Deadlines of every wait: now + MT_SIM_NCCL_TIMEOUT seconds (default 60), read when a call (a group,
 // at its end) starts running.

@@ -48,6 +48,9 @@ class CudaError : public std::runtime_error {
   cudaError_t code_;
 };
 
+// printf into a std::string: the messages of the sim and of its stand-ins.
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
 // Records e as the calling thread's last error and message, prints its line (unless it is an answer
 // callers handle: out of memory, not ready) and returns its code: how a stand-in fails.
 cudaError_t report(const CudaError& e);

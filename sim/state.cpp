@@ -31,6 +31,11 @@ ThreadState& this_thread() {
   return t;
 }
 
+
+}  // namespace mt::sim::detail
+
+namespace mt::sim {
+
 std::string format(const char* fmt, ...) {
   va_list ap, ap2;
   va_start(ap, fmt);
@@ -43,4 +48,4 @@ std::string format(const char* fmt, ...) {
   return s;
 }
 
-}  // namespace mt::sim::detail
+}  // namespace mt::sim

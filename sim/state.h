@@ -124,8 +124,7 @@ struct ThreadState {
 };
 ThreadState& this_thread();
 
-// printf into a std::string.
-std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+using mt::sim::format;
 
 // Runs the body of a stand-in under the device's lock: the sticky error first (unless the call is one
 // that answers regardless), then the body; a CudaError it throws becomes the return value (report).

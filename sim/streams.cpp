@@ -150,34 +150,40 @@ void drop_all_work(Device& d) {
 
 }  // namespace detail
 
-void enqueue(cudaStream_t s, std::string what, std::function<void()> work) {
-  detail::Device& d = detail::device();
-  std::lock_guard lock(d.mutex);
-  if (d.sticky != cudaSuccess)
-    throw CudaError(d.sticky, detail::format("%s: the device already failed (%s)", what.c_str(),
-                                             cudaGetErrorString(d.sticky)));
-  auto stream = detail::stream_of(d, s, what.c_str());
-  detail::Op op;
-  op.seq = detail::next_seq(d);
-  op.what = std::move(what);
-  op.run = std::move(work);
-  detail::push(d, stream, std::move(op));
-}
+namespace {
 
-void run_now(cudaStream_t s, std::string what, std::function<void()> work) {
-  detail::Device& d = detail::device();
-  std::lock_guard lock(d.mutex);
+// Queues `work` on s behind what is there (enqueue's rules) and returns its sequence number; with no
+// work, only checks that the device has not failed and s is live (0).
+uint64_t queue(detail::Device& d, cudaStream_t s, std::string what, std::function<void()> work,
+               std::shared_ptr<CUstream_st>* stream) {
   if (d.sticky != cudaSuccess)
-    throw CudaError(d.sticky, detail::format("%s: the device already failed (%s)", what.c_str(),
-                                             cudaGetErrorString(d.sticky)));
-  auto stream = detail::stream_of(d, s, what.c_str());
-  if (!work) return;
+    throw CudaError(d.sticky, format("%s: the device already failed (%s)", what.c_str(), cudaGetErrorString(d.sticky)));
+  *stream = detail::stream_of(d, s, what.c_str());
+  if (!work) return 0;
   detail::Op op;
   op.seq = detail::next_seq(d);
   op.what = std::move(what);
   op.run = std::move(work);
   const uint64_t seq = op.seq;
-  detail::push(d, stream, std::move(op));
+  detail::push(d, *stream, std::move(op));
+  return seq;
+}
+
+}  // namespace
+
+void enqueue(cudaStream_t s, std::string what, std::function<void()> work) {
+  detail::Device& d = detail::device();
+  std::lock_guard lock(d.mutex);
+  std::shared_ptr<CUstream_st> stream;
+  queue(d, s, std::move(what), std::move(work), &stream);
+}
+
+void run_now(cudaStream_t s, std::string what, std::function<void()> work) {
+  detail::Device& d = detail::device();
+  std::lock_guard lock(d.mutex);
+  std::shared_ptr<CUstream_st> stream;
+  const uint64_t seq = queue(d, s, std::move(what), std::move(work), &stream);
+  if (seq == 0) return;
   detail::run_until(d, stream, seq);
   if (d.sticky != cudaSuccess) throw CudaError(d.sticky, last_message());
 }

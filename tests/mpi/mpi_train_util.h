@@ -67,10 +67,13 @@ inline std::string gpus_missing(int ranks) {
 }
 
 // How close an fp32 run on the device must follow the same layout on the CPU (losses: max relative
-// error; weights: weight_err). On a GPU, reduction orders and FMA contraction differ from the CPU's;
-// on the simulated device the products are the CPU's own GEMM, so the project's fp32 bound holds.
+// error; weights: weight_err). On a GPU, reduction orders and FMA contraction differ from the CPU's.
+// On the simulated device the products are the CPU's own GEMM, so the loss keeps the project's fp32
+// bound; the device's reductions (norms, softmax, layernorm) still sum in another order, and the
+// weights take the reordered-sum bound of expect_fp32_match below (AdamW's early updates are about
+// lr*sign(g): seen 1.03e-5 for one seed of dp=2 ZeRO-1 after 5 steps).
 #ifdef MT_CUDA_SIM
-inline constexpr double kDeviceLossTol = 1e-5, kDeviceWeightTol = 1e-5;
+inline constexpr double kDeviceLossTol = 1e-5, kDeviceWeightTol = 1e-4;
 #else
 inline constexpr double kDeviceLossTol = 1e-4, kDeviceWeightTol = 1e-3;
 #endif

@@ -7,13 +7,11 @@
 #include <string>
 
 #include "parallel/comm.h"
+#include "runtime/exit_status.h"
 
 namespace mt::train {
 
 struct StepResult;
-
-// The exit status of a diverged run (README, scripts/supervise).
-constexpr int kExitDiverged = 3;
 
 // Raised by every rank alike: the values judged are reduced over the ranks, or agreed by a collective.
 class DivergenceError : public parallel::CollectiveError {

@@ -38,6 +38,10 @@
 //               overlap each other.
 //   algo        a cublasLtMatmulAlgo_t from this stand-in's heuristic for the same types, transposes and
 //               epilogue, else INVALID_VALUE.
+//   no algorithm MT_SIM_CUBLASLT_NO_ALGO in the environment: `epilogues`, the heuristic finds none
+//               (NOT_SUPPORTED) for a problem with an epilogue; `all`, for any problem. A GPU's library may
+//               refuse some shapes so; this lets the project's fallback path (its epilogue kernel, or its
+//               product kernel too) run on every shape, to be compared with the fused path.
 // Each failure prints one line naming the call and the argument ("simulated device: ...", as sim/errors.cpp)
 // and returns cuBLAS's own status; the message is also mt::sim::last_message(). CUDA's last error is not
 // touched, as the library does not touch it.
@@ -50,6 +54,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -363,6 +368,15 @@ void check_epilogue_pointers(const char* call, const Problem& p) {
 // The heuristic: one algorithm when every promise covers the element sizes, else none.
 cublasLtMatmulAlgo_t find_algo(const char* call, const Problem& p, const uint32_t (&align)[4],
                                uint64_t max_workspace, size_t* workspace) {
+  if (const char* v = std::getenv("MT_SIM_CUBLASLT_NO_ALGO"); v && *v) {
+    const bool all = std::strcmp(v, "all") == 0;
+    if (!all && std::strcmp(v, "epilogues") != 0)
+      throw LtError(CUBLAS_STATUS_INVALID_VALUE,
+                    format("%s: MT_SIM_CUBLASLT_NO_ALGO=%s: expected `epilogues` or `all`", call, v));
+    if (all || p.op.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+      throw LtError(CUBLAS_STATUS_NOT_SUPPORTED,
+                    format("%s: no algorithm: MT_SIM_CUBLASLT_NO_ALGO=%s", call, v));
+  }
   const Layout* layouts[4] = {&p.a, &p.b, &p.c, &p.d};
   for (int i = 0; i < 4; i++)
     if (align[i] < elem_size(layouts[i]->type))

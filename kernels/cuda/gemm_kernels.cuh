@@ -41,9 +41,10 @@ __global__ void simple_gemm_kernel(D* d, int ldd, int64_t stride_d, float beta, 
   }
 }
 
-// The unfused epilogue: x (m x n, column-major, ld m, fp32) is the product; adds the bias, then beta C
-// (C may be D itself: each element is read before it is written, by the same thread); writes D (and
-// aux for gelu) with one rounding per stored value, exactly what the fused epilogue means.
+// The unfused epilogue: x (m x n, column-major, ld m, fp32) is the product; adds beta C, then the bias,
+// in cuBLASLt's order (C may be D itself: each element is read before it is written, by the same
+// thread); writes D (and aux for gelu) with one rounding per stored value, exactly what the fused
+// epilogue means.
 template <class D>
 __global__ void epilogue_kernel(D* d, int ldd, const float* x, const D* bias, const D* c, float beta, D* aux,
                                 Epilogue kind, int m, int n) {
@@ -53,9 +54,9 @@ __global__ void epilogue_kernel(D* d, int ldd, const float* x, const D* bias, co
     const int64_t j = idx / m;
     const int i = int(idx - j * m);
     const int64_t at = j * ldd + i;
-    float v = x[idx];
-    if (bias) v += load(bias[i]);
+    float v = x[idx];  // cuBLASLt's order: (product + beta C) + bias, then the activation
     if (beta != 0.f) v += beta * load(c[at]);
+    if (bias) v += load(bias[i]);
     if (kind == Epilogue::gelu) {
       aux[at] = store_as<D>(v);
       d[at] = store_as<D>(gelu(v));

@@ -52,6 +52,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -251,6 +252,11 @@ void set_value(V& field, const void* buf, size_t size, const char* call, const c
 
 [[noreturn]] void not_simulated(const char* call, const char* attr) {
   throw LtError(CUBLAS_STATUS_NOT_SUPPORTED, format("%s: %s is not simulated", call, attr));
+}
+
+std::atomic<uint64_t>& heuristic_calls() {
+  static std::atomic<uint64_t> calls{0};
+  return calls;
 }
 
 // ---- the problem a descriptor and four layouts describe ----
@@ -514,6 +520,9 @@ void check_promises(const char* call, const Problem& p, const Operands& o, const
 }
 
 }  // namespace
+
+uint64_t lt_heuristic_calls() { return heuristic_calls().load(); }
+
 }  // namespace mt::sim
 
 using namespace mt::sim;
@@ -651,6 +660,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t lightHandle, cubl
                                               cublasLtMatmulHeuristicResult_t heuristicResultsArray[],
                                               int* returnAlgoCount) {
   if (returnAlgoCount) *returnAlgoCount = 0;
+  heuristic_calls().fetch_add(1);
   return lt_api([&] {
     const char* call = "cublasLtMatmulAlgoGetHeuristic";
     object<cublasLtContext>(lightHandle, call, "lightHandle");

@@ -31,6 +31,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -106,5 +107,9 @@ bool eager();
 // A violation returns cudaErrorInvalidConfiguration (dimensions) or cudaErrorInvalidValue (shared
 // memory) and stays the thread's last error until cudaGetLastError reads it, as a failed launch does.
 cudaError_t check_launch(const char* kernel, dim3 grid, dim3 block, size_t dyn_smem, const void* func);
+
+// How many times the process has asked the simulated cuBLASLt's heuristic (cublasLtMatmulAlgoGetHeuristic),
+// successful or not: what a test of the project's plan cache counts.
+uint64_t lt_heuristic_calls();
 
 }  // namespace mt::sim

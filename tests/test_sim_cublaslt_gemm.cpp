@@ -34,13 +34,49 @@ mt::cuda::Gemm project_gemm(const Case& c, const Data& x) {
 }
 
 // Sets MT_SIM_CUBLASLT_NO_ALGO (sim/cublaslt.cpp) for one scope: "" leaves cuBLASLt every algorithm.
+// The project's cached plans are dropped on the way in and out: they hold the library's old answers.
 class NoAlgorithm {
  public:
   explicit NoAlgorithm(const char* which) {
+    mt::cuda::clear_gemm_plans();
     if (*which) setenv("MT_SIM_CUBLASLT_NO_ALGO", which, 1);
   }
-  ~NoAlgorithm() { unsetenv("MT_SIM_CUBLASLT_NO_ALGO"); }
+  ~NoAlgorithm() {
+    unsetenv("MT_SIM_CUBLASLT_NO_ALGO");
+    mt::cuda::clear_gemm_plans();
+  }
 };
+
+// The heuristic is asked once per configuration; later calls reuse the plan with their own pointers,
+// bias included. A configuration differing in shape, transpose, epilogue or alignment asks again.
+TEST_F(SimLt, ProjectGemmAsksTheHeuristicOncePerConfiguration) {
+  cudaStream_t s = stream();
+  const mt::ops::Ctx ctx{mt::Device::cuda, s};
+  mt::cuda::clear_gemm_plans();
+  Case c;
+  c.m = 24, c.n = 16, c.k = 8, c.ta = true, c.epilogue = CUBLASLT_EPILOGUE_BIAS;
+  c.ab = c.d = CUDA_R_16BF;
+  const uint64_t before = mt::sim::lt_heuristic_calls();
+  for (int call = 0; call < 3; call++) {  // fresh operands and bias each time, at other addresses
+    SCOPED_TRACE("call " + std::to_string(call));
+    const Data x = make(c);
+    mt::cuda::gemm(project_gemm(c, x), ctx);
+    expect_matches_reference(c, x);
+  }
+  EXPECT_EQ(mt::sim::lt_heuristic_calls() - before, 1u);
+  Case other = c;
+  other.tb = true;
+  const Data y = make(other);
+  mt::cuda::gemm(project_gemm(other, y), ctx);
+  expect_matches_reference(other, y);
+  EXPECT_EQ(mt::sim::lt_heuristic_calls() - before, 2u) << "a transposed B is another configuration";
+  Case odd = c;
+  odd.d_pad = 1;  // ldd 25: D's columns only 2-byte aligned, less than the 16 bytes promised before
+  const Data z = make(odd);
+  mt::cuda::gemm(project_gemm(odd, z), ctx);
+  expect_matches_reference(odd, z);
+  EXPECT_EQ(mt::sim::lt_heuristic_calls() - before, 3u) << "a less aligned D is another configuration";
+}
 
 // Bias and C together (matmul_fwd with a residual): cuBLASLt adds beta C to the product, then the bias
 // (cublasLt.h: D = alpha A B + beta C + bias). The fallback's epilogue kernel must add them in that

@@ -12,9 +12,12 @@
 //  - operands are assumed 256-byte aligned unless the preference says otherwise, so the true
 //    alignment of every operand (pointer, leading dimension and batch stride) is passed in.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -45,23 +48,6 @@ cublasLtHandle_t lt_handle() {
   if (!handles[size_t(dev)]) MT_CUBLAS_CHECK(cublasLtCreate(&handles[size_t(dev)]));
   return handles[size_t(dev)];
 }
-
-// The descriptors of one cuBLASLt call, released even when a check throws half-way.
-struct LtCall {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  LtCall() = default;
-  LtCall(const LtCall&) = delete;
-  LtCall& operator=(const LtCall&) = delete;
-  ~LtCall() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (d) cublasLtMatrixLayoutDestroy(d);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
 
 // Largest power of two (<= 256) dividing the byte address of every matrix in the batch and of every
 // column start. Attention hands cuBLASLt sub-views of qkv whose columns start at any element.
@@ -103,57 +89,140 @@ struct Target {
   const void* c;
 };
 
-// One cublasLtMatmul with the given epilogue. Returns false, having launched nothing, when cuBLASLt has
-// no algorithm for this configuration; any other failure throws.
-bool lt_matmul(const Gemm& g, const Target& t, cublasLtEpilogue_t epi, cudaStream_t stream) {
-  // Workspace lets cuBLASLt pick split-K kernels; it is allocated per call, stream-ordered.
-  constexpr uint64_t kMaxWorkspace = uint64_t(32) << 20;
-  LtCall call;
-  make_layout(&call.a, g.ab_type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, g.stride_a, g.batch);
-  make_layout(&call.b, g.ab_type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, g.stride_b, g.batch);
-  make_layout(&call.d, t.type, g.m, g.n, t.ld, t.stride, g.batch);
-
-  MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&call.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  set_desc(call.op, CUBLASLT_MATMUL_DESC_TRANSA, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
-  set_desc(call.op, CUBLASLT_MATMUL_DESC_TRANSB, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
-  if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
-    set_desc(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
+// The matmul descriptor of one call: the transposes, the epilogue and its pointers. Made per call
+// (cheap, host only), since the bias and aux pointers change from call to call.
+struct LtOp {
+  cublasLtMatmulDesc_t op = nullptr;
+  LtOp(const Gemm& g, const Target& t, cublasLtEpilogue_t epi) {
+    MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    set_desc(op, CUBLASLT_MATMUL_DESC_TRANSA, g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+    set_desc(op, CUBLASLT_MATMUL_DESC_TRANSB, g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+    if (epi == CUBLASLT_EPILOGUE_DEFAULT) return;
+    set_desc(op, CUBLASLT_MATMUL_DESC_EPILOGUE, epi);
     if (g.bias && (epi == CUBLASLT_EPILOGUE_BIAS || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS))
-      set_desc(call.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+      set_desc(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
     if (epi == CUBLASLT_EPILOGUE_GELU_AUX || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epi == CUBLASLT_EPILOGUE_DGELU) {
-      set_desc(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
-      set_desc(call.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(t.ld));
+      set_desc(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+      set_desc(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(t.ld));
     }
   }
+  LtOp(const LtOp&) = delete;
+  LtOp& operator=(const LtOp&) = delete;
+  ~LtOp() { cublasLtMatmulDescDestroy(op); }
+};
 
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&call.pref));
-  set_pref(call.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kMaxWorkspace);
-  const size_t ab_size = dtype_size(g.ab_type), d_size = dtype_size(t.type);
-  const uint32_t al_a = alignment_bytes(g.a, g.lda, g.stride_a, g.batch, ab_size);
-  const uint32_t al_b = alignment_bytes(g.b, g.ldb, g.stride_b, g.batch, ab_size);
-  // C and D share one layout descriptor, so one alignment that holds for both.
-  const uint32_t al_d = std::min(alignment_bytes(t.d, t.ld, t.stride, g.batch, d_size),
-                                 alignment_bytes(t.c, t.ld, t.stride, g.batch, d_size));
-  set_pref(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a);
-  set_pref(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b);
-  set_pref(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_d);
-  set_pref(call.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_d);
+// What the heuristic answered for one GEMM configuration: the layouts (immutable once made, shared by
+// every call of that configuration) and the algorithm, or that there is none.
+struct LtPlan {
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  bool found = false;
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+  LtPlan() = default;
+  LtPlan(const LtPlan&) = delete;
+  LtPlan& operator=(const LtPlan&) = delete;
+  ~LtPlan() {
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+  }
+};
 
-  cublasLtMatmulHeuristicResult_t algo{};
+// A configuration: everything the heuristic's answer depends on (device; types; shape; leading
+// dimensions and batch strides; transposes; epilogue; the alignment of every operand, which the
+// preference promises and the chosen algorithm relies on). Pointers themselves are not in it.
+using PlanKey = std::array<int64_t, 21>;
+
+// The plans asked so far, per process: a training step runs the same few dozen configurations every
+// step, and the heuristic costs host time on each call. Like the handles above, process-wide state
+// that is never destroyed; bounded, and emptied whole when full (a run with ever new shapes).
+struct PlanCache {
+  std::mutex mu;
+  std::map<PlanKey, std::shared_ptr<const LtPlan>> plans;
+};
+constexpr size_t kMaxPlans = 4096;
+
+PlanCache& plan_cache() {
+  static PlanCache* cache = new PlanCache;
+  return *cache;
+}
+
+// Asks the heuristic for one configuration. A configuration the library cannot serve (NOT_SUPPORTED,
+// or INVALID_VALUE for a fused epilogue it cannot combine with these types or this layout) is a plan
+// without an algorithm; any other failure throws and is not remembered.
+std::shared_ptr<const LtPlan> make_plan(const Gemm& g, const Target& t, const LtOp& op, const uint32_t (&align)[3],
+                                        cublasLtEpilogue_t epi) {
+  // Workspace lets cuBLASLt pick split-K kernels; it is allocated per call, stream-ordered.
+  constexpr uint64_t kMaxWorkspace = uint64_t(32) << 20;
+  auto plan = std::make_shared<LtPlan>();
+  make_layout(&plan->a, g.ab_type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda, g.stride_a, g.batch);
+  make_layout(&plan->b, g.ab_type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb, g.stride_b, g.batch);
+  make_layout(&plan->d, t.type, g.m, g.n, t.ld, t.stride, g.batch);
+
+  struct Pref {
+    cublasLtMatmulPreference_t p = nullptr;
+    ~Pref() {
+      if (p) cublasLtMatmulPreferenceDestroy(p);
+    }
+  } pref;
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.p));
+  set_pref(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kMaxWorkspace);
+  set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align[0]);
+  set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align[1]);
+  set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align[2]);
+  set_pref(pref.p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align[2]);
+
+  cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_handle(), call.op, call.a, call.b, call.d, call.d,
-                                                           call.pref, 1, &algo, &found);
-  // An epilogue the library cannot combine with these types or this layout may be reported as
-  // unsupported or as an invalid value; either way the caller falls back to the unfused path.
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_handle(), op.op, plan->a, plan->b, plan->d, plan->d,
+                                                           pref.p, 1, &result, &found);
   if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_INVALID_VALUE && epi != CUBLASLT_EPILOGUE_DEFAULT))
-    return false;
+    return plan;
   MT_CUBLAS_CHECK(st);
-  if (found == 0) return false;
+  plan->found = found > 0;
+  plan->algo = result.algo;
+  plan->workspace = result.workspaceSize;
+  return plan;
+}
+
+// One cublasLtMatmul with the given epilogue, on the configuration's cached plan. Returns false, having
+// launched nothing, when cuBLASLt has no algorithm for this configuration; any other failure throws.
+bool lt_matmul(const Gemm& g, const Target& t, cublasLtEpilogue_t epi, cudaStream_t stream) {
+  const LtOp op(g, t, epi);
+  const size_t ab_size = dtype_size(g.ab_type), d_size = dtype_size(t.type);
+  // C and D share one layout descriptor, so one alignment that holds for both.
+  const uint32_t align[3] = {alignment_bytes(g.a, g.lda, g.stride_a, g.batch, ab_size),
+                             alignment_bytes(g.b, g.ldb, g.stride_b, g.batch, ab_size),
+                             std::min(alignment_bytes(t.d, t.ld, t.stride, g.batch, d_size),
+                                      alignment_bytes(t.c, t.ld, t.stride, g.batch, d_size))};
+  // The heuristic reads the bias and aux pointers (their alignment), so theirs is part of the key too.
+  const bool batched = g.batch > 1;
+  const int64_t al_bias = g.bias ? alignment_bytes(g.bias, 0, 0, 1, 1) : 0;
+  const int64_t al_aux = g.aux ? alignment_bytes(g.aux, 0, 0, 1, 1) : 0;
+  int dev = 0;
+  MT_CUDA_CHECK(cudaGetDevice(&dev));
+  const PlanKey key{dev,      int64_t(g.ab_type), int64_t(t.type), g.m,     g.n,      g.k,
+                    g.batch,  g.trans_a,          g.trans_b,       g.lda,   g.ldb,    t.ld,
+                    batched ? g.stride_a : 0,     batched ? g.stride_b : 0, batched ? t.stride : 0,
+                    int64_t(epi), align[0],       align[1],        align[2], al_bias,  al_aux};
+  PlanCache& cache = plan_cache();
+  std::shared_ptr<const LtPlan> plan;
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    if (auto it = cache.plans.find(key); it != cache.plans.end()) plan = it->second;
+  }
+  if (!plan) {
+    plan = make_plan(g, t, op, align, epi);
+    std::lock_guard<std::mutex> lock(cache.mu);
+    if (cache.plans.size() >= kMaxPlans) cache.plans.clear();
+    cache.plans.emplace(key, plan);
+  }
+  if (!plan->found) return false;
 
   // Stream-ordered workspace: safe when several streams run GEMMs at once, and the pool makes it cheap.
-  const StreamTemp<char> workspace(algo.workspaceSize, stream);
-  MT_CUBLAS_CHECK(cublasLtMatmul(lt_handle(), call.op, &g.alpha, g.a, call.a, g.b, call.b, &t.beta, t.c, call.d, t.d,
-                                 call.d, &algo.algo, workspace.get(), algo.workspaceSize, stream));
+  const StreamTemp<char> workspace(plan->workspace, stream);
+  MT_CUBLAS_CHECK(cublasLtMatmul(lt_handle(), op.op, &g.alpha, g.a, plan->a, g.b, plan->b, &t.beta, t.c, plan->d,
+                                 t.d, plan->d, &plan->algo, workspace.get(), plan->workspace, stream));
   return true;
 }
 
@@ -243,6 +312,12 @@ void gemm(const Gemm& g, const ops::Ctx& ctx) {
     case DType::f16: launch_epilogue<__half>(g, x.get(), stream); break;
     default: launch_epilogue<float>(g, x.get(), stream); break;
   }
+}
+
+void clear_gemm_plans() {
+  PlanCache& cache = plan_cache();
+  std::lock_guard<std::mutex> lock(cache.mu);
+  cache.plans.clear();
 }
 
 }  // namespace mt::cuda

@@ -50,6 +50,12 @@ struct Gemm {
   void* aux = nullptr;  // gelu: written (the pre-activation); dgelu: read. Type d_type, ld = ldd.
 };
 
+// Each configuration (types, shape, leading dimensions, strides, transposes, epilogue, operand
+// alignments) asks cuBLASLt's heuristic once per process and device; later calls reuse its plan.
 void gemm(const Gemm& g, const ops::Ctx& ctx);
+
+// Forgets every cached plan, so the next call of each configuration asks the heuristic again: for
+// tests that change what the library offers.
+void clear_gemm_plans();
 
 }  // namespace mt::cuda

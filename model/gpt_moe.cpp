@@ -81,7 +81,7 @@ void Pass<S>::route_and_plan(int l, const float* logits, MoeActs& m) {
   Buffer bias, lse_sq = f32(2 * int64_t(N));  // (N) doubles
   if (mc.balance == MoeBalance::bias) {
     bias = f32(E);
-    ar_.mem().upload(bias.data(), m_.moe_bias_[size_t(l)].data(), size_t(E) * sizeof(float));
+    ar_.upload(bias.data(), m_.moe_bias_[size_t(l)].data(), size_t(E) * sizeof(float));
   }
   m.probs = f32(int64_t(N) * E);
   m.lse = f32(N);
@@ -133,7 +133,7 @@ void Pass<S>::balance_over_tp(MoeActs& m, const double* sums, const int32_t* loa
   }
   r.balance = E * a;
   m.balance_load = ar_.alloc_uninitialized(kAct, size_t(E) * 4);
-  ar_.mem().upload(m.balance_load.data(), summed.data(), size_t(E) * 4);
+  ar_.upload(m.balance_load.data(), summed.data(), size_t(E) * 4);
 }
 
 template <class S>

@@ -36,7 +36,7 @@ void Pass<S>::device_inputs(StageState& st) {
   auto on_device = [&](const int32_t* host, int64_t n) -> const int32_t* {
     if (!host || ar_.device() == Device::cpu) return host;
     st.uploads.push_back(ar_.alloc(kAct, size_t(n) * 4));
-    ar_.mem().upload(st.uploads.back().data(), host, size_t(n) * 4);
+    ar_.upload(st.uploads.back().data(), host, size_t(n) * 4);
     return st.uploads.back().i32();
   };
   st.tokens = on_device(mb_.tokens, N_);

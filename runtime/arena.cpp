@@ -73,6 +73,12 @@ void Arena::release(void* p, size_t bytes, MemCategory cat) {
   stats_.live_total -= bytes;
 }
 
+void Arena::upload(void* dst, const void* src, size_t bytes) {
+  if (!mem_.make_upload_staging) return mem_.upload(dst, src, bytes);
+  if (!staging_) staging_ = mem_.make_upload_staging();
+  staging_->upload(dst, src, bytes);
+}
+
 void Arena::reset_peaks() {
   stats_.peak = stats_.live;
   stats_.peak_total = stats_.live_total;

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "runtime/memory.h"
@@ -74,6 +75,9 @@ class Arena {
   Buffer alloc_uninitialized(MemCategory cat, size_t bytes);
   // How to zero, copy and round this arena's blocks; mem().device says where they live.
   const MemOps& mem() const { return mem_; }
+  // Copies host bytes into one of this arena's blocks in the order of the device's work, without
+  // waiting for it: the source may be reused at once (MemOps::make_upload_staging; on the host, a copy).
+  void upload(void* dst, const void* src, size_t bytes);
   Device device() const { return mem_.device; }
   const MemStats& stats() const { return stats_; }
   // Sets every peak to the current live value, so the next phase measures its own peak.
@@ -86,6 +90,7 @@ class Arena {
   AllocFn alloc_;
   FreeFn free_;
   MemOps mem_;
+  std::unique_ptr<UploadStaging> staging_;  // made on the first upload
   bool custom_alloc_ = false;
   MemStats stats_;
 };

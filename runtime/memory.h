@@ -9,6 +9,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "runtime/dtype.h"
 #include "runtime/tensor.h"
@@ -18,6 +19,15 @@ namespace mt {
 // Direction of a copy relative to the memory a MemOps describes ("device" = that memory; for host
 // memory every kind is a plain memcpy).
 enum class CopyKind : uint8_t { host_to_device, device_to_host, device_to_device };
+
+// Host-to-device copies that return without waiting for the device (a plain upload from pageable
+// memory waits for all earlier device work first): the bytes are taken at once, so the caller may
+// reuse its source, and the device copies them in the order of its work. One per arena.
+class UploadStaging {
+ public:
+  virtual ~UploadStaging() = default;
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+};
 
 struct MemOps {
   Device device = Device::cpu;
@@ -34,6 +44,8 @@ struct MemOps {
   // type, so that on the CPU any kernel reading such a buffer before writing it poisons the loss and
   // fails the tests. nullptr: `alloc`.
   void* (*alloc_uninit)(size_t bytes) = nullptr;
+  // A staging for uploads that do not wait for the device; nullptr: `upload` already does not (host).
+  std::unique_ptr<UploadStaging> (*make_upload_staging)() = nullptr;
 
   void upload(void* dst, const void* src, size_t bytes) const { copy(dst, src, bytes, CopyKind::host_to_device); }
   void download(void* dst, const void* src, size_t bytes) const { copy(dst, src, bytes, CopyKind::device_to_host); }

@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/cuda_check.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/upload_staging.h"
 #include "runtime/check.h"
 
 namespace mt::cuda {
@@ -158,8 +159,8 @@ void mem_narrow(void* dst, const float* src, int64_t n, DType t) {
   }
 }
 
-constexpr MemOps kDevice{Device::cuda, pool_alloc, pool_free,   device_memset_zero, mem_copy,
-                         mem_narrow,   synchronize, pool_alloc_uninit};
+constexpr MemOps kDevice{Device::cuda, pool_alloc,  pool_free,         device_memset_zero, mem_copy,
+                         mem_narrow,   synchronize, pool_alloc_uninit, make_pinned_uploads};
 
 }  // namespace
 

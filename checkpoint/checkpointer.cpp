@@ -27,8 +27,10 @@ namespace {
 
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-constexpr const char* kFaultPhases[] = {"forward", "backward",      "optimizer",    "staging",
-                                        "write",   "before_commit", "after_commit", "enospc"};
+// hang and straggler are the trainer's (train/stragglers.h): a stopped rank, a slow one.
+constexpr const char* kFaultPhases[] = {"forward", "backward",      "optimizer",    "staging", "write",
+                                        "before_commit", "after_commit", "enospc", "hang", "straggler",
+                                        "preempt"};
 
 int64_t ns_of(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
@@ -90,7 +92,7 @@ Checkpointer::Checkpointer(const Options& o, parallel::Comm& world) : o_(o), wor
   if (o_.keep < 0) fail("checkpoint: keep=%d: the number of checkpoints kept must be >= 0 (0 keeps all)", o_.keep);
   if (!o_.fault_phase.empty() && !is_fault_phase(o_.fault_phase))
     fail("checkpoint: unknown fault phase '%s' (forward, backward, optimizer, staging, write, before_commit, "
-         "after_commit, enospc)",
+         "after_commit, enospc, hang, straggler, preempt)",
          o_.fault_phase.c_str());
   if (o_.commit_timeout_s <= 0) fail("checkpoint: commit timeout must be positive");
   MT_CHECK(world_.device() == Device::cpu, "checkpoint: the communicator '%s' must be a host (MPI or self) one",
@@ -122,6 +124,10 @@ Checkpointer::~Checkpointer() {
   if (std::uncaught_exceptions() > 0) cancel_ = true;
   try {
     wait();
+  } catch (const SaveCancelled&) {
+    // The process is failing: the error it reports is its own, not that of the save it left unfinished.
+  } catch (const parallel::FollowOnError&) {
+    // Another rank's failure, which that rank reports.
   } catch (const std::exception& e) {
     o_.log.log(LogLevel::error, "%s", e.what());
   }
@@ -319,6 +325,7 @@ void Checkpointer::save(const SaveRequest& req) {
   }
   const bool async = o_.async && !fell_back_;
   fault_point(o_, world_.rank(), req.step, "staging");
+  if (o_.staging.mark) o_.staging.mark();
   job_ = make_job(req, async || bool(o_.staging.copy));
   job_->stats = {req.step, 0, 0, size_t(job_->file.bytes), stall};
   job_->stats.synchronous = !async;
@@ -370,6 +377,16 @@ void Checkpointer::run(WriteJob& job, bool stage_first) {
     std::lock_guard<std::mutex> lock(mu_);
     last_ = job.stats;
   } catch (const std::exception& e) {
+    // Cancelled while waiting for the other ranks (the process is failing): a save that rank 0 has
+    // committed meanwhile is complete and verifies; one it has not is left unfinished, and reported by
+    // no one (SaveCancelled; the process reports its own error).
+    const bool cancelled = dynamic_cast<const SaveCancelled*>(&e) != nullptr;
+    if (cancelled && committed(job)) {
+      job.stats.background_s = since(t0);
+      std::lock_guard<std::mutex> lock(mu_);
+      last_ = job.stats;
+      return;
+    }
     std::string why = e.what();
     // Another rank's failure (reported there) or this rank's own (reported here): see FollowOnError.
     bool follow_on = dynamic_cast<const parallel::FollowOnError*>(&e) != nullptr;
@@ -383,7 +400,12 @@ void Checkpointer::run(WriteJob& job, bool stage_first) {
     abandon(job, why);
     const std::string what = strfmt("checkpoint save of step %lld to %s failed on rank %d: %s; the earlier checkpoints "
                                     "are untouched", (long long)job.step, o_.dir.c_str(), job.rank, why.c_str());
-    error_ = follow_on ? std::make_exception_ptr(parallel::FollowOnError(what)) : std::make_exception_ptr(Error(what));
+    if (cancelled)
+      error_ = std::make_exception_ptr(SaveCancelled(what));
+    else if (const auto* hung = dynamic_cast<const parallel::PeerTimeoutError*>(&e))
+      error_ = std::make_exception_ptr(parallel::PeerTimeoutError(what, hung->timeout_s()));  // exit status 4
+    else
+      error_ = follow_on ? std::make_exception_ptr(parallel::FollowOnError(what)) : std::make_exception_ptr(Error(what));
   }
 }
 

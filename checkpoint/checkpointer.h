@@ -68,7 +68,11 @@ struct SaveRequest {
 struct StagingHooks {
   std::function<void*(size_t bytes)> alloc;
   std::function<void(void* p)> free;
-  std::function<void(void* dst, const void* src, size_t bytes)> copy;
+  // Called by save() on the caller's thread before any copy of that save: marks where the device's
+  // work stands, so that copies made later (on the writer's thread) read the state of this step and
+  // need not wait behind the next step's work.
+  std::function<void()> mark;
+  std::function<void(void* dst, const void* src, size_t bytes)> copy;  // returns with dst filled
 };
 
 struct Options {
@@ -99,7 +103,8 @@ struct Options {
   int64_t fault_step = -1;
   int fault_rank = 0;
   // How long rank 0 waits for the other ranks' files, and they for rank 0's commit, before the
-  // save is declared failed. Generous: ranks normally finish within the write time of one file.
+  // save is declared failed, with a PeerTimeoutError (a hung peer: exit status 4). Generous: ranks
+  // normally finish within the write time of one file. The trainer sets it to dist.timeout.
   double commit_timeout_s = 600;
   Logger log;  // cleaned directories, retention, failures
   StagingHooks staging;
@@ -120,7 +125,9 @@ class Checkpointer {
   // unusable. `world` is a host communicator (MPI or self): save() exchanges a few integers on it.
   Checkpointer(const Options& o, parallel::Comm& world);
   // Waits for a pending save (a failure is logged, not thrown). While an exception unwinds the stack
-  // it stops waiting for other ranks at once: the job is failing, and they may be gone.
+  // it stops waiting for other ranks at once: the job is failing, and they may be gone. The save so
+  // left unfinished is not reported (the exception is the job's one error), nor is another rank's
+  // failure (that rank reports it); a save rank 0 committed meanwhile counts as done.
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;

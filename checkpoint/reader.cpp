@@ -186,14 +186,32 @@ void Reader::verify_all() const {
 
 void verify(const std::string& ckpt_path) { Reader(ckpt_path).verify_all(); }
 
-std::optional<Found> find_latest_valid(const std::string& dir, parallel::Comm& world, const Logger& log) {
+std::optional<Found> find_latest_valid(const std::string& dir, parallel::Comm& world, const Logger& log,
+                                       const std::string& run_id) {
   MT_CHECK(world.device() == Device::cpu, "find_latest_valid: the communicator '%s' must be a host one",
            world.name().c_str());
   // [found, step low half, step high half]; i32 is the widest integer type collectives carry.
   int32_t msg[3] = {0, 0, 0};
   std::string why;
   if (world.rank() == 0) try {
-    const std::vector<CatalogEntry> all = list_checkpoints(dir);
+    std::vector<CatalogEntry> all = list_checkpoints(dir);
+    if (!run_id.empty()) {
+      size_t others = 0;
+      std::erase_if(all, [&](const CatalogEntry& e) {
+        if (!e.problem.empty()) return false;  // unreadable: whose it is cannot be told
+        bool other = true;
+        try {
+          other = read_manifest(e.path).meta.value("run_id", "") != run_id;
+        } catch (const Error&) {
+          return false;
+        }
+        others += other;
+        return other;
+      });
+      if (others)
+        MT_LOG_INFO(log, "checkpoint: %zu checkpoint(s) in %s belong to other runs than %s: not resumed", others,
+                    dir.c_str(), run_id.c_str());
+    }
     std::vector<std::pair<const CatalogEntry*, std::string>> refused;  // and why
     for (const CatalogEntry& e : all)
       if (!e.problem.empty()) refused.push_back({&e, e.problem});

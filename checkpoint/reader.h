@@ -30,7 +30,10 @@ struct Found {
 // choice; every rank returns the same answer (nullopt: `dir` holds no checkpoint, e.g. a fresh run).
 // When it holds checkpoints but none verifies, every rank throws CollectiveError, rank 0's naming
 // each checkpoint and why it was refused.
-std::optional<Found> find_latest_valid(const std::string& dir, parallel::Comm& world, const Logger& log);
+// With `run_id`, only the checkpoints of that run (metadata "run_id") count: the others are left
+// alone, named in one log line, and never chosen (nor refused).
+std::optional<Found> find_latest_valid(const std::string& dir, parallel::Comm& world, const Logger& log,
+                                       const std::string& run_id = "");
 
 class Reader {
  public:

@@ -27,14 +27,15 @@ bool fault_is(const Options& o, const WriteJob& job, const char* phase) {
 }
 
 // Polls `ready` with a growing pause (1 ms .. 50 ms) until it returns true or `timeout_s` passes;
-// fails at once when the job is cancelled.
+// throws SaveCancelled at once when the job is cancelled.
 template <class F>
 bool poll_until(const WriteJob& job, double timeout_s, F ready) {
   const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
   auto pause = std::chrono::milliseconds(1);
   while (true) {
     if (ready()) return true;
-    if (job.cancel && job.cancel->load()) fail("cancelled while waiting for the other ranks (the process is failing)");
+    if (job.cancel && job.cancel->load())
+      throw SaveCancelled("cancelled while waiting for the other ranks (the process is failing)");
     if (Clock::now() > deadline) return false;
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(50));
@@ -54,6 +55,8 @@ double unix_now() {
 }
 
 }  // namespace
+
+bool committed(const WriteJob& job) { return save_id_of(job.final_dir) == job.save_id; }
 
 void write_rank_file(WriteJob& job, const Options& o) {
   const std::string path = io::join(job.tmp_dir, rank_file_name(job.rank));
@@ -119,8 +122,10 @@ void commit(WriteJob& job, const Options& o) {
     std::string missing;
     for (int r = 0; r < job.world_size; r++)
       if (!have[size_t(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    fail("timed out after %.1f s waiting for rank(s) %s to write their files to %s", o.commit_timeout_s,
-         missing.c_str(), job.tmp_dir.c_str());
+    // A wait on peers like any other (parallel/comm.h WaitPolicy): a hung rank ends the job as hung.
+    throw parallel::PeerTimeoutError(strfmt("hung: timed out after %.1f s waiting for rank(s) %s to write their files to %s",
+                                            o.commit_timeout_s, missing.c_str(), job.tmp_dir.c_str()),
+                                     o.commit_timeout_s);
   }
 
   // 2. The manifest, written last: from here on the directory is a checkpoint.
@@ -186,7 +191,11 @@ void await_commit(WriteJob& job, const Options& o) {
   if (abandoned)
     throw parallel::FollowOnError(strfmt("rank 0 abandoned the save (%s was removed without a commit; rank 0 reports why)",
                                          job.tmp_dir.c_str()));
-  if (!ok) fail("timed out after %.1f s waiting for rank 0 to commit %s", o.commit_timeout_s, job.final_dir.c_str());
+  if (!ok)
+    throw parallel::PeerTimeoutError(
+        strfmt("hung: timed out after %.1f s waiting for rank 0 to commit %s", o.commit_timeout_s,
+               job.final_dir.c_str()),
+        o.commit_timeout_s);
   fault_point(o, job.rank, job.step, "after_commit");
 }
 

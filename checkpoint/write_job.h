@@ -12,6 +12,7 @@
 
 #include "checkpoint/checkpointer.h"
 #include "checkpoint/format.h"
+#include "runtime/check.h"
 
 namespace mt::checkpoint {
 
@@ -49,6 +50,17 @@ struct WriteJob {
   bool staged = false;
   double copy_helper_cpu_s = 0;  // CPU time of the staging copy's helper threads
 };
+
+// What a wait of the background job throws once its owner cancelled it (WriteJob::cancel: the
+// Checkpointer is destroyed while an exception unwinds, so the process is failing and reports its own
+// error). Not a failure of the save: no one reports it.
+class SaveCancelled : public Error {
+ public:
+  using Error::Error;
+};
+
+// Whether rank 0 committed the job's save (step_N/ carries this save's id).
+bool committed(const WriteJob& job);
 
 // The steps of run(): see the protocol in checkpointer.h. Each throws mt::Error naming the path.
 void write_rank_file(WriteJob& job, const Options& o);

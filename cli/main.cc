@@ -7,7 +7,9 @@
 //   minitrain plan   [train options] [hw=h100|h200|a100|cpu|FILE] [gpus=N] [tokens=N] [--json] [--search]
 //   minitrain bench  --calibrate [out=FILE]: a hardware file for plan, measured on this machine
 //   minitrain <command> --help (or -h): the command's options; minitrain --version: version and build
-// Errors print one line `minitrain: error: ...` and exit with status 1 (2 for a missing command).
+// Errors print one line `minitrain: error: ...` and exit with status 1 (2 for a missing command);
+// `train` exits with the statuses of runtime/exit_status.h (2: refused before the first step, 3:
+// diverged, 4: hung, 5: preempted); `plan` exits 2 when it refuses (plan/plan.h plan_main).
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -23,6 +25,9 @@
 #include "parallel/launch.h"
 #include "plan/plan.h"
 #include "runtime/check.h"
+#include "runtime/exit_status.h"
+#include "runtime/preempt.h"
+#include "train/preflight.h"
 #include "train/trainer.h"
 
 namespace {
@@ -61,19 +66,27 @@ int main(int argc, char** argv) {
     if (cmd == "train") {
       // Under mpirun every rank runs this; an error on any rank ends the whole job (run_main).
       mt::parallel::World world(&argc, &argv);
+      mt::stop_with_launcher();  // a rank whose mpirun died ends at once, not training on as an orphan
       return mt::parallel::run_main(world, [&](mt::parallel::World& w) {
         // Options and setup fail the same way on every rank (same arguments, same files): report
         // such an error once. A rank whose error was its own still reports it after a grace period.
+        // Such an error is a refusal (exit status 2, runtime/exit_status.h: a relaunch cannot fix
+        // it), but a failed communication (a peer that died) stays a recoverable 1, and a
+        // CollectiveError keeps its own status.
         std::unique_ptr<mt::train::Trainer> t;
         try {
-          t = std::make_unique<mt::train::Trainer>(mt::config::parse_train_options(args), &w.comm(), w.local_rank());
+          const mt::config::TrainOptions o = mt::config::parse_train_options(args);
+          mt::install_preemption_handlers(o.preempt_deadline);
+          mt::train::check_memory_fits(o, w.comm(), w.local_rank(), w.local_size());  // before any allocation
+          t = std::make_unique<mt::train::Trainer>(o, &w.comm(), w.local_rank());
         } catch (const mt::parallel::CollectiveError&) {
           throw;
+        } catch (const mt::parallel::CommFailure&) {
+          throw;
         } catch (const mt::Error& e) {
-          throw mt::parallel::CollectiveError(e.what());
+          throw mt::parallel::CollectiveError(e.what(), mt::kExitRefused);
         }
-        t->run();
-        return 0;
+        return t->run();
       });
     }
     if (cmd == "bench") {

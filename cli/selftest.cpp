@@ -9,10 +9,10 @@
 #include <cstdlib>
 #include <random>
 
+#include "kernels/cuda_available.h"
 #include "runtime/check.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
-#include "kernels/cuda_available.h"
 #endif
 
 namespace mt::cli {

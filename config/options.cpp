@@ -10,6 +10,8 @@
 
 #include "checkpoint/checkpointer.h"
 #include "config/layout_rules.h"
+#include "config/ignored_options.h"
+#include "config/limits.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/ring_attention.h"
 #include "runtime/check.h"
@@ -83,15 +85,19 @@ const std::vector<OptionEntry>& option_table() {
       {"optim.eps", [](TrainOptions& o, auto& k, auto& v) { o.optim.eps = float(parse_number(k, v)); }, "optimizer", "AdamW epsilon"},
       {"optim.grad_clip", [](TrainOptions& o, auto& k, auto& v) { o.optim.grad_clip = float(parse_number(k, v)); }, "optimizer", "global gradient-norm clip (<= 0: no clipping)"},
       {"ckpt.dir", [](TrainOptions& o, auto&, auto& v) { o.ckpt.dir = v; }, "checkpoint", "checkpoint root ('': <out_dir>/checkpoints)"},
-      {"ckpt.keep", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.keep = parse_int(k, v); }, "checkpoint", "newest checkpoints kept"},
+      {"ckpt.keep", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.keep = parse_int(k, v); }, "checkpoint", "newest checkpoints kept (0: keep all)"},
       {"ckpt.async", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.async = to_bool(k, v); }, "checkpoint", "write checkpoints on a background thread"},
       {"ckpt.writer_priority", [](TrainOptions& o, auto& k, auto& v) {
          o.ckpt.writer_priority = checkpoint::writer_priority_from_name(v, k.c_str()); }, "checkpoint", "background writer's CPU priority: idle | normal"},
       {"ckpt.sync_fallback", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.sync_fallback = to_bool(k, v); }, "checkpoint",
        "write synchronously once async saves keep waiting for the previous write"},
-      {"ckpt.fault_phase", [](TrainOptions& o, auto&, auto& v) { o.ckpt.fault_phase = v; }, "testing", "fault injection: phase at which to kill ckpt.fault_rank (or enospc)"},
+      {"ckpt.fault_phase", [](TrainOptions& o, auto&, auto& v) { o.ckpt.fault_phase = v; }, "testing", "fault injection: phase at which to kill ckpt.fault_rank (or enospc; hang: SIGSTOP it; straggler: it sleeps 100 ms before every step from ckpt.fault_step; preempt: it sends itself SIGTERM)"},
       {"ckpt.fault_step", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_step = parse_int(k, v); }, "testing", "fault injection: the step of the fault (-1: none)"},
       {"ckpt.fault_rank", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_rank = parse_int(k, v); }, "testing", "fault injection: the world rank that fails"},
+      {"dist.timeout", [](TrainOptions& o, auto& k, auto& v) { o.dist.timeout = parse_number(k, v); }, "parallel",
+       "seconds a wait on peers (a collective, a message, a device barrier) may last before every waiting rank names it, writes <out_dir>/flight_recorder.rank<R>.jsonl and the job exits 4 (hung)"},
+      {"dist.straggler_ratio", [](TrainOptions& o, auto& k, auto& v) { o.dist.straggler_ratio = parse_number(k, v); }, "parallel",
+       "a rank whose step busy time (waits on peers excluded) exceeds this x the median, and the median by 50 ms, is named a straggler in the progress line and metrics.jsonl (0: off)"},
       {"loss_scale.init", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.init_scale = float(parse_number(k, v)); }, "precision", "fp16: initial dynamic loss scale"},
       {"loss_scale.growth_interval", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.growth_interval = parse_int(k, v); }, "precision", "fp16: clean steps before the scale doubles"},
       {"loss_scale.max_skips", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.max_skips = parse_int(k, v); }, "precision", "skipped steps in a row that stop the run as diverged"},
@@ -132,7 +138,15 @@ const std::vector<OptionEntry>& option_table() {
       {"device", [](TrainOptions& o, auto&, auto& v) { o.device = device_from_name(v); }, "run", "cpu | cuda"},
       {"out_dir", [](TrainOptions& o, auto&, auto& v) { o.out_dir = v; }, "logging", "run directory: metrics.jsonl, config.json, checkpoints, model.safetensors (--out)"},
       {"init_from", [](TrainOptions& o, auto&, auto& v) { o.init_from = v; }, "checkpoint", "Hugging Face GPT-2 safetensors to initialise the weights from"},
-      {"resume", [](TrainOptions& o, auto&, auto& v) { o.resume = v; }, "checkpoint", "auto | fresh | a checkpoint or root ('': new run)"},
+      {"resume", [](TrainOptions& o, auto&, auto& v) { o.resume = v; }, "checkpoint", "auto | fresh | own | a checkpoint or root ('': new run; own: run_id's newest, else step 0)"},
+      {"run_id", [](TrainOptions& o, auto& k, auto& v) {
+         if (v.size() > 64 || v.find_first_not_of("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_.") != std::string::npos)
+           fail("%s=%s: expected at most 64 letters, digits, '-', '_' or '.'", k.c_str(), v.c_str());
+         o.run_id = v; }, "checkpoint", "the run's identity in its checkpoints and lock ('': drawn by a new run, kept by a resumed one); resume=auto/own prefer its checkpoints"},
+      {"preempt.deadline", [](TrainOptions& o, auto& k, auto& v) { o.preempt_deadline = parse_int(k, v); }, "run",
+       "seconds after SIGTERM/SIGUSR1 to reach a step boundary and save before exiting anyway (0: none)"},
+      {"mem.check", [](TrainOptions& o, auto& k, auto& v) { o.mem_check = to_bool(k, v); }, "run",
+       "refuse a run whose planned peak per rank exceeds the memory available to each rank"},
       {"save_every", [](TrainOptions& o, auto& k, auto& v) { o.save_every = parse_int(k, v); }, "checkpoint", "steps between checkpoints (0: only at the end)"},
       {"eval_every", [](TrainOptions& o, auto& k, auto& v) { o.eval_every = parse_int(k, v); }, "logging", "steps between validation evaluations (0: never)"},
       {"eval_batches", [](TrainOptions& o, auto& k, auto& v) { o.eval_batches = parse_int(k, v); }, "logging", "validation batches per evaluation"},
@@ -183,10 +197,12 @@ const std::map<std::string, Range>& numeric_ranges() {
       {"parallel.zero", {0, 3, false, false}}, {"parallel.bucket_mb", kPositive}, {"parallel.sdc_every", kNonNegative},
       {"parallel.sdc_flip_step", kFrom(-1)}, {"parallel.sdc_flip_rank", kNonNegative}, {"pp.virtual", kPositive},
       {"ckpt.keep", kNonNegative}, {"ckpt.fault_step", kFrom(-1)}, {"ckpt.fault_rank", kNonNegative},
+      {"dist.timeout", kPositive}, {"dist.straggler_ratio", kNonNegative},
       {"loss_scale.init", kPositive}, {"loss_scale.growth_interval", kPositive}, {"loss_scale.max_skips", kPositive},
       {"batch_size", kPositive}, {"global_batch", kNonNegative}, {"seq_len", kPositive}, {"grad_accum", kPositive},
       {"steps", kPositive}, {"seed", kNonNegative}, {"save_every", kNonNegative}, {"eval_every", kNonNegative},
       {"eval_batches", kPositive}, {"log_every", kPositive}, {"threads", kNonNegative}, {"peak_flops", kNonNegative},
+      {"preempt.deadline", kNonNegative},
   };
   return table;
 }
@@ -213,6 +229,7 @@ void check_numbers(const nlohmann::json& j, const std::string& prefix) {
     const Range& r = it->second;
     if (x < r.lo || x > r.hi || (r.lo_open && x == r.lo) || (r.hi_open && x == r.hi))
       fail("%s %s (got %g)", key.c_str(), describe(r).c_str(), x);
+    check_option_limit(key, x);  // the largest value the size arithmetic holds (config/limits.h)
   }
 }
 
@@ -277,7 +294,7 @@ void apply_option(TrainOptions& o, const std::string& key, const std::string& va
 }
 
 TrainOptions parse_train_options(const std::vector<std::string>& args) {
-  std::vector<std::pair<std::string, std::string>> kv;
+  std::vector<std::pair<std::string, std::string>> kv, typed;  // every key; the command line's own
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& a = args[i];
     if (a.rfind("--", 0) == 0) {
@@ -311,10 +328,12 @@ TrainOptions parse_train_options(const std::vector<std::string>& args) {
       if (!setters().count(flag) && setters().count("parallel." + flag)) flag = "parallel." + flag;  // --dp, --zero ...
       if (!setters().count(flag)) fail("unknown flag '--%s'", flag.c_str());
       kv.emplace_back(flag, value);
+      typed.push_back(kv.back());
     } else {
       size_t eq = a.find('=');
       if (eq == std::string::npos || eq == 0) fail("unexpected argument '%s' (expected key=value or --flag value)", a.c_str());
       kv.emplace_back(a.substr(0, eq), a.substr(eq + 1));
+      typed.push_back(kv.back());
     }
   }
   TrainOptions o;
@@ -324,11 +343,14 @@ TrainOptions parse_train_options(const std::vector<std::string>& args) {
   for (auto& [k, v] : kv)
     if (k != "model" && k != "model.preset") apply_option(o, k, v);
   o.validate();
+  // A --config file may hold every key (a run's config.json does): only the typed ones are judged.
+  check_no_ignored_options(o, typed);
   return o;
 }
 
 void TrainOptions::validate() const {
   check_numbers(to_json(), "");  // every numeric option: finite and in its range
+  check_size_limits(*this);      // products of options that the 64-bit arithmetic holds
   model.validate();
   if (model.moe.enabled()) {
     // Both backends run the mixture layers; on a GPU expert parallelism's rows travel over NCCL
@@ -349,6 +371,8 @@ void TrainOptions::validate() const {
   if (parallel.ep > 1 && !model.moe.enabled())
     fail("--ep %d needs a mixture of experts (moe.experts > 0, e.g. model=tiny-moe): a dense model has no experts "
          "to split", parallel.ep);
+  if (resume == "own" && run_id.empty())
+    fail("resume=own resumes this run's own checkpoints: it needs run_id=ID (scripts/supervise passes one)");
   if (seq_len > model.block_size)
     fail("seq_len %d is longer than the model's context (model.block_size = %d)", seq_len, model.block_size);
   if (!data.mix.empty() && !data.path.empty())
@@ -373,9 +397,12 @@ void TrainOptions::validate() const {
       fail("tp.sp: the rows of a micro-batch, batch_size %d x seq_len %d, must be divisible by --tp %d (or set "
            "tp.sp=false)", batch_size, seq_len, parallel.tp);
   }
+  if (dist.straggler_ratio > 0 && dist.straggler_ratio <= 1)
+    fail("dist.straggler_ratio must be 0 (off) or above 1: it is a multiple of the median rank's busy time (got %g)",
+         dist.straggler_ratio);
   if (!ckpt.fault_phase.empty() && !checkpoint::is_fault_phase(ckpt.fault_phase))
     fail("ckpt.fault_phase '%s' is not a fault phase (forward, backward, optimizer, staging, write, "
-         "before_commit, after_commit, enospc)", ckpt.fault_phase.c_str());
+         "before_commit, after_commit, enospc, hang, straggler)", ckpt.fault_phase.c_str());
 }
 
 nlohmann::json TrainOptions::to_json() const {
@@ -406,6 +433,7 @@ nlohmann::json TrainOptions::to_json() const {
                 {"writer_priority", checkpoint::writer_priority_name(ckpt.writer_priority)},
                 {"sync_fallback", ckpt.sync_fallback}, {"fault_phase", ckpt.fault_phase},
                 {"fault_step", ckpt.fault_step}, {"fault_rank", ckpt.fault_rank}}},
+      {"dist", {{"timeout", dist.timeout}, {"straggler_ratio", dist.straggler_ratio}}},
       {"loss_scale", {{"init", loss_scale.init_scale}, {"growth_interval", loss_scale.growth_interval},
                       {"max_skips", loss_scale.max_skips}}},
       {"batch_size", batch_size}, {"global_batch", global_batch}, {"seq_len", seq_len}, {"grad_accum", grad_accum}, {"steps", steps},
@@ -413,7 +441,8 @@ nlohmann::json TrainOptions::to_json() const {
       {"recompute", model::recompute_name(recompute)}, {"attention", attention}, {"device", device_name(device)}, {"out_dir", out_dir},
       {"init_from", init_from}, {"resume", resume}, {"save_every", save_every}, {"eval_every", eval_every},
       {"eval_batches", eval_batches}, {"log_every", log_every}, {"threads", threads}, {"peak_flops", peak_flops},
-      {"profile_ops", profile_ops},
+      {"profile_ops", profile_ops}, {"run_id", run_id}, {"preempt", {{"deadline", preempt_deadline}}},
+      {"mem", {{"check", mem_check}}},
       {"trace", {{"on", trace.on}, {"start", trace.start}, {"steps", trace.steps}}},
   };
 }

@@ -77,10 +77,18 @@ struct CheckpointOptions {
   bool sync_fallback = true;  // async saves turn synchronous when they keep waiting (checkpointer.h)
   // Fault injection: SIGKILL world rank `fault_rank` at phase `fault_phase` of step `fault_step`
   // (forward, backward, optimizer, staging, write, before_commit, after_commit) or make its
-  // checkpoint write fail (enospc). Armed once per out_dir: a relaunched run does not fire it again.
+  // checkpoint write fail (enospc), or stop it (hang: SIGSTOP before the step) or slow it down
+  // (straggler: a sleep before every step from fault_step on; train/stragglers.h). Armed once per
+  // out_dir: a relaunched run does not fire it again.
   std::string fault_phase;
   int fault_step = -1;
   int fault_rank = 0;
+};
+
+// Waits on peers and stragglers (parallel/comm.h WaitPolicy, train/stragglers.h).
+struct DistOptions {
+  double timeout = 600;         // dist.timeout: seconds a wait on peers may last before the job ends as hung (4)
+  double straggler_ratio = 1.5; // dist.straggler_ratio: a rank busier than this x the median (and by 50 ms) is named (0: off)
 };
 
 struct TrainOptions {
@@ -91,6 +99,7 @@ struct TrainOptions {
   OptimOptions optim;
   LossScaleOptions loss_scale;
   CheckpointOptions ckpt;
+  DistOptions dist;
   int batch_size = 4;   // B: rows per micro-batch (per data-parallel rank)
   int global_batch = 0; // if > 0: rows per optimizer step over all ranks; sets B = global / (dp x accum)
   int seq_len = 64;     // T
@@ -106,7 +115,8 @@ struct TrainOptions {
   std::string resume;      // "auto": newest valid checkpoint in ckpt.dir (fresh start if there is no
                            // checkpoint; an error if there are some but none verifies); "fresh": step 0
                            // even in a run directory with checkpoints; a checkpoint directory (step_N/)
-                           // or a checkpoint root; "": fresh start in a new out_dir
+                           // or a checkpoint root; "": fresh start in a new out_dir; "own": this
+                           // run's (run_id's) newest valid checkpoint, step 0 when it has none yet
   int save_every = 0;      // steps between checkpoints (0: only at the end)
   int eval_every = 0;      // steps between validation evaluations (0: never)
   int eval_batches = 4;
@@ -114,6 +124,15 @@ struct TrainOptions {
   int threads = 0;         // OpenMP threads (0: all cores)
   double peak_flops = 0;   // override of the peak used for MFU (0: calibrate / table)
   bool profile_ops = false; // time every op (kernels/op_timer.h); `minitrain bench` prints the table
+  // The run's identity, in its checkpoints' metadata and its lock file: "" draws one for a new run
+  // (a resumed run keeps its checkpoint's). resume=auto and resume=own look for this run's checkpoints
+  // first (scripts/supervise passes one to every attempt of a job).
+  std::string run_id;
+  // Preemption (runtime/preempt.h): seconds a SIGTERM/SIGUSR1 leaves the ranks to reach a step
+  // boundary and save before the process ends anyway (0: no deadline).
+  int preempt_deadline = 120;
+  // Refuse a run whose planned peak per rank exceeds the memory each rank can have (train/preflight.h).
+  bool mem_check = true;
   struct Trace {
     bool on = false;  // trace=1: a Chrome trace per rank under <out_dir>/trace/ (runtime/trace.h)
     int start = 2;    // the first traced step (the first step warms up)

@@ -1,8 +1,11 @@
 // The backend-independent half of Comm: argument checks, byte counters, handles.
 #include "parallel/comm.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <exception>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -100,7 +103,12 @@ CommHandle::~CommHandle() {
 
 void CommHandle::wait() {
   if (!op_) return;
-  op_->wait();
+  try {
+    op_->wait();
+  } catch (...) {
+    (void)op_.release();  // abandoned as during unwinding: its op may never complete (a peer timed out)
+    throw;
+  }
   op_.reset();
 }
 
@@ -116,48 +124,102 @@ Comm::Comm(int rank, int size, Device device, std::string name)
   MT_CHECK(size >= 1 && rank >= 0 && rank < size, "communicator '%s': rank %d of size %d", name_.c_str(), rank, size);
 }
 
-namespace {
-
-// An op in flight whose span (issue -> completion seen by the caller) goes to the trace when it ends.
-class TracedOp : public PendingOp {
+// An op in flight as Comm hands it out: its flight record, its host wait under the wait policy, and
+// its span (issue -> completion seen by the caller) on the trace when the trace recorded its issue.
+class WatchedOp : public PendingOp {
  public:
-  TracedOp(CommHandle inner, Trace* trace, int lane, const char* what, uint64_t bytes, Trace::Clock::time_point issued)
-      : inner_(std::move(inner)), trace_(trace), lane_(lane), what_(what), bytes_(bytes), issued_(issued) {}
+  WatchedOp(Comm* comm, CommHandle inner, uint64_t seq, const char* what, uint64_t bytes)
+      : comm_(comm), inner_(std::move(inner)), seq_(seq), what_(what), bytes_(bytes) {
+    if (comm->trace_ && comm->trace_->recording()) traced_ = true, issued_ = comm->issued_;
+  }
   bool test() override {
     if (!inner_.test()) return false;
-    record();
+    finish();
     return true;
   }
   void wait() override {
-    inner_.wait();
-    record();
+    if (comm_->device() == Device::cpu)
+      comm_->wait_on_peers([this] { return inner_.test(); }, what_, seq_, bytes_);
+    else
+      inner_.wait();  // a device op: the compute stream is ordered after it, the host does not wait
+    finish();
   }
 
  private:
-  void record() {
-    if (recorded_) return;
-    recorded_ = true;
-    trace_->add(what_, "comm", lane_, issued_, Trace::Clock::now(), "{\"bytes\": " + std::to_string(bytes_) + "}");
+  void finish() {
+    if (finished_) return;
+    finished_ = true;
+    comm_->recorder_.end(seq_, OpState::completed);
+    if (traced_)
+      comm_->trace_->add(what_, "comm", comm_->trace_lane_, issued_, Trace::Clock::now(),
+                         "{\"bytes\": " + std::to_string(bytes_) + "}");
   }
+  Comm* comm_;
   CommHandle inner_;
-  Trace* trace_;
-  int lane_;
+  uint64_t seq_;
   const char* what_;
   uint64_t bytes_;
-  Trace::Clock::time_point issued_;
-  bool recorded_ = false;
+  bool traced_ = false, finished_ = false;
+  Trace::Clock::time_point issued_{};
 };
-
-}  // namespace
 
 void Comm::set_trace(Trace* trace) {
   trace_ = trace;
   if (trace_) trace_lane_ = trace_->lane("comm " + name_);
 }
 
-CommHandle Comm::traced(const char* what, uint64_t bytes, CommHandle h) {
-  if (!trace_ || !trace_->recording() || h.done()) return h;
-  return CommHandle(std::make_unique<TracedOp>(std::move(h), trace_, trace_lane_, what, bytes, issued_));
+CommHandle Comm::watched(const char* what, uint64_t bytes, int dst, int src, CommHandle h) {
+  if (h.done()) return h;  // complete already (a one-rank group): no peers to wait for
+  const uint64_t seq = recorder_.issue(what, bytes, dst, src);
+  return CommHandle(std::make_unique<WatchedOp>(this, std::move(h), seq, what, bytes));
+}
+
+bool poll_with_backoff(const std::function<bool()>& done, double timeout_s, double* waited_s, double spin_s) {
+  *waited_s = 0;
+  if (done()) return true;
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  for (;;) {
+    const bool ok = done();
+    const double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+    *waited_s = waited;
+    if (ok) return true;
+    if (waited >= timeout_s) return false;
+    if (waited > spin_s)
+      std::this_thread::sleep_for(
+          std::chrono::duration<double>(std::clamp(waited / 10, WaitPolicy::kMinPause, WaitPolicy::kMaxPause)));
+  }
+}
+
+void Comm::wait_on_peers(const std::function<bool()>& done, const char* what, uint64_t seq, uint64_t bytes) {
+  double waited = 0;
+  const double spin = WaitPolicy::kSpinSeconds + double(bytes) / WaitPolicy::kSpinBytesPerSecond;
+  if (!poll_with_backoff(done, policy_.timeout_s, &waited, spin)) time_out(what, seq, waited);
+  blocked_s_ += waited;
+}
+
+void Comm::time_out(const char* what, uint64_t seq, double waited) {
+  std::string peers;
+  for (const CommRecord& r : recorder_.records())
+    if (r.seq == seq) {
+      if (r.dst >= 0) peers += strfmt(" to rank %d", r.dst);
+      if (r.src >= 0) peers += strfmt("%s from rank %d", r.dst >= 0 ? " and" : "", r.src);
+    }
+  if (seq) recorder_.end(seq, OpState::timed_out);
+  abandon();
+  std::string records;
+  if (policy_.on_timeout) {
+    try {
+      records = "; " + policy_.on_timeout();
+    } catch (const std::exception& e) {
+      records = strfmt("; the flight records could not be written: %s", e.what());
+    }
+  }
+  throw PeerTimeoutError(strfmt("hung: %s #%llu%s on group '%s' (rank %d of %d there) waited %.1f s for its peers "
+                                "(dist.timeout=%g)%s",
+                                what, (unsigned long long)seq, peers.c_str(), name_.c_str(), rank_, size_, waited,
+                                policy_.timeout_s, records.c_str()),
+                         policy_.timeout_s);
 }
 
 void Comm::tally(CommOp op, uint64_t payload, uint64_t sent) {
@@ -188,7 +250,7 @@ CommHandle Comm::all_reduce_async(void* buf, size_t count, DType t, ReduceOp op)
   size_t b = dtype_size(t);
   tally(CommOp::all_reduce, uint64_t(count) * b, all_reduce_sent_bytes(count, b, size_, rank_));
   if (count == 0) return {};
-  return traced("all_reduce", uint64_t(count) * b, do_all_reduce(buf, count, t, op));
+  return watched("all_reduce", uint64_t(count) * b, -1, -1, do_all_reduce(buf, count, t, op));
 }
 
 void Comm::reduce_scatter(const void* send, void* recv, size_t recv_count, DType t, ReduceOp op) {
@@ -201,7 +263,7 @@ CommHandle Comm::reduce_scatter_async(const void* send, void* recv, size_t recv_
   uint64_t b = dtype_size(t);
   tally(CommOp::reduce_scatter, uint64_t(size_) * recv_count * b, uint64_t(size_ - 1) * recv_count * b);
   if (recv_count == 0) return {};
-  return traced("reduce_scatter", uint64_t(size_) * recv_count * b, do_reduce_scatter(send, recv, recv_count, t, op));
+  return watched("reduce_scatter", uint64_t(size_) * recv_count * b, -1, -1, do_reduce_scatter(send, recv, recv_count, t, op));
 }
 
 void Comm::all_gather(const void* send, void* recv, size_t send_count, DType t) {
@@ -213,7 +275,7 @@ CommHandle Comm::all_gather_async(const void* send, void* recv, size_t send_coun
   uint64_t b = dtype_size(t);
   tally(CommOp::all_gather, uint64_t(size_) * send_count * b, uint64_t(size_ - 1) * send_count * b);
   if (send_count == 0) return {};
-  return traced("all_gather", uint64_t(size_) * send_count * b, do_all_gather(send, recv, send_count, t));
+  return watched("all_gather", uint64_t(size_) * send_count * b, -1, -1, do_all_gather(send, recv, send_count, t));
 }
 
 void Comm::all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
@@ -233,7 +295,7 @@ CommHandle Comm::all_to_all_v_async(const void* send, std::span<const size_t> se
   }
   tally(CommOp::all_to_all, total * b, others * b);
   // Never skipped when this rank moves nothing: the peers may still send to or expect from it.
-  return traced("all_to_all_v", total * b, do_all_to_all_v(send, send_counts, recv, recv_counts, t));
+  return watched("all_to_all_v", total * b, -1, -1, do_all_to_all_v(send, send_counts, recv, recv_counts, t));
 }
 
 void Comm::broadcast(void* buf, size_t count, DType t, int root) { broadcast_async(buf, count, t, root).wait(); }
@@ -244,7 +306,7 @@ CommHandle Comm::broadcast_async(void* buf, size_t count, DType t, int root) {
   size_t b = dtype_size(t);
   tally(CommOp::broadcast, uint64_t(count) * b, broadcast_sent_bytes(count, b, size_, rank_, root));
   if (count == 0) return {};
-  return traced("broadcast", uint64_t(count) * b, do_broadcast(buf, count, t, root));
+  return watched("broadcast", uint64_t(count) * b, -1, -1, do_broadcast(buf, count, t, root));
 }
 
 void Comm::send(const void* buf, size_t count, DType t, int peer, int tag) {
@@ -282,17 +344,19 @@ CommHandle Comm::send_recv_async(const void* send_buf, size_t send_count, int ds
   }
   if (dst < 0 && src < 0) return {};
   const char* what = dst >= 0 && src >= 0 ? "send_recv" : dst >= 0 ? "send" : "recv";
-  return traced(what, (send_count + recv_count) * b, do_send_recv(send_buf, send_count, dst, recv_buf, recv_count, src, t, tag));
+  return watched(what, (send_count + recv_count) * b, dst, src, do_send_recv(send_buf, send_count, dst, recv_buf, recv_count, src, t, tag));
 }
 
 void Comm::barrier() {
   tally(CommOp::barrier, 0, 0);
-  do_barrier().wait();
+  watched("barrier", 0, -1, -1, do_barrier()).wait();
 }
 
 std::unique_ptr<Comm> Comm::split(int color, int key, const std::string& name, Arena* scratch) {
   MT_CHECK(color >= 0, "split of '%s' into '%s': color %d is negative", name_.c_str(), name.c_str(), color);
-  return do_split(color, key, name, scratch);
+  std::unique_ptr<Comm> child = do_split(color, key, name, scratch);
+  child->policy_ = policy_;
+  return child;
 }
 
 }  // namespace mt::parallel

@@ -8,7 +8,9 @@
 //
 // Every operation has a blocking form and an `_async` form returning a CommHandle. A buffer handed
 // to an async op is "in flight" until the handle completes (wait() returns or test() returns true):
-// the caller must not read or write it before then. Collectives must be issued in the same order on
+// the caller must not read or write it before then. Every wait on peers runs under the communicator's
+// WaitPolicy (below): a deadline (dist.timeout) ending in PeerTimeoutError, a pause instead of a busy
+// core, a flight record per op (flight_recorder.h). Collectives must be issued in the same order on
 // every rank of a communicator (the MPI and NCCL rule); the backends keep that true internally even
 // when handles are completed out of order.
 //
@@ -43,6 +45,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -51,7 +54,9 @@
 
 #include "runtime/arena.h"
 #include "runtime/check.h"
+#include "parallel/flight_recorder.h"
 #include "runtime/dtype.h"
+#include "runtime/exit_status.h"
 #include "runtime/tensor.h"
 #include "runtime/trace.h"
 
@@ -102,6 +107,49 @@ class CollectiveError : public Error {
   int exit_status_;
 };
 
+// A wait on peers that passed its communicator's timeout (WaitPolicy): a peer is hung, stopped or
+// far too slow. Each rank whose wait expires raises its own, naming itself, the group, the op and
+// its sequence number; the launcher prints every such line and ends the job with kExitHung (4), which
+// a supervisor relaunches from the newest checkpoint (runtime/exit_status.h).
+class PeerTimeoutError : public CollectiveError {
+ public:
+  PeerTimeoutError(const std::string& what, double timeout_s) : CollectiveError(what, kExitHung), timeout_s_(timeout_s) {}
+  double timeout_s() const { return timeout_s_; }
+
+ private:
+  double timeout_s_;
+};
+
+// How a communicator waits on its peers. Every host wait (CommHandle::wait on a host communicator,
+// the blocking forms, barrier; a device communicator's host synchronisations) polls the op, first
+// busily for kSpinSeconds plus the time its bytes take at kSpinBytesPerSecond (a healthy op usually
+// completes in that time, and MPI moves a message only while a rank is inside an MPI call, so a
+// large one is polled at full rate for as long as it could still be moving on a loaded host: 100 MB/s
+// is a tenth of a CPU node's memory-copy rate), then with a pause that
+// grows with the time already waited (a tenth of it, from kMinPause to kMaxPause: completion is
+// noticed at most ~10% late, and a rank waiting on a stopped peer wakes ~100 times a second, well
+// under 1% of a core). A wait that has not completed after
+// `timeout_s` marks its record timed_out, calls `on_timeout` (the trainer writes the flight records
+// there and returns where, for the message) and throws PeerTimeoutError.
+struct WaitPolicy {
+  double timeout_s = 600;  // dist.timeout; as NCCL's watchdog in PyTorch
+  std::function<std::string()> on_timeout;
+  static constexpr double kSpinSeconds = 1e-3, kSpinBytesPerSecond = 1e8, kMinPause = 50e-6, kMaxPause = 10e-3;
+};
+
+// The wait loop of WaitPolicy: polls `done` (busily for the first `spin_s`) until it returns true
+// (returns true) or `timeout_s` passes (returns false); *waited_s is the time it took.
+bool poll_with_backoff(const std::function<bool()>& done, double timeout_s, double* waited_s,
+                       double spin_s = WaitPolicy::kSpinSeconds);
+
+// A communication call that failed (an MPI error: a peer that died, a broken link). Not a verdict on
+// the run's options: `minitrain train` exits 1 for it, not kExitRefused, even before the first step,
+// so that a supervisor relaunches the job.
+class CommFailure : public Error {
+ public:
+  using Error::Error;
+};
+
 // An error whose cause lies on another rank, which reports that cause itself (a save that rank 0
 // abandoned because of its own failed write; rank 0 giving up because another rank's write failed).
 // The launcher lets the rank that failed end the job and prints this one only if that does not
@@ -123,7 +171,8 @@ class PendingOp {
 // backends, the caller's compute stream is ordered after the op (no host synchronisation).
 // The Comm must outlive the handles it returns. A handle that goes out of scope still pending waits
 // for its op, because its buffers are in flight; during exception unwinding it abandons the op
-// instead (the rank is about to abort, and waiting could hang on peers that will never arrive).
+// instead (the rank is about to abort, and waiting could hang on peers that will never arrive); a
+// wait() that throws (a PeerTimeoutError) abandons its op the same way and leaves the handle done.
 class CommHandle {
  public:
   CommHandle() = default;  // an already-complete handle
@@ -155,6 +204,15 @@ class Comm {
 
   const CommCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = CommCounters{}; }
+
+  // Waiting on peers (WaitPolicy above). Communicators split from this one, and device ones it
+  // bootstraps, start with its policy.
+  void set_wait_policy(WaitPolicy p) { policy_ = std::move(p); }
+  const WaitPolicy& wait_policy() const { return policy_; }
+  // Seconds this rank has spent blocked in waits on this communicator's peers, since it was built:
+  // a step's time less these is its busy time (the straggler check, train/stragglers.h).
+  double blocked_seconds() const { return blocked_s_; }
+  const FlightRecorder& flight_recorder() const { return recorder_; }
 
   // In place: buf (count) = op over ranks of buf.
   void all_reduce(void* buf, size_t count, DType t, ReduceOp op);
@@ -225,9 +283,23 @@ class Comm {
   virtual CommHandle do_barrier() = 0;
   virtual std::unique_ptr<Comm> do_split(int color, int key, const std::string& name, Arena* scratch) = 0;
 
+  // Polls `done` until it returns true, under the wait policy: on expiry marks record `seq` (0: none)
+  // timed out, calls abandon(), then the policy's on_timeout, and throws PeerTimeoutError naming the
+  // op `what` ("all_reduce", "barrier", ...) and `seq`. The time spent counts as blocked. `bytes`:
+  // the op's payload, which lengthens the busy polling (WaitPolicy).
+  void wait_on_peers(const std::function<bool()>& done, const char* what, uint64_t seq, uint64_t bytes = 0);
+  // A backend's cleanup before a timeout is thrown (NCCL: ncclCommAbort, so no kernel waits forever).
+  virtual void abandon() {}
+  // Records an op issued outside the public calls (a backend's own host wait, e.g. NCCL's barrier).
+  uint64_t record_issue(const char* what, uint64_t bytes) { return recorder_.issue(what, bytes, -1, -1); }
+  void record_end(uint64_t seq) { recorder_.end(seq, OpState::completed); }
+
  private:
+  friend class WatchedOp;
   void tally(CommOp op, uint64_t payload, uint64_t sent);
-  CommHandle traced(const char* what, uint64_t bytes, CommHandle h);
+  [[noreturn]] void time_out(const char* what, uint64_t seq, double waited);
+  // Wraps an op in flight: recorded, its host wait under the policy, traced while the trace records.
+  CommHandle watched(const char* what, uint64_t bytes, int dst, int src, CommHandle h);
   void check_reduce(DType t, ReduceOp op, const char* what) const;
   void check_peer(int peer, const char* what) const;
 
@@ -236,6 +308,9 @@ class Comm {
   Device device_;
   std::string name_;
   CommCounters counters_;
+  WaitPolicy policy_;
+  FlightRecorder recorder_;
+  double blocked_s_ = 0;
   Trace* trace_ = nullptr;
   int trace_lane_ = 0;
   Trace::Clock::time_point issued_{};

@@ -1,5 +1,6 @@
 #include "parallel/launch.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -64,10 +65,16 @@ void World::abort(int code) const {
 
 int run_main(World& world, const std::function<int(World&)>& body) {
   std::string msg;
-  bool collective = false, follow_on = false;
+  bool collective = false, follow_on = false, hung = false;
   int status = 1;
+  double grace_s = 5;
   try {
     return body(world);
+  } catch (const PeerTimeoutError& e) {
+    msg = e.what();
+    hung = true;
+    status = e.exit_status();
+    grace_s = std::min(grace_s, e.timeout_s());
   } catch (const CollectiveError& e) {
     msg = e.what();
     collective = true;
@@ -85,6 +92,15 @@ int run_main(World& world, const std::function<int(World&)>& body) {
     std::fprintf(stderr, "minitrain: error: %s\n", msg.c_str());
     std::fflush(stderr);
     return status;
+  }
+  if (hung) {
+    // Every rank whose wait expired says so itself; the other live ranks' waits expire about as
+    // soon (they wait on the same peer, directly or through this rank), so the job is ended only
+    // after a grace period in which they can print their own line and write their flight records.
+    std::fprintf(stderr, "minitrain: [rank %d] error: %s\n", rank, msg.c_str());
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::duration<double>(grace_s));
+    world.abort(status);
   }
   if ((collective && rank != 0) || follow_on) {
     // Rank 0 raised the same error (or the rank that caused this one its own) and is ending the job;

@@ -58,7 +58,10 @@ class World {
 // other ranks (possibly blocked in a collective with the failed one) do not hang. A CollectiveError
 // is printed once, by rank 0, without the rank prefix; the other ranks wait a few seconds for rank 0
 // to end the job and only then print and abort themselves; a FollowOnError waits the same way for
-// the rank that caused it. The exit status is 1, or the CollectiveError's own exit_status().
+// the rank that caused it. A PeerTimeoutError (a wait on peers passed its deadline) is printed by
+// every rank that raises it, with its rank, and the job is aborted with kExitHung (4) after a grace
+// period (the timeout, at most 5 s) that lets the other live ranks report their own.
+// The exit status is 1, or the CollectiveError's own exit_status().
 int run_main(World& world, const std::function<int(World&)>& body);
 
 // Checks that `text` (e.g. the resolved config as JSON) is identical on every rank of `comm`. On a

@@ -16,7 +16,7 @@ void throw_mpi(int code, const char* stmt, const char* file, int line) {
   char reason[MPI_MAX_ERROR_STRING] = {0};
   int len = 0;
   if (MPI_Error_string(code, reason, &len) != MPI_SUCCESS) reason[0] = 0;
-  mt::detail::throw_status("MPI", stmt, file, line, code, reason);
+  throw CommFailure(strfmt("MPI error %d (%s) in `%s` at %s:%d", code, reason, stmt, file, line));
 }
 }  // namespace detail
 
@@ -54,7 +54,7 @@ class MpiOp final : public PendingOp {
       finish_phase1();
     }
     if (stage == Stage::queued) {
-      comm_->start_queued(nullptr);
+      comm_->start_queued();
       if (stage == Stage::queued) return false;
     }
     if (stage == Stage::phase2) {
@@ -64,19 +64,9 @@ class MpiOp final : public PendingOp {
     return true;
   }
 
-  void wait() override {
-    if (stage == Stage::phase1 && !start_phase2) {
-      wait_requests();
-      finish_phase1();
-    }
-    if (stage == Stage::phase1 || stage == Stage::queued) comm_->start_queued(this);
-    if (stage == Stage::phase2) {
-      wait_requests();
-      stage = Stage::done;
-    }
-  }
+  // Never MPI_Wait: polled under the communicator's wait policy (Comm wraps every op the same way).
+  void wait() override { comm_->wait_on_peers([this] { return test(); }, "mpi op", 0); }
 
-  void wait_requests() { MT_MPI_CHECK(MPI_Waitall(2, req, MPI_STATUSES_IGNORE)); }
   bool test_requests() {
     int flag = 0;
     MT_MPI_CHECK(MPI_Testall(2, req, &flag, MPI_STATUSES_IGNORE));
@@ -170,20 +160,15 @@ int MpiComm::to_int(size_t n, const char* what) const {
   return int(n);
 }
 
-void MpiComm::start_queued(MpiOp* until) {
+void MpiComm::start_queued() {
   while (!queue_.empty()) {
     MpiOp* op = queue_.front();
     if (op->stage == MpiOp::Stage::phase1) {
-      if (until) {
-        op->wait_requests();
-      } else if (!op->test_requests()) {
-        return;
-      }
+      if (!op->test_requests()) return;
       op->finish_phase1();
     }
     queue_.pop_front();
     op->begin_phase2();
-    if (op == until) return;
   }
 }
 
@@ -297,6 +282,17 @@ CommHandle MpiComm::do_barrier() {
 }
 
 std::unique_ptr<Comm> MpiComm::do_split(int color, int key, const std::string& name, Arena* scratch) {
+  // MPI_Comm_split (and the MPI_Comm_dups of the new communicator) have no nonblocking form: a
+  // barrier under the wait policy first, so that a rank that never arrives is a timeout, not a hang.
+  MPI_Request arrived = MPI_REQUEST_NULL;
+  MT_MPI_CHECK(MPI_Ibarrier(comm_, &arrived));
+  const uint64_t seq = record_issue("split", 0);
+  wait_on_peers([&] {
+    int flag = 0;
+    MT_MPI_CHECK(MPI_Test(&arrived, &flag, MPI_STATUS_IGNORE));
+    return flag != 0;
+  }, "split", seq);
+  record_end(seq);
   MPI_Comm sub = MPI_COMM_NULL;
   MT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
   // A child outlives nothing of ours except a caller-owned arena.

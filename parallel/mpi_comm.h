@@ -1,7 +1,9 @@
 // MpiComm: Comm over an MPI communicator, on host buffers, built when MT_HAVE_MPI.
 //
 // Every op is started with a nonblocking MPI call (MPI_Ialltoallv, MPI_Iallgather, MPI_Ibcast,
-// MPI_Isend/Irecv, MPI_Ibarrier) and completed by CommHandle::test()/wait(). Open MPI has no
+// MPI_Isend/Irecv, MPI_Ibarrier) and completed by CommHandle::test()/wait(); wait() polls MPI_Testall
+// under the communicator's WaitPolicy (comm.h: a deadline, and a pause instead of a busy core), never
+// MPI_Wait, so a peer that never arrives is a PeerTimeoutError rather than a hang. Open MPI has no
 // progress thread by default: a host collective advances while the caller is inside MPI, so code
 // that overlaps communication with compute calls test() between pieces of compute (the bucketed
 // gradient reduction does this between layers).
@@ -82,9 +84,8 @@ class MpiComm final : public Comm {
 
  private:
   friend class MpiOp;
-  // Starts queued phase 2s in issue order up to `until` (blocking for their phase 1), or, with
-  // until == nullptr, as many as have finished phase 1 without blocking.
-  void start_queued(MpiOp* until);
+  // Starts queued phase 2s in issue order, as many as have finished phase 1 (never blocks).
+  void start_queued();
   int to_int(size_t n, const char* what) const;
   Buffer take_scratch(size_t bytes);  // the smallest kept block that fits, else a new one
   void keep_scratch(Buffer b);

@@ -84,6 +84,7 @@ NcclComm::NcclComm(Comm& bootstrap, cudaStream_t compute_stream, std::string nam
            this->name().c_str());
   ncclUniqueId id{};
   static_assert(sizeof(id) % 4 == 0, "the NCCL id is broadcast as 32-bit words");
+  set_wait_policy(bootstrap.wait_policy());
   if (bootstrap.rank() == 0) MT_NCCL_CHECK(ncclGetUniqueId(&id));
   bootstrap.broadcast(&id, sizeof(id) / 4, DType::i32, 0);
   MT_NCCL_CHECK(ncclCommInitRank(&comm_, size(), id, rank()));
@@ -98,21 +99,35 @@ NcclComm::NcclComm(ncclComm_t comm, int rank, int size, cudaStream_t compute_str
 void NcclComm::init_streams() {
   MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   MT_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&idle_, cudaEventDisableTiming));
   MT_CUDA_CHECK(cudaMalloc(&barrier_word_, sizeof(int)));
-  MT_CUDA_CHECK(cudaMemset(barrier_word_, 0, sizeof(int)));
+  MT_CUDA_CHECK(cudaMemsetAsync(barrier_word_, 0, sizeof(int), stream_));  // in the order the barrier runs
 }
 
 NcclComm::~NcclComm() {
   if (comm_) {
-    if (std::uncaught_exceptions() > 0) {
-      ncclCommAbort(comm_);  // peers may never arrive: do not wait for in-flight work
-    } else {
-      cudaStreamSynchronize(stream_);
+    // The stream's last work is waited for under the wait policy (never cudaStreamSynchronize, which
+    // a peer that never arrives would block forever); peers that may never arrive (an exception is
+    // unwinding), an NCCL error or the deadline: abort instead of finalising.
+    bool idle = false;
+    if (std::uncaught_exceptions() == 0) {
+      try {
+        double waited = 0;
+        MT_CUDA_CHECK(cudaEventRecord(idle_, stream_));
+        idle = poll_with_backoff([this] { return fired(idle_); }, wait_policy().timeout_s, &waited);
+      } catch (const std::exception&) {
+        idle = false;
+      }
+    }
+    if (idle) {
       ncclCommFinalize(comm_);
       ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
     }
   }
   if (barrier_word_) cudaFree(barrier_word_);
+  if (idle_) cudaEventDestroy(idle_);
   if (ready_) cudaEventDestroy(ready_);
   if (stream_) cudaStreamDestroy(stream_);
 }
@@ -225,9 +240,32 @@ CommHandle NcclComm::do_send_recv(const void* send_buf, size_t send_count, int d
   return end();
 }
 
+bool NcclComm::fired(cudaEvent_t event) {
+  const cudaError_t e = cudaEventQuery(event);
+  if (e == cudaSuccess) return true;
+  if (e != cudaErrorNotReady) MT_CUDA_CHECK(e);
+  (void)cudaGetLastError();  // "not ready" is no failure (see NcclOp::test)
+  // The pattern NCCL documents for fault tolerance: poll the work and the communicator's async
+  // error; the caller aborts the communicator when its deadline passes.
+  ncclResult_t async = ncclSuccess;
+  MT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+  MT_NCCL_CHECK(async);
+  return false;
+}
+
+void NcclComm::abandon() {
+  if (!comm_) return;
+  ncclCommAbort(comm_);  // the kernels waiting for a peer that never comes are ended
+  comm_ = nullptr;
+}
+
 CommHandle NcclComm::do_barrier() {
   MT_NCCL_CHECK(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, stream_));
-  MT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  // The host waits here, so under the wait policy: a deadline, then ncclCommAbort (abandon()).
+  MT_CUDA_CHECK(cudaEventRecord(idle_, stream_));
+  const uint64_t seq = record_issue("barrier", 0);
+  wait_on_peers([this] { return fired(idle_); }, "barrier", seq);
+  record_end(seq);
   return {};
 }
 

@@ -19,8 +19,13 @@
 //
 // Point to point: NCCL has no tags; messages between two ranks match in issue order. send_recv
 // groups its two halves (ncclGroupStart/End), so a ring exchange cannot deadlock.
-// barrier() all-reduces one value and synchronises the comm stream on the host: it is the only op
-// that blocks the host.
+// barrier() all-reduces one value and waits on the host for the comm stream: it is the only op that
+// blocks the host, and it waits under the WaitPolicy (comm.h): cudaEventQuery and
+// ncclCommGetAsyncError polled with a pause, and past dist.timeout ncclCommAbort and a
+// PeerTimeoutError (NCCL's documented fault-tolerance pattern); the destructor waits the same way and
+// aborts instead of finalising when the deadline passes. A device op's wait() orders the compute
+// stream and does not block the host; test() reports NCCL's async error. (A host synchronisation on
+// the compute stream outside parallel/, e.g. the trainer's memory syncs, has no deadline of its own.)
 #pragma once
 #ifdef MT_HAVE_NCCL
 
@@ -63,8 +68,11 @@ class NcclComm final : public Comm {
                           int src, DType t, int tag) override;
   CommHandle do_barrier() override;
   std::unique_ptr<Comm> do_split(int color, int key, const std::string& name, Arena* scratch) override;
+  void abandon() override;
 
  private:
+  // True once `event` has fired; throws NCCL's async error (a peer failed) while it has not.
+  bool fired(cudaEvent_t event);
   // Takes ownership of an initialised NCCL communicator (from ncclCommSplit).
   NcclComm(ncclComm_t comm, int rank, int size, cudaStream_t compute_stream, std::string name);
   void init_streams();
@@ -78,6 +86,7 @@ class NcclComm final : public Comm {
   cudaStream_t compute_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // re-recorded by every begin()
+  cudaEvent_t idle_ = nullptr;   // recorded where the host waits for the comm stream (barrier, teardown)
   int* barrier_word_ = nullptr;  // one device int for barrier()
   bool wide_sums_ = false;
 };

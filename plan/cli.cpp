@@ -3,12 +3,18 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "config/limits.h"
 #include "plan/critical_batch.h"
 #include "plan/plan.h"
 #include "runtime/check.h"
+#include "runtime/exit_status.h"
 
 namespace mt::plan {
 namespace {
+
+// A token budget or noise scale beyond this (a million times the largest training sets) is refused:
+// the steps and hours it gives would print as numbers of hundreds of digits.
+constexpr double kMaxTokens = 1e18;
 
 // Splits `key=value` / `--key value` / `--key=value`; returns false for a bare flag.
 bool split_arg(const std::vector<std::string>& args, size_t& i, std::string& key, std::string& value) {
@@ -34,7 +40,7 @@ PlanRequest parse_plan_request(const std::vector<std::string>& args) {
   std::vector<std::string> rest;
   std::string hw = "cpu";
   int gpus = 0;
-  bool device_given = false;
+  bool device_given = false, gpus_given = false;
   for (size_t i = 0; i < args.size(); i++) {
     if (args[i] == "--json") {
       r.json = true;
@@ -50,7 +56,7 @@ PlanRequest parse_plan_request(const std::vector<std::string>& args) {
                                            key == "noise_scale" || key == "noise_from")) {
       i = j;
       if (key == "hw") hw = value;
-      else if (key == "gpus") gpus = config::parse_int("gpus", value);
+      else if (key == "gpus") gpus = config::parse_int("gpus", value), gpus_given = true;
       else if (key == "top") r.top = config::parse_int("top", value);
       else if (key == "noise_scale") r.noise_tokens = config::parse_number("noise_scale", value);
       else if (key == "noise_from") r.noise_tokens = logged_noise_scale(value);
@@ -62,8 +68,15 @@ PlanRequest parse_plan_request(const std::vector<std::string>& args) {
     if (key == "device") device_given = true;
     rest.push_back(args[i]);
   }
-  if (gpus < 0 || (gpus == 0 && r.search)) fail("gpus must be positive%s (got %d)", r.search ? " with --search" : "", gpus);
+  if ((gpus_given || r.search) && gpus < 1) fail("gpus must be positive%s (got %d)", r.search ? " with --search" : "", gpus);
+  if (gpus > config::kMaxRanks)
+    fail("gpus=%d is beyond what minitrain's arithmetic holds: at most %lld (2^20)", gpus,
+         (long long)config::kMaxRanks);
   if (r.tokens < 0) fail("tokens must not be negative (got %g)", r.tokens);
+  if (r.tokens > kMaxTokens) fail("tokens=%g is beyond what the budget's arithmetic holds: at most %g", r.tokens, kMaxTokens);
+  if (r.noise_tokens > kMaxTokens)
+    fail("noise_scale=%g is beyond what the critical batch's arithmetic holds: at most %g tokens", r.noise_tokens,
+         kMaxTokens);
   if (r.top < 1) fail("top must be at least 1 (got %d)", r.top);
   r.hw = resolve_hardware(hw);
   config::TrainOptions o = config::parse_train_options(rest);  // the trainer's parser and validation
@@ -102,6 +115,7 @@ PlanRequest parse_plan_request(const std::vector<std::string>& args) {
   // options name a device.
   if (!device_given) o.device = r.hw.device;
   o.parallel.dp = l.dp;
+  config::check_size_limits(o);  // again with dp and the micro-batch resolved
   r.options = o;
   r.gpus = gpus > 0 ? gpus : l.world();
   return r;
@@ -127,24 +141,40 @@ int plan_main(const std::vector<std::string>& args) {
                  "                  throughput at the same global batch; one line for each loser, saying why\n"
                  "Prints per-rank memory by category, FLOPs per token and step, bytes per step on each group,\n"
                  "the pipeline schedule grid and bubble (pp > 1), predicted step time and MFU. A layout that\n"
-                 "does not fit in memory also fails with one line saying which category and by how much.\n",
+                 "does not fit in memory also fails with one line saying which category and by how much.\n"
+                 "Exit status: 0 a plan; 2 refused (a bad option, a value beyond the arithmetic's bounds, a layout\n"
+                 "that does not fit, a search of more than 100000 layouts); 1 any other error.\n",
                  stdout);
       return 0;
     }
-  const PlanRequest r = parse_plan_request(args);
-  std::string out;
-  if (r.search) out = plan_search(r);
-  else if (r.json) out = plan_json(r).dump(2) + "\n";
-  else out = plan_report(args);
-  std::fwrite(out.data(), 1, out.size(), stdout);
-  if (!r.search) {
-    const std::string over = memory_over(plan_memory_worst(r.options, r.layout), r.hw);
-    if (!over.empty()) {
-      std::fprintf(stderr, "minitrain: error: %s does not fit: %s\n", parallel::layout_name(r.layout).c_str(), over.c_str());
-      return 1;
+  // A plan refused (bad options, a layout that does not fit) exits 2, as `minitrain train` refusing the
+  // same options does (runtime/exit_status.h).
+  try {
+    const PlanRequest r = parse_plan_request(args);
+    std::string out;
+    if (r.search) {
+      SearchProgress progress;  // a search that takes more than a second says how far it is, each second
+      progress.report = [](size_t tried, size_t total) {
+        std::fprintf(stderr, "minitrain plan --search: %zu of %zu layouts tried\n", tried, total);
+      };
+      out = plan_search(r, progress);
+    } else {
+      out = r.json ? plan_json(r).dump(2) + "\n" : plan_report(args);
     }
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    if (!r.search) {
+      const std::string over = memory_over(plan_memory_worst(r.options, r.layout), r.hw);
+      if (!over.empty()) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "minitrain: error: %s does not fit: %s\n", parallel::layout_name(r.layout).c_str(), over.c_str());
+        return kExitRefused;
+      }
+    }
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "minitrain: error: %s\n", e.what());
+    return kExitRefused;
   }
-  return 0;
 }
 
 }  // namespace mt::plan

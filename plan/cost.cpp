@@ -126,8 +126,11 @@ CommCounters tp_traffic(const config::TrainOptions& o, const parallel::MeshLayou
   const uint64_t stats = plan.last ? p1 * N * 3 * 4 : 0;  // softmax statistics (3 floats per row)
   if (o.sequence_parallel()) {
     const uint64_t regathers = uint64_t(2 * L);  // under full recompute the re-run forward's serve
-    add(c, CommOp::reduce_scatter, m * blocks, m * blocks * p1 * act / uint64_t(P));
-    add(c, CommOp::all_gather, m * (blocks + regathers), m * (blocks + regathers) * p1 * act / uint64_t(P));
+    // (P - 1) / P of a block each, exact: n_embd, and so act, is a multiple of P. Divided first, the
+    // product stays within 64 bits at the bounds of config/limits.h.
+    const uint64_t sent = p1 * (act / uint64_t(P));
+    add(c, CommOp::reduce_scatter, m * blocks, m * blocks * sent);
+    add(c, CommOp::all_gather, m * (blocks + regathers), m * (blocks + regathers) * sent);
     // Partial gradients of the replicated LayerNorms (weight and bias adjacent) and of wpe.
     std::vector<uint64_t> partial(size_t(2 * L), 2 * C);
     if (plan.last) partial.push_back(2 * C);
@@ -223,7 +226,9 @@ CommCounters ep_traffic(const config::TrainOptions& o, const parallel::MeshLayou
   const uint64_t NK = N * uint64_t(o.model.moe.top_k), C = uint64_t(o.model.n_embd);
   const uint64_t passes = o.recompute == model::Recompute::full ? 2 : 1;
   const uint64_t counts = e1 * uint64_t(o.model.moe.experts) / ep * 4;
-  const uint64_t rows = NK * e1 / ep * C * dtype_size(o.precision);  // one way, one exchange
+  // One way, one exchange: (ep - 1) / ep of the N k rows, rounded down as the integer formula does (in
+  // 128 bits: N k (ep - 1) can pass 2^64 at the bounds of config/limits.h, the quotient cannot).
+  const uint64_t rows = uint64_t((unsigned __int128)NK * e1 / ep) * C * dtype_size(o.precision);
   add(c, CommOp::all_to_all, m * layers * (3 * passes + 2), m * layers * (passes * counts + (2 * passes + 2) * rows));
   add_scalars(c, scalars, CommOp::all_gather, 1, e1 * 8);
   return c;

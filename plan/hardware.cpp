@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "config/limits.h"
 #include "runtime/check.h"
 
 namespace mt::plan {
@@ -94,6 +95,8 @@ Hardware cpu() {
   return h;
 }
 
+constexpr double kMaxFigure = 1e18;
+
 const nlohmann::json& field(const nlohmann::json& j, const std::string& path, const char* key,
                             const std::string& origin) {
   if (!j.is_object() || !j.contains(key))
@@ -111,6 +114,9 @@ double number(const nlohmann::json& j, const std::string& path, const char* key,
   if (positive ? !(x > 0) : !(x >= 0))
     fail("hardware file '%s': field '%s%s' must be %s (got %g)", origin.c_str(), path.c_str(), key,
          positive ? "positive" : "non-negative", x);
+  // Bytes and rates past 1e18 (an exabyte, an exaFLOP/s per chip) would wrap the planner's 64-bit byte counts.
+  if (x > kMaxFigure)
+    fail("hardware file '%s': field '%s%s' must be at most %g (got %g)", origin.c_str(), path.c_str(), key, kMaxFigure, x);
   return x;
 }
 
@@ -179,6 +185,9 @@ Hardware hardware_from_json(const nlohmann::json& j, const std::string& origin) 
   h.memory_bytes = number(m, "memory.", "bytes", origin);
   h.memory_bytes_per_s = number(m, "memory.", "bytes_per_s", origin);
   const double per_node = number(j, "", "chips_per_node", origin);
+  if (per_node > double(config::kMaxRanks))
+    fail("hardware file '%s': field 'chips_per_node' must be at most %lld (got %g)", origin.c_str(),
+         (long long)config::kMaxRanks, per_node);
   if (per_node != double(int(per_node)))
     fail("hardware file '%s': field 'chips_per_node' must be an integer (got %g)", origin.c_str(), per_node);
   h.chips_per_node = int(per_node);

@@ -137,6 +137,7 @@ constexpr size_t kMaxReductionsInFlight = 2;  // parallel/data_parallel.cpp
 constexpr uint64_t kStepScalarsBytes = 24;    // Trainer::StepScalars: two doubles and a float
 constexpr int kCpuClassifierRows = 256;       // model/gpt_forward.cpp
 constexpr double kDeviceLogitsBytes = double(1 << 30);
+constexpr double kMaxReplayedUnits = double(1 << 22);  // micro-batches x units a ZeRO 2-3 replay walks
 
 // Replays the unit events of `micros` micro-batches; returns the peaks of the transient gathered
 // parameters (ZeRO-3), unit gradient buffers and reduce-scatter chunks (ZeRO 2-3).
@@ -156,6 +157,12 @@ Transients replay(const StageUnits& s, int zero, int D, int ep, size_t cb, bool 
   peak.gathers.assign(s.size.size(), 0);
   peak.xgathers.assign(s.xsize.size(), 0);
   if (zero < 2) return peak;
+  // The replay walks every unit of every micro-batch: a few seconds at kMaxReplayedUnits.
+  const double passes = double(micros) * double(s.size.size() + s.xsize.size());
+  if (passes > kMaxReplayedUnits)
+    fail("zero=%d: grad_accum %d x %zu parameter units = %.3g unit passes per step, more than the planner replays "
+         "(at most %.0f (2^22); fewer micro-batches or layers per pipeline stage)", zero, micros,
+         s.size.size() + s.xsize.size(), passes, kMaxReplayedUnits);
   // Each engine (a DataParallel) polls its own reductions and prefetches its own next unit.
   struct Engine {
     Engine(const std::vector<int64_t>& units, int ranks)

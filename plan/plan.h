@@ -14,6 +14,8 @@
 // The grid costs one unit per micro-batch for each of F, B (input gradient) and W (weight gradient)
 // of a rank's whole model share, so a whole backward takes two units and a chunk's pass 1/v.
 #pragma once
+#include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,11 +60,22 @@ std::string memory_over(const MemoryPlan& m, const Hardware& hw);
 // The report (text) and the same as one JSON object.
 std::string plan_report(const std::vector<std::string>& args);
 nlohmann::json plan_json(const PlanRequest& r);
-// --search's ranking (plan/search.cpp).
-std::string plan_search(const PlanRequest& r);
+// --search's ranking (plan/search.cpp). It tries every mesh of r.gpus chips (tp x cp x pp x dp) with
+// one or two micro-batch sizes, each ZeRO stage and each recompute mode, and refuses with one line a
+// search of more than kMaxSearchLayouts layouts (gpus=720720 has over a million; 2^20, the most gpus
+// plan takes, at most 42504).
+// `progress.report` is called with the layouts tried and their total every `progress.every_s`
+// seconds while it runs (plan_main prints it on stderr).
+constexpr size_t kMaxSearchLayouts = 100000;
+struct SearchProgress {
+  double every_s = 1;
+  std::function<void(size_t tried, size_t total)> report;
+};
+std::string plan_search(const PlanRequest& r, const SearchProgress& progress = {});
 
 // Prints the report (or JSON, or the search) to stdout; a layout that does not fit also prints one
-// error line to stderr and returns 1.
+// error line to stderr, as does a refused request (bad options, values beyond config/limits.h): both
+// return 2 (kExitRefused, runtime/exit_status.h).
 int plan_main(const std::vector<std::string>& args);
 
 }  // namespace mt::plan

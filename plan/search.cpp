@@ -2,7 +2,10 @@
 // at the request's global batch, checked by the trainer's own rules, sized by the memory model and
 // ranked by the predicted throughput; the losers each get one line saying why.
 #include <algorithm>
+#include <chrono>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 
 #include "plan/plan.h"
 #include "runtime/check.h"
@@ -23,11 +26,56 @@ struct Candidate {
   }
 };
 
-std::vector<int> divisors(int n) {
-  std::vector<int> d;
-  for (int k = 1; k <= n; k++)
-    if (n % k == 0) d.push_back(k);
-  return d;
+// The divisors of n in increasing order, in O(sqrt n).
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> low, high;
+  for (int64_t k = 1; k * k <= n; k++)
+    if (n % k == 0) {
+      low.push_back(k);
+      if (k != n / k) high.push_back(n / k);
+    }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
+}
+
+// One mesh of the search and the micro-batch sizes tried on it.
+struct Mesh {
+  int tp, cp, pp, dp;
+  std::vector<int> micro;
+};
+constexpr int kZeroStages = 4, kRecomputeModes = 3;
+
+// Every mesh of `gpus` chips and their layouts' count; refused beyond kMaxSearchLayouts (counted
+// before the micro-batch sizes are, which take a divisor search each). The micro-batch: the largest
+// the request allows (fewest, biggest GEMMs), and one row (the most micro-batches: a pipeline's
+// bubble shrinks, activations too).
+std::vector<Mesh> meshes(const PlanRequest& req, int64_t G, size_t& total) {
+  const config::TrainOptions& base = req.options;
+  const int gpus = req.gpus;
+  std::vector<Mesh> out;
+  for (int64_t tp : divisors(gpus))
+    for (int64_t cp : divisors(gpus / tp))
+      for (int64_t pp : divisors(gpus / tp / cp)) out.push_back({int(tp), int(cp), int(pp), int(gpus / tp / cp / pp), {}});
+  const auto refuse = [&](size_t layouts, const char* about) {
+    fail("plan --search gpus=%d: %s%zu layouts (%zu meshes x 1 or 2 micro-batch sizes x %d ZeRO stages x %d recompute "
+         "modes), more than the search's bound of %zu: search fewer gpus", gpus, about, layouts, out.size(),
+         kZeroStages, kRecomputeModes, kMaxSearchLayouts);
+  };
+  if (out.size() * kZeroStages * kRecomputeModes > kMaxSearchLayouts)
+    refuse(out.size() * kZeroStages * kRecomputeModes, "at least ");
+  total = 0;
+  for (Mesh& m : out) {
+    int64_t B_max = 1;
+    if (G % m.dp == 0) {  // else the layout breaks a rule, whatever its micro-batch
+      const int64_t most = req.global_rows > 0 ? std::max<int64_t>(1, G / m.dp / base.grad_accum) : base.batch_size;
+      for (int64_t d : divisors(G / m.dp))  // the largest B with B x dp dividing the global batch
+        if (d <= most) B_max = d;
+    }
+    m.micro = B_max > 1 ? std::vector<int>{int(B_max), 1} : std::vector<int>{1};
+    total += m.micro.size() * kZeroStages * kRecomputeModes;
+  }
+  if (total > kMaxSearchLayouts) refuse(total, "");
+  return out;
 }
 
 // The parts of a step, to say where a slower layout loses its time against the best.
@@ -51,51 +99,55 @@ std::string why_slower(const TimePlan& t, const TimePlan& best) {
 
 }  // namespace
 
-std::string plan_search(const PlanRequest& req) {
+std::string plan_search(const PlanRequest& req, const SearchProgress& progress) {
   const config::TrainOptions& base = req.options;
   const int gpus = req.gpus;
   // The global batch in rows stays the request's: B x accum x dp.
   const int64_t G = req.global_rows > 0 ? req.global_rows : int64_t(base.batch_size) * base.grad_accum * req.layout.dp;
+  size_t total = 0;
+  const std::vector<Mesh> grid = meshes(req, G, total);
+  using Clock = std::chrono::steady_clock;
+  const auto every = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(progress.every_s));
+  auto next_report = Clock::now() + every;
   std::vector<Candidate> all;
-  for (int tp : divisors(gpus))
-    for (int cp : divisors(gpus / tp))
-      for (int pp : divisors(gpus / tp / cp)) {
-        const int dp = gpus / tp / cp / pp;
-        // The micro-batch: the largest the request allows (fewest, biggest GEMMs), and one row (the most
-        // micro-batches: a pipeline's bubble shrinks, activations too).
-        int B_max = req.global_rows > 0 ? int(std::max<int64_t>(1, G / dp / base.grad_accum)) : base.batch_size;
-        while (B_max > 1 && G % (int64_t(B_max) * dp) != 0) B_max--;
-        const std::vector<int> micro = B_max > 1 ? std::vector<int>{B_max, 1} : std::vector<int>{1};
-        for (int B : micro)
-          for (int zero = 0; zero <= 3; zero++)
-            for (model::Recompute rc : {model::Recompute::none, model::Recompute::selective, model::Recompute::full}) {
-              Candidate c;
-              c.o = base;
-              c.l = {.dp = dp, .pp = pp, .cp = cp, .tp = tp, .ep = base.parallel.ep};  // the request's ep, kept (validate: it divides dp x cp)
-              c.o.parallel.dp = dp;
-              c.o.parallel.tp = tp;
-              c.o.parallel.pp = pp;
-              c.o.parallel.cp = cp;
-              c.o.parallel.sp = -1;
-              c.o.parallel.zero = zero;
-              c.o.recompute = rc;
-              c.o.global_batch = 0;
-              c.o.batch_size = B;
-              c.o.grad_accum = int(G / std::max<int64_t>(1, int64_t(B) * dp));
-              try {
-                if (G % dp != 0) fail("the global batch of %lld rows is not divisible by dp %d", (long long)G, dp);
-                // The trainer's rules, with the CPU-only limits of today's code left out (cp runs on CPUs
-                // only so far): what the design allows.
-                config::TrainOptions v = c.o;
-                v.device = Device::cpu;
-                v.validate();
-                c.r = evaluate_plan(c.o, c.l, req.hw);
-              } catch (const Error& e) {
-                c.invalid = e.what();
-              }
-              all.push_back(std::move(c));
-            }
-      }
+  all.reserve(total);
+  for (const Mesh& mesh : grid) {
+    const int tp = mesh.tp, cp = mesh.cp, pp = mesh.pp, dp = mesh.dp;
+    for (int B : mesh.micro)
+      for (int zero = 0; zero < kZeroStages; zero++)
+        for (model::Recompute rc : {model::Recompute::none, model::Recompute::selective, model::Recompute::full}) {
+          Candidate c;
+          c.o = base;
+          c.l = {.dp = dp, .pp = pp, .cp = cp, .tp = tp, .ep = base.parallel.ep};  // the request's ep, kept (validate: it divides dp x cp)
+          c.o.parallel.dp = dp;
+          c.o.parallel.tp = tp;
+          c.o.parallel.pp = pp;
+          c.o.parallel.cp = cp;
+          c.o.parallel.sp = -1;
+          c.o.parallel.zero = zero;
+          c.o.recompute = rc;
+          c.o.global_batch = 0;
+          c.o.batch_size = B;
+          // More micro-batches than an int holds is refused by validate() (grad_accum's limit) below.
+          c.o.grad_accum = int(std::min<int64_t>(G / std::max<int64_t>(1, int64_t(B) * dp), INT32_MAX));
+          try {
+            if (G % dp != 0) fail("the global batch of %lld rows is not divisible by dp %d", (long long)G, dp);
+            // The trainer's rules, with the CPU-only limits of today's code left out (cp runs on CPUs
+            // only so far): what the design allows.
+            config::TrainOptions v = c.o;
+            v.device = Device::cpu;
+            v.validate();
+            c.r = evaluate_plan(c.o, c.l, req.hw);
+          } catch (const Error& e) {
+            c.invalid = e.what();
+          }
+          all.push_back(std::move(c));
+          if (progress.report && Clock::now() >= next_report) {
+            progress.report(all.size(), total);
+            next_report = Clock::now() + every;
+          }
+        }
+  }
   std::vector<const Candidate*> fit, over, invalid;
   for (const Candidate& c : all)
     (c.invalid.empty() ? (c.r.over.empty() ? fit : over) : invalid).push_back(&c);

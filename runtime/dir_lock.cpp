@@ -21,6 +21,17 @@ std::string holder_text(int fd) {
   return s.empty() ? "a process that has not written its pid yet" : s;
 }
 
+// "pid 1234 on host node7[, run ID]\n"
+std::string holder_line(const std::string& run_id) {
+  char host[256] = "unknown";
+  gethostname(host, sizeof host - 1);
+  return strfmt("pid %d on host %s%s\n", int(getpid()), host, run_id.empty() ? "" : (", run " + run_id).c_str());
+}
+
+bool write_text(int fd, const std::string& text) {
+  return ::ftruncate(fd, 0) == 0 && ::pwrite(fd, text.data(), text.size(), 0) == ssize_t(text.size());
+}
+
 }  // namespace
 
 DirLock::DirLock(const std::string& dir, const std::string& what) : dir_(dir) {
@@ -39,15 +50,19 @@ DirLock::DirLock(const std::string& dir, const std::string& what) : dir_(dir) {
            dir.c_str(), holder.c_str());
     fail("%s: cannot lock %s: %s (errno %d)", what.c_str(), path.c_str(), std::strerror(err), err);
   }
-  char host[256] = "unknown";
-  gethostname(host, sizeof host - 1);
-  const std::string text = strfmt("pid %d on host %s\n", int(getpid()), host);
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != ssize_t(text.size())) {
+  const std::string text = holder_line("");
+  if (!write_text(fd, text)) {
     const int err = errno;
     ::close(fd);
     fail("%s: writing %s: %s (errno %d)", what.c_str(), path.c_str(), std::strerror(err), err);
   }
   fd_ = fd;
+}
+
+void DirLock::set_run(const std::string& run_id) {
+  if (fd_ < 0) return;
+  if (!write_text(fd_, holder_line(run_id)))
+    fail("writing %s/%s: %s (errno %d)", dir_.c_str(), kDirLockName, std::strerror(errno), errno);
 }
 
 DirLock::~DirLock() {

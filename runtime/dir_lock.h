@@ -23,6 +23,9 @@ class DirLock {
   DirLock& operator=(const DirLock&) = delete;
 
   bool held() const { return fd_ >= 0; }
+  // Adds the holder's run identity to the file's text ("pid 1234 on host node7, run 3f9c..."), so
+  // that a second run's message names the run, not only the process.
+  void set_run(const std::string& run_id);
   const std::string& dir() const { return dir_; }
 
  private:

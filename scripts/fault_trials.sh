@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A seeded fault campaign on a 4-rank tiny run: kills (a random rank SIGKILLed at a random phase and
 # step, then resumed by scripts/supervise), ENOSPC on a checkpoint write, one random byte of a random
-# checkpoint file changed before a resume, and divergence. Each trial is judged against the
+# checkpoint file changed before a resume, divergence, a hung rank (SIGSTOP: exit 4 after
+# dist.timeout, relaunched), a straggler (named in metrics.jsonl) and a preemption (SIGTERM: the step
+# reached saved, exit 5, relaunched). Each trial is judged against the
 # uninterrupted run: recovered bitwise, refused with a correct error, or anything else; a table per
 # kind is printed at the end, and the exit status is 1 if anything else happened
 # (tests/integration/fault_campaign.sh says what each kind expects).

@@ -12,6 +12,7 @@
 
 #include "plan/plan.h"
 #include "runtime/check.h"
+#include "runtime/exit_status.h"
 #include "tests/test_util.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
@@ -270,8 +271,9 @@ TEST(PlanFit, ALayoutThatCannotFitSaysWhichCategoryAndByHowMuch) {
   // The excess is the total less the capacity.
   const double excess = double(p.memory.total()) - 80e9;
   expect_contains(p.over, "over by " + format_bytes(size_t(excess)));
-  // plan::plan_main fails with status 1 (the one line goes to stderr).
-  EXPECT_EQ(plan::plan_main({"model=gpt2-xl", "hw=a100", "batch_size=16", "seq_len=1024"}), 1);
+  // plan::plan_main refuses it with status 2, as train refuses a planned peak over memory (the one line
+  // goes to stderr).
+  EXPECT_EQ(plan::plan_main({"model=gpt2-xl", "hw=a100", "batch_size=16", "seq_len=1024"}), kExitRefused);
   EXPECT_EQ(plan::plan_main({"model=gpt2", "hw=a100", "batch_size=4", "seq_len=1024", "precision=bf16"}), 0);
 }
 

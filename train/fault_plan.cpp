@@ -31,6 +31,11 @@ std::string plan_problem(const config::TrainOptions& o, int world_size, int dp_s
                     c.fault_step, o.steps);
     if (c.fault_rank >= world_size)
       return strfmt("ckpt.fault_rank=%d is outside the world of %d rank(s)", c.fault_rank, world_size);
+    if ((c.fault_phase == "hang" || c.fault_phase == "straggler") && world_size < 2)
+      return strfmt("ckpt.fault_phase=%s needs peers to notice it: run it on 2 or more ranks", c.fault_phase.c_str());
+    if (c.fault_phase == "preempt" && c.fault_step == o.steps)
+      return strfmt("ckpt.fault_phase=preempt at the last step (%d) would not stop the run: it ends there anyway",
+                    o.steps);
     const bool saves = c.fault_step == o.steps || (o.save_every > 0 && c.fault_step % o.save_every == 0);
     if (is_save_phase(c.fault_phase) && !saves)
       return strfmt("ckpt.fault_phase=%s happens during a save, but no checkpoint is saved at step %d (saves: %s, "
@@ -100,7 +105,8 @@ void Trainer::arm_fault_injection() {
 // At the end of a run: the fault's rank got here, so its fault never fired (a kill ends the process,
 // an ENOSPC fails the save). Its rank tells the others; if it is dead, mpirun ends the job first.
 void Trainer::check_fault_fired() {
-  if (ckpt_opts_.fault_phase.empty()) return;
+  // A straggler's sleeps do not end its rank: reaching the end is its fault having fired.
+  if (ckpt_opts_.fault_phase.empty() || ckpt_opts_.fault_phase == "straggler") return;
   int32_t alive = 1;
   world_.broadcast(&alive, 1, DType::i32, ckpt_opts_.fault_rank);
   throw parallel::CollectiveError(strfmt("the armed fault (ckpt.fault_phase=%s at step %lld on rank %d) never fired",

@@ -174,6 +174,7 @@ std::string RunTotals::format(double wall_s, const std::vector<std::pair<std::st
   const ResumeHistory& h = history_;
   if (noise_tokens_ > 0)
     s += row("critical batch", plan::CriticalBatch{noise_tokens_, batch_tokens_}.note());
+  if (!slowest_.empty()) s += row("slowest ranks", slowest_ + " (busy time / median)");
   s += row("restarts", h.earlier_attempts == 0
                            ? std::string("none (one attempt)")
                            : strfmt("%d earlier attempt(s); %d step(s) lost and run again (%.1f s of step time)",

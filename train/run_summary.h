@@ -78,6 +78,8 @@ class RunTotals {
   void set_history(const ResumeHistory& h) { history_ = h; }
   // The last gradient noise scale and the global batch, both in tokens: a "critical batch" row.
   void set_noise_scale(double noise_tokens, double batch_tokens) { noise_tokens_ = noise_tokens, batch_tokens_ = batch_tokens; }
+  // The slowest ranks by busy time (train/stragglers.h StragglerTally::slowest; "": no row).
+  void set_slowest_ranks(std::string s) { slowest_ = std::move(s); }
 
   int steps() const { return steps_; }
   int64_t tokens() const { return tokens_; }
@@ -98,6 +100,7 @@ class RunTotals {
   std::vector<int64_t> ckpts_;
   ResumeHistory history_;
   double noise_tokens_ = 0, batch_tokens_ = 0;
+  std::string slowest_;
 };
 
 }  // namespace mt::train

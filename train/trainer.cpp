@@ -14,8 +14,10 @@
 #endif
 #include "parallel/self_comm.h"
 #include "runtime/check.h"
+#include "runtime/exit_status.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/snapshot_copy.h"
 #endif
 
 namespace mt::train {
@@ -65,8 +67,15 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
     cuda::set_device((local_rank >= 0 ? local_rank : world_.rank()) % cuda::device_count());
 #endif
   }
+  install_wait_policy();  // dist.timeout on every wait on peers from here on (train/stragglers.cpp)
   // Every rank must run the same configuration; one clear message if not.
-  parallel::check_same_across_ranks(world_, o_.to_json().dump(), "the resolved config");
+  try {
+    parallel::check_same_across_ranks(world_, o_.to_json().dump(), "the resolved config");
+  } catch (const parallel::PeerTimeoutError&) {
+    throw;  // a hung peer, not the options (exit status 4)
+  } catch (const parallel::CollectiveError& e) {
+    throw parallel::CollectiveError(e.what(), kExitRefused);  // options, not a failure: a relaunch repeats it
+  }
   parallel::MeshLayout layout{o_.parallel.dp, o_.parallel.pp, o_.parallel.cp, o_.parallel.tp, o_.parallel.ep};
   // The host sub-communicators' staging buffers count as this run's comm memory (when the run's
   // arena is host memory; a device arena cannot hold MPI's host buffers).
@@ -84,21 +93,23 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
   ckpt_opts_.deferred_snapshot = o_.ckpt.async;
   ckpt_opts_.writer_priority = o_.ckpt.writer_priority;
   ckpt_opts_.sync_fallback = o_.ckpt.sync_fallback;
+  ckpt_opts_.commit_timeout_s = o_.dist.timeout;  // the commit waits on peers like a collective
   ckpt_opts_.log = Logger(LogLevel::info, world_.size() > 1 ? world_.rank() : -1);
   // The checkpoint to start from is chosen before the batch is sized: its global batch may carry over.
   resume_path_ = choose_resume();
   if (!resume_path_.empty()) keep_saved_global_batch(resume_path_);
+  settle_run_id(resume_path_.empty() ? "" : checkpoint::read_manifest(resume_path_).meta.value("run_id", ""));
   if (o_.global_batch > 0) {
     const int per_step = dp.size() * o_.grad_accum;
     if (o_.global_batch % per_step != 0)
       throw parallel::CollectiveError(
           strfmt("global_batch %d is not divisible by dp %d x grad_accum %d (dp larger than the batch allows?)",
-                 o_.global_batch, dp.size(), o_.grad_accum));
+                 o_.global_batch, dp.size(), o_.grad_accum), kExitRefused);
     o_.batch_size = o_.global_batch / per_step;
     if (o_.sequence_parallel() && (int64_t(o_.batch_size) * o_.seq_len) % o_.parallel.tp != 0)
       throw parallel::CollectiveError(
           strfmt("tp.sp: the rows of a micro-batch, batch_size %d (from global_batch) x seq_len %d, must be "
-                 "divisible by --tp %d (or set tp.sp=false)", o_.batch_size, o_.seq_len, o_.parallel.tp));
+                 "divisible by --tp %d (or set tp.sp=false)", o_.batch_size, o_.seq_len, o_.parallel.tp), kExitRefused);
   }
   ctx_.device = o_.device;
   if (o_.profile_ops) {
@@ -109,6 +120,11 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
 #endif
     ctx_.timer = op_timer_.get();
   }
+#ifdef MT_HAVE_CUDA
+  // On a device, waiting for a reduction only queues a stream wait: the exposed time is the compute
+  // stream's, between two events around finish_grads (bench's "grad comm wait", metrics' grad_wait).
+  if (o_.device == Device::cuda) grad_wait_timer_ = cuda::make_event_timer(ctx_.stream);
+#endif
   if (o_.trace.on) {
     trace_ = std::make_unique<Trace>(world_.rank(), strfmt("rank %d %s", world_.rank(), mesh_->str().c_str()));
     trace_->lane("step");  // the first row: the steps, then ops, pipeline actions and communication
@@ -221,11 +237,12 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
 #ifdef MT_HAVE_CUDA
     // Page-locked staging: device-to-host copies run at full link speed (allocated once, reused). The
     // hooks may run on the checkpointer's thread: each first makes this run's GPU that thread's device.
+    // The copies run on a stream of their own behind an event recorded at save time, so a deferred
+    // snapshot overlaps the next step's forward and backward (kernels/cuda/snapshot_copy.h).
     const int dev = cuda::current_device();
-    ckpt_opts_.staging.copy = [mem, dev](void* dst, const void* src, size_t bytes) {
-      cuda::use_device(dev);
-      mem.download(dst, src, bytes);
-    };
+    auto copier = std::make_shared<cuda::SnapshotCopier>(ctx_.stream);
+    ckpt_opts_.staging.mark = [copier] { copier->mark(); };
+    ckpt_opts_.staging.copy = [copier](void* dst, const void* src, size_t bytes) { copier->copy(dst, src, bytes); };
     ckpt_opts_.staging.alloc = [dev](size_t bytes) {
       cuda::use_device(dev);
       return cuda::pinned_alloc(bytes);
@@ -246,6 +263,7 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
 // trace.
 Trainer::~Trainer() {
   if (trace_) world_.set_trace(nullptr);
+  world_.set_wait_policy({world_.wait_policy().timeout_s, nullptr});  // nor at our flight-record writer
 }
 
 parallel::CommCounters Trainer::group_counters(parallel::MeshDim d) const {
@@ -386,8 +404,10 @@ StepResult Trainer::step() {
         ops::sum_squares_into(&dev->first_sum_sq, store_.grads(), store_.total_numel(), false, ctx_);
     }
   }
+  if (grad_wait_timer_) grad_wait_timer_->begin("grad_wait", 0);
   dp_->finish_grads();
   if (expert_dp_) expert_dp_->finish_grads();
+  if (grad_wait_timer_) grad_wait_timer_->end();
   if (pipeline_) {
     pipeline_->sum_tied_grads();
     loss_sum = pipeline_->loss_sum();  // the step's one wait for the device, with the reductions queued
@@ -423,12 +443,12 @@ StepResult Trainer::step() {
                       expert_sq_;
       if (tp_.active()) sum_sq = parallel::all_reduce_sum_double(tp_.comm(), sum_sq);
       if (pipeline_) sum_sq = parallel::all_reduce_sum_double(mesh_->pp_comm(), sum_sq);
-      arena_.mem().upload(&dev->sum_sq, &sum_sq, sizeof(sum_sq));
+      arena_.upload(&dev->sum_sq, &sum_sq, sizeof(sum_sq));
     } else if (dp_->grad_norm_is_local()) {
       dp_->grad_sum_squares_into(&dev->sum_sq);
     } else {
       const double sum_sq = dp_->grad_sum_squares();
-      arena_.mem().upload(&dev->sum_sq, &sum_sq, sizeof(sum_sq));
+      arena_.upload(&dev->sum_sq, &sum_sq, sizeof(sum_sq));
     }
     ops::clip_coefficient(&dev->coef, &dev->sum_sq, inv_scale, o_.optim.grad_clip, ctx_);
     adam_->step(dp_->master_shard(), dp_->grad_shard(), r.lr, ++updates_, ctx_, &dev->coef);
@@ -445,6 +465,10 @@ StepResult Trainer::step() {
   step_++;
   arena_.mem().sync();  // on a device the optimizer's kernels are still queued: time them, not their launch
   r.t_optimizer = since(t_opt);
+  if (grad_wait_timer_) {  // the device has passed both events: no wait here
+    r.t_grad_wait = grad_wait_timer_->totals().at(0).seconds;
+    grad_wait_timer_->reset();
+  }
   if (finite) {
     StepScalars host{};
     arena_.mem().download(&host, dev, sizeof(host));

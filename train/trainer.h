@@ -31,7 +31,8 @@ struct StepResult {
   bool skipped = false;   // fp16 overflow: no update
   long tokens = 0;        // tokens processed by all ranks
   double t_data = 0, t_forward = 0, t_backward = 0, t_optimizer = 0, t_total = 0;
-  double t_grad_wait = 0;     // blocked on gradient reductions after backward (exposed communication)
+  double t_grad_wait = 0;     // blocked on gradient reductions after backward (exposed communication;
+                              // on a device, the compute stream's wait, timed by events)
   double local_grad_sq = 0;   // mean over dp ranks of |per-rank mean gradient|^2 (gradient noise scale)
   long tokens_per_rank = 0;
   // A mixture-of-experts model: the step's routing over all dp ranks (train/trainer_moe.cpp), null
@@ -68,8 +69,13 @@ class Trainer {
 
   // The whole run: creates out_dir (refusing to overwrite another run unless resuming), writes the
   // resolved config, trains to o.steps with logs/eval/saves, then saves the final state and
-  // exports <out_dir>/model.safetensors. Rank 0 writes; every rank computes.
-  void run();
+  // exports <out_dir>/model.safetensors. Rank 0 writes; every rank computes. Returns 0, or
+  // kExitPreempted when SIGTERM/SIGUSR1 arrived (runtime/preempt.h): the ranks agreed on it at a step
+  // boundary and saved that step (resume=auto continues bitwise). A refusal before the first step
+  // (out_dir taken, the lock held) throws CollectiveError with kExitRefused and leaves no file.
+  int run();
+  // The run's identity (run_id, drawn or resumed): in its checkpoints' metadata and its lock.
+  const std::string& run_id() const { return o_.run_id; }
 
   StepResult step();      // one optimizer step
   double evaluate();      // mean validation loss over the first eval_batches validation batches
@@ -173,12 +179,29 @@ class Trainer {
   // (creating them when `create`; else only those that exist) unless held already; if another run
   // holds one, every rank fails together, rank 0 naming the holder. Collective.
   void lock_run_dirs(bool create);
+  // Chooses the run's identity once the start point is known: run_id as given, else the resumed
+  // checkpoint's, else one drawn by rank 0 (the same on every rank). Collective.
+  void settle_run_id(const std::string& resumed_run_id);
+  // Whether any rank has received a preemption signal (one max-reduction over the world: the signal
+  // number, 0 when none). Collective, at a step boundary.
+  int agreed_preemption();
+  // On load: one line naming the options that changed since the checkpoint was saved.
+  void report_changes(const nlohmann::json& meta, const std::string& ckpt_path);
   // Fault injection (train/fault_plan.cpp): fails if the planned fault could never fire (before
   // anything is written), arms it (once per out_dir); at the end of the run, fails if it was armed
   // and never fired.
   void check_fault_plan();
   void arm_fault_injection();
   void check_fault_fired();
+  // Waits on peers (train/stragglers.cpp): dist.timeout on the world and every communicator split
+  // from it, whose expiry writes <out_dir>/flight_recorder.rank<R>.jsonl (returns what it says of it);
+  // the seconds this rank has been blocked on peers over all its communicators; every rank's busy
+  // seconds of a step (collective over the world); the hang and straggler faults before a step.
+  void install_wait_policy();
+  std::string write_flight_records() const;
+  double blocked_seconds() const;
+  std::vector<double> gather_busy(double busy_s);
+  void delay_faults();
   // With one rank, the noise scale compares the first micro-batch's gradient with the whole batch's.
   // (Not under tensor or context parallelism: there the first micro-batch's gradients are still partial
   // sums over tp or cp.)
@@ -189,11 +212,18 @@ class Trainer {
   void update_noise_scale(StepResult& r, double first_sum_sq, double inv_scale, int32_t valid, int32_t valid_local);
   // The entries both noise-scale norms cover: counted_entries() less the pipeline's tied copies.
   std::vector<char> noise_scale_entries() const;
-  void fault(const char* phase) { checkpoint::fault_point(ckpt_opts_, world_.rank(), step_ + 1, phase); }
+  void fault(const char* phase) {
+    checkpoint::fault_point(ckpt_opts_, world_.rank(), step_ + 1, phase);
+    if (ckpt_opts_.fault_phase == "preempt") preempt_fault(phase);
+  }
+  // ckpt.fault_phase=preempt: rank fault_rank sends itself SIGTERM in the forward pass of fault_step,
+  // as a batch system would (train/trainer_run.cpp).
+  void preempt_fault(const char* phase);
 
   config::TrainOptions o_;
   std::unique_ptr<Trace> trace_;            // trace=1; before everything that points at it
   std::unique_ptr<ops::OpTimer> op_timer_;  // before everything holding a Ctx that points at it
+  std::unique_ptr<ops::OpTimer> grad_wait_timer_;  // device runs: the compute stream's wait for reductions
   std::unique_ptr<parallel::Comm> own_world_;
   parallel::Comm& world_;
   Arena arena_;  // before mesh_: the communicators return their buffers to it when destroyed
@@ -212,6 +242,7 @@ class Trainer {
   checkpoint::Options ckpt_opts_;
   std::string resume_path_;  // the checkpoint the run started from ("" : step 0)
   DirLock out_lock_, ckpt_lock_;  // held by rank 0 from the start of the run (resume=auto: of the scan)
+  std::vector<std::string> created_dirs_;  // by lock_run_dirs on rank 0: removed again if the lock is refused
   std::unique_ptr<checkpoint::Checkpointer> ckpt_;
   LossScaler scaler_;
   NoiseScale gns_;

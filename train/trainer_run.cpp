@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 
 #include "checkpoint/format.h"
@@ -11,9 +12,12 @@
 #include "model/hf_io.h"
 #include "plan/memory.h"
 #include "runtime/check.h"
+#include "runtime/exit_status.h"
 #include "runtime/format.h"
+#include "runtime/preempt.h"
 #include "train/divergence.h"
 #include "train/run_summary.h"
+#include "train/stragglers.h"
 #include "train/trainer.h"
 #ifdef MT_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
@@ -48,7 +52,22 @@ void Trainer::write_trace(const std::string& dir) {
                  trace_->dropped() ? strfmt(", %zu dropped", trace_->dropped()).c_str() : "");
 }
 
-void Trainer::run() {
+void Trainer::preempt_fault(const char* phase) {
+  if (std::string(phase) != "forward" || step_ + 1 != ckpt_opts_.fault_step || world_.rank() != ckpt_opts_.fault_rank ||
+      preemption_signal() != 0)
+    return;
+  std::fprintf(stderr, "[fault] rank %d: SIGTERM at step %d, phase %s\n", world_.rank(), step_ + 1, phase);
+  std::fflush(stderr);
+  std::raise(SIGTERM);  // the handler (runtime/preempt.h) records it; the step boundary acts on it
+}
+
+int Trainer::agreed_preemption() {
+  int32_t sig = preemption_signal();
+  if (world_.size() > 1) world_.all_reduce(&sig, 1, DType::i32, parallel::ReduceOp::max);
+  return sig;
+}
+
+int Trainer::run() {
   const fs::path out(o_.out_dir);
   const fs::path metrics_path = out / "metrics.jsonl";
   // resume=auto may find nothing yet, and resume=fresh starts over in the directory: both append.
@@ -60,7 +79,7 @@ void Trainer::run() {
   if (taken)
     throw parallel::CollectiveError(strfmt(
         "out_dir '%s' already holds a run (metrics.jsonl); choose another --out, resume=auto to continue it, or resume=fresh to start over in it",
-        o_.out_dir.c_str()));
+        o_.out_dir.c_str()), kExitRefused);
   check_fault_plan();  // before anything is written
   lock_run_dirs(true);
   arm_fault_injection();
@@ -90,7 +109,7 @@ void Trainer::run() {
     } catch (const Error&) {
     }
     std::fputs(format_run_plan(plan).c_str(), stderr);
-    log.write({{"event", "start"}, {"config", o_.to_json()}, {"params", o_.model.num_params()},
+    log.write({{"event", "start"}, {"run_id", o_.run_id}, {"config", o_.to_json()}, {"params", o_.model.num_params()},
                {"active_params", o_.model.num_active_params()},
                {"world_size", world_.size()}, {"flops_per_token", flops_tok}, {"peak_flops_per_rank", peak.flops},
                {"peak_label", peak.label}, {"resumed_at", step_}});
@@ -103,10 +122,19 @@ void Trainer::run() {
   DivergenceGuard guard(o_.loss_scale.max_skips);
   RunTotals totals;
   totals.set_history(history);
+  StragglerTally stragglers;
+  // Every rank's busy time is gathered each step when the check is on (one float per rank).
+  const bool check_stragglers = world_.size() > 1 && o_.dist.straggler_ratio > 0;
   while (step_ < o_.steps) {
     arena_.reset_peaks();
     const auto t_step = std::chrono::steady_clock::now();
+    const auto t_busy = std::chrono::steady_clock::now();
+    const double blocked0 = blocked_seconds();
+    delay_faults();  // fault injection: ckpt.fault_phase=hang|straggler
     const StepResult r = step();
+    // This rank's busy time in the step: its wall time less its waits on peers.
+    const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_busy).count() -
+                        (blocked_seconds() - blocked0);
     const auto t_step_end = std::chrono::steady_clock::now();
     const double tok_s = r.tokens / r.t_total;
     const double mfu = tok_s * flops_tok / world_peak, hfu = tok_s * hw_flops_tok / world_peak;
@@ -128,6 +156,14 @@ void Trainer::run() {
       j["pp"] = pipeline_->step_json();  // after comm_pp: its own gather is not the step's traffic
     }
     if (!r.moe.is_null()) j["moe"] = r.moe;
+    StragglerVerdict slow;
+    if (check_stragglers) {
+      const std::vector<double> all_busy = gather_busy(busy);
+      slow = judge_stragglers(all_busy, o_.dist.straggler_ratio);
+      stragglers.add(all_busy, slow);
+      j["busy"] = {{"median_s", slow.median_s}, {"max_s", slow.max_s}, {"max_rank", slow.rank}};
+      if (slow.straggler) j["straggler"] = {{"rank", slow.rank}, {"ratio", slow.ratio}};
+    }
     if (gns_.valid()) j["gns"] = {{"b_simple", gns_.b_simple()}, {"g2", gns_.g2()}, {"trace_sigma", gns_.trace_sigma()}};
     if (o_.eval_every > 0 && (step_ % o_.eval_every == 0 || step_ == o_.steps)) {
       const double v = evaluate();
@@ -157,19 +193,42 @@ void Trainer::run() {
                           : strfmt(" | aux %.4f z %.4f drop %.1f%% imbalance %.2f", r.moe["aux_loss"].get<double>(),
                                    r.moe["z_loss"].get<double>(), 100 * r.moe["drop_fraction"].get<double>(),
                                    r.moe["imbalance"].get<double>());
-      std::fprintf(stderr, "step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%%%s | ETA %s%s%s\n",
+      std::fprintf(stderr, "step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | MFU %.1f%%%s | ETA %s%s%s%s\n",
                    step_, o_.steps, r.loss, r.lr, r.grad_norm, tok_s, 100 * mfu, moe.c_str(),
                    format_duration(eta).c_str(), r.skipped ? " | skipped (fp16 overflow)" : "",
-                   j.contains("val_loss") ? strfmt(" | val %.4f", j["val_loss"].get<double>()).c_str() : "");
+                   j.contains("val_loss") ? strfmt(" | val %.4f", j["val_loss"].get<double>()).c_str() : "",
+                   slow.straggler ? strfmt(" | straggler rank %d x%.2f", slow.rank, slow.ratio).c_str() : "");
     }
     const std::string diverged = guard.problem(step_, r, scaler_.scale());
     if (!diverged.empty()) {
       wait_checkpoint();  // the save in flight holds an earlier, finite step: let it commit
       throw DivergenceError(diverged);
     }
-    if (o_.save_every > 0 && step_ % o_.save_every == 0 && step_ != o_.steps) {
+    const bool saved_here = o_.save_every > 0 && step_ % o_.save_every == 0 && step_ != o_.steps;
+    if (saved_here) {
       save_checkpoint();
       totals.add_checkpoint(step_);  // a save that fails ends the run (here or at the next wait)
+    }
+    // Preemption: the ranks agree at this boundary (one tiny reduction), save the step reached,
+    // wait for the write to commit and stop; resume=auto continues from it bitwise.
+    if (step_ < o_.steps) {
+      if (const int sig = agreed_preemption()) {
+        if (!saved_here) save_checkpoint();
+        wait_checkpoint();
+        if (writer) {
+          log.write({{"event", "preempted"}, {"step", step_}, {"signal", sig == SIGUSR1 ? "SIGUSR1" : "SIGTERM"},
+                     {"seconds", since_run()}});
+          std::fprintf(stderr,
+                       "minitrain: preempted (%s): saved step %d in %s; resume=auto continues from it (exit status %d)\n",
+                       sig == SIGUSR1 ? "SIGUSR1" : "SIGTERM", step_, ckpt_opts_.dir.c_str(), kExitPreempted);
+        }
+        // Every rank returns only after rank 0 has said so: under mpirun the first rank to exit non-zero
+        // has the others killed.
+        world_.barrier();
+        out_lock_ = DirLock();
+        ckpt_lock_ = DirLock();
+        return kExitPreempted;
+      }
     }
   }
   if (trace_) write_trace((out / "trace").string());
@@ -189,10 +248,12 @@ void Trainer::run() {
   check_fault_fired();
   if (writer) {
     log.write({{"event", "end"}, {"step", step_}, {"seconds", since_run()}});
+    totals.set_slowest_ranks(stragglers.slowest(3));
     std::fputs(totals.format(since_run(), run_outputs(o_.out_dir, ckpt_opts_.dir)).c_str(), stderr);
   }
   out_lock_ = DirLock();
   ckpt_lock_ = DirLock();
+  return 0;
 }
 
 }  // namespace mt::train

@@ -85,6 +85,7 @@ checkpoint::SaveRequest Trainer::checkpoint_request() {
                      {"precision", dtype_name(o_.precision)},
                      {"global_batch", mesh_->dp() * o_.batch_size * o_.grad_accum},
                      {"model", o_.model.to_json()}, {"data", train_data_->state()}, {"seed", o_.seed},
+                     {"run_id", o_.run_id}, {"config", o_.to_json()},
                      {"layout", {{"dp", mesh_->dp()}, {"tp", mesh_->tp()}, {"pp", mesh_->pp()}, {"cp", mesh_->cp()}, {"ep", mesh_->ep()}, {"sp", o_.sequence_parallel()},
                                  {"zero", o_.parallel.zero}}}};
   if (o_.model.moe.enabled()) req.global_meta["moe_bias"] = moe_bias_json();
@@ -247,6 +248,7 @@ void Trainer::load_checkpoint(const std::string& path) {
   step_ = meta.at("step");
   updates_ = meta.at("updates");
   restore_loss_scale(meta, path);
+  report_changes(meta, path);
   train_data_->restore(meta.at("data"));
   restore_moe_bias(meta, path);
   dp_->publish_params();

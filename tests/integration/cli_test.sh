@@ -2,7 +2,7 @@
 # End-to-end checks of the minitrain command as a user runs it:
 #  - two identical runs write identical loss lines to metrics.jsonl;
 #  - a run exports weights that `sample` reads, and `--resume` continues a stopped run exactly;
-#  - each bad input fails with exit status 1, one `minitrain: error:` line naming the cause, and
+#  - each bad input fails with exit status 2 (train: refused) or 1, one `minitrain: error:` line naming the cause, and
 #    leaves no output directory behind;
 #  - a diverging run stops with exit status 3 (also under mpirun), exports nothing, and leaves only
 #    checkpoints that verify;
@@ -73,14 +73,16 @@ done
 out=$("$mt" sample --model "$work/a/model.safetensors" --tokenizer "$work/data/tokenizer.json" --text "document" \
       --tokens 8 --seed 3 2>&1) && [[ "$out" == document* ]] && pass "sample decodes text" || fail "sample: $out"
 
-# Bad inputs: exit 1, exactly one error line on stderr naming the culprit, nothing created.
+# Bad inputs: exit 2 for train (refused), 1 for the other commands, exactly one error line on stderr naming the culprit, nothing created.
 bad() {
   local what=$1 needle=$2
   shift 2
   local err rc
   err=$("$mt" "$@" 2>&1 >/dev/null)
   rc=$?
-  if [[ $rc -eq 1 && $(printf '%s\n' "$err" | grep -c 'error') -eq 1 && "$err" == *"minitrain: error:"*"$needle"* && ! -e "$work/never" ]]; then
+  local want=1
+  [[ $1 == train ]] && want=2  # refused before the first step (runtime/exit_status.h)
+  if [[ $rc -eq $want && $(printf '%s\n' "$err" | grep -c 'error') -eq 1 && "$err" == *"minitrain: error:"*"$needle"* && ! -e "$work/never" ]]; then
     pass "bad input: $what"
   else
     fail "bad input: $what (rc=$rc, stderr: $err)"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fault campaign: seeded random trials of four kinds of failure on a 4-rank tiny run (ZeRO-1, async
+# Fault campaign: seeded random trials of seven kinds of failure on a 4-rank tiny run (ZeRO-1, async
 # checkpoints every 2 steps, 8 steps), each judged against the uninterrupted run of the same config:
 #   kill     a random rank SIGKILLed at a random phase (forward, backward, optimizer, staging, write,
 #            before_commit, after_commit) and step; scripts/supervise relaunches it with resume=auto.
@@ -12,11 +12,21 @@
 #            file) of a random committed checkpoint is changed, and the run is resumed (resume=auto).
 #            Expected: `ckpt verify` refuses the damaged checkpoint with a checksum or format error,
 #            and either the resume skips it with that reason and continues bitwise from the next
-#            older one (refused), or exits 1 naming it when no checkpoint verifies and changes
+#            older one (refused), or exits 2 naming it when no checkpoint verifies and changes
 #            nothing (refused), or, when the damaged one was not the newest, resumes from the newest
 #            (naming the damaged one, if at all, without falling back from the newest) and continues
 #            bitwise (recovered). A flip that leaves the manifest's JSON values as they
 #            were (white space for white space) is no damage: it must verify and recover bitwise.
+#   hang     a random rank stops itself (SIGSTOP) before a random step, dist.timeout=5; supervised.
+#            Expected: the job exits 4 (hung) with one "hung:" line from each live rank that timed out
+#            (never from the stopped one) and its flight records in out_dir; supervise relaunches
+#            it, and it recovers bitwise.
+#   straggler a random rank sleeps 100 ms before every step from a random step on. Expected: the run
+#            completes bitwise, metrics.jsonl names that rank a straggler in at least half of those
+#            steps, and the summary lists it first among the slowest ranks (recovered).
+#   preempt  a random rank sends itself SIGTERM in a random step but the last; supervised. Expected:
+#            the ranks agree at that step's end, save it, exit 5 (one "preempted" line, no error);
+#            supervise relaunches, the run resumes at that step and recovers bitwise.
 #   diverge  far too high a learning rate (random, fp32 or fp16 with loss_scale.max_skips=3):
 #            expected exit status 3 with one "training diverged at step" line, not relaunched by the
 #            supervisor, no exported weights, every checkpoint left behind verifies (refused).
@@ -25,8 +35,8 @@
 # neither that nor the expected refusal counts as "anything else".
 # Prints a line per trial and a table per kind; exits 1 when "anything else" is not zero.
 # Usage: fault_campaign.sh <minitrain> <supervise> [--trials N] [--seed S] [--keep DIR]
-#   --trials N   number of trials (default 4); the kinds are dealt round-robin, then shuffled, so any
-#                4 consecutive multiples cover every kind (N=4: one of each)
+#   --trials N   number of trials (default 4); the kinds are dealt round-robin, then shuffled, so N a
+#                multiple of the number of kinds (7) covers each kind equally (N=7: one of each)
 #   --seed S     seeds every random choice (default: from the clock; printed)
 #   --keep DIR   keep the trials' directories and logs in DIR (default: a temporary one, deleted)
 set -u
@@ -85,8 +95,8 @@ mapfile -t plan < <("$py" - "$trials" "$seed" <<'PY'
 import random, sys
 n, seed = int(sys.argv[1]), int(sys.argv[2])
 rng = random.Random(seed)
-kinds = ["kill", "enospc", "corrupt", "diverge"]
-deal = [kinds[i % 4] for i in range(n)]
+kinds = ["kill", "enospc", "corrupt", "diverge", "hang", "straggler", "preempt"]
+deal = [kinds[i % len(kinds)] for i in range(n)]
 rng.shuffle(deal)
 kill_phases = ["forward", "backward", "optimizer", "staging", "write", "before_commit", "after_commit"]
 for kind in deal:
@@ -103,13 +113,19 @@ for kind in deal:
         # fractions of what exists then) and the xor mask
         print(f"corrupt step={rng.choice([2, 4, 6])} rank={rank} ckpt={rng.random():.6f} file={rng.random():.6f} "
               f"byte={rng.random():.6f} xor={rng.randrange(1, 256)}")
-    else:
+    elif kind == "diverge":
         print(f"diverge lr={rng.choice(['3e3', '1e4', '3e4', '1e5'])} precision={rng.choice(['fp32', 'fp16'])}")
+    elif kind == "hang":
+        print(f"hang step={rng.randrange(1, 9)} rank={rank}")
+    elif kind == "straggler":
+        print(f"straggler step={rng.randrange(1, 8)} rank={rank}")
+    else:  # SIGTERM in a step before the last (at the last one the run ends anyway)
+        print(f"preempt step={rng.randrange(1, 8)} rank={rank}")
 PY
 )
 
 declare -A n_trials n_recovered n_refused n_other
-for k in kill enospc corrupt diverge; do n_trials[$k]=0; n_recovered[$k]=0; n_refused[$k]=0; n_other[$k]=0; done
+for k in kill enospc corrupt diverge hang straggler preempt; do n_trials[$k]=0; n_recovered[$k]=0; n_refused[$k]=0; n_other[$k]=0; done
 t=0
 for line in "${plan[@]}"; do
   t=$((t + 1))
@@ -192,7 +208,7 @@ PY
         detail="(ckpt verify did not refuse it: rc=$verify_rc, $verify_msg)"
       elif [[ $newest == 1 && $older == - ]]; then
         # The only checkpoint: resume=auto must fail naming it and change nothing.
-        if [[ $rc -eq 1 && $(grep -ac 'minitrain: error:' "$out.resume.log") -eq 1 ]] \
+        if [[ $rc -eq 2 && $(grep -ac 'minitrain: error:' "$out.resume.log") -eq 1 ]] \
            && grep -aqE "minitrain: error: .*none of the 1 checkpoint\(s\).*$cdir \(.*($reason)" "$out.resume.log" \
            && [[ $(listing "$out/checkpoints") == "$before" ]]; then
           outcome=refused
@@ -211,6 +227,62 @@ PY
         fi
       fi
       [[ $outcome == other && -z $detail ]] && detail="(resume rc=$rc; verify: $verify_msg; resume log: $(grep -aE 'error|skipping|resuming' "$out.resume.log" | head -3))" ;;
+    hang)
+      "$supervise" --max-restarts 3 --ckpt-dir "$out/checkpoints" --metrics "$out/metrics.jsonl" --log "$out.supervise.log" -- \
+        "${mpi[@]}" "$mt" train "${common[@]}" out_dir="$out" dist.timeout=5 \
+        ckpt.fault_phase=hang ckpt.fault_step="${a[step]}" ckpt.fault_rank="${a[rank]}" >"$out.log" 2>&1
+      rc=$?
+      what="SIGSTOP before step ${a[step]} on rank ${a[rank]}"
+      fired=$(grep -ac "^\[fault\] rank ${a[rank]}: SIGSTOP at step ${a[step]}$" "$out.log")
+      # Every error line is a live rank's "hung:" line, each with its flight records written.
+      hung=$(grep -acE "^minitrain: \[rank [0-9]+\] error: hung: .* #[0-9]+ .*on group '[a-z_]+'" "$out.log")
+      errors=$(grep -ac 'error:' "$out.log")
+      records=1
+      for r in $(grep -aoE '^minitrain: \[rank [0-9]+\] error: hung:' "$out.log" | grep -oE '[0-9]+'); do
+        [[ $r -ne ${a[rank]} && -s $out/flight_recorder.rank$r.jsonl ]] || records=0
+      done
+      if [[ $rc -eq 0 && $fired -eq 1 && $hung -ge 1 && $errors -eq $hung && $records -eq 1 ]] \
+         && grep -aq 'attempt 1 failed: exit status 4 ' "$out.supervise.log" && bitwise "$out"; then
+        outcome=recovered
+      else
+        detail="(supervise rc=$rc, fault fired: $fired, hung lines: $hung of $errors errors, records: $records)"
+      fi ;;
+    straggler)
+      "${mpi[@]}" "$mt" train "${common[@]}" out_dir="$out" \
+        ckpt.fault_phase=straggler ckpt.fault_step="${a[step]}" ckpt.fault_rank="${a[rank]}" >"$out.log" 2>&1
+      rc=$?
+      what="100 ms a step from step ${a[step]} on rank ${a[rank]}"
+      named=$("$py" - "$out/metrics.jsonl" "${a[step]}" "${a[rank]}" <<'PY'
+import json, sys
+path, first, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+steps = {}
+for line in open(path):
+    j = json.loads(line)
+    if "loss" in j and j["step"] >= first:
+        steps[j["step"]] = j.get("straggler", {}).get("rank") == rank
+print(int(len(steps) > 0 and 2 * sum(steps.values()) >= len(steps)))
+PY
+)
+      if [[ $rc -eq 0 && $named -eq 1 ]] && grep -aqE "^  slowest ranks +rank ${a[rank]} x" "$out.log" && bitwise "$out"; then
+        outcome=recovered
+      else
+        detail="(rc=$rc, named in half the steps: $named; $(grep -a 'slowest ranks' "$out.log"))"
+      fi ;;
+    preempt)
+      "$supervise" --max-restarts 3 --ckpt-dir "$out/checkpoints" --metrics "$out/metrics.jsonl" --log "$out.supervise.log" -- \
+        "${mpi[@]}" "$mt" train "${common[@]}" out_dir="$out" \
+        ckpt.fault_phase=preempt ckpt.fault_step="${a[step]}" ckpt.fault_rank="${a[rank]}" >"$out.log" 2>&1
+      rc=$?
+      what="SIGTERM in step ${a[step]} on rank ${a[rank]}"
+      fired=$(grep -ac "^\[fault\] rank ${a[rank]}: SIGTERM at step ${a[step]}," "$out.log")
+      saved=$(grep -ac "^minitrain: preempted (SIGTERM): saved step ${a[step]} in " "$out.log")
+      if [[ $rc -eq 0 && $fired -eq 1 && $saved -eq 1 && $(grep -ac 'error:' "$out.log") -eq 0 ]] \
+         && grep -aq 'attempt 1 failed: exit status 5 ' "$out.supervise.log" \
+         && grep -aq "resumed from .*step_0*${a[step]} (step ${a[step]})" "$out.log" && bitwise "$out"; then
+        outcome=recovered
+      else
+        detail="(supervise rc=$rc, fault fired: $fired, saved line: $saved)"
+      fi ;;
     diverge)
       "$supervise" --max-restarts 3 --ckpt-dir "$out/checkpoints" --metrics "$out/metrics.jsonl" --log "$out.supervise.log" -- \
         "${mpi[@]}" "$mt" train "${common[@]}" out_dir="$out" optim.lr="${a[lr]}" optim.grad_clip=0 \
@@ -243,7 +315,7 @@ echo
 echo "| kind | trials | recovered bitwise | refused with a correct error | anything else |"
 echo "|---|---|---|---|---|"
 others=0
-for k in kill enospc corrupt diverge; do
+for k in kill enospc corrupt diverge hang straggler preempt; do
   echo "| $k | ${n_trials[$k]} | ${n_recovered[$k]} | ${n_refused[$k]} | ${n_other[$k]} |"
   others=$((others + n_other[$k]))
 done

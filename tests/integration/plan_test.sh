@@ -2,7 +2,8 @@
 # `minitrain plan` as a user runs it: a report on stdout with exit status 0 (the pipeline grid and
 # bubble, memory per category, bytes per group, step time), --json as one JSON object, a hardware
 # file written by `bench --calibrate` read back, and bad input (options, hardware names and files, a
-# layout that cannot fit) refused with exit status 1 and one `minitrain: error:` line.
+# layout that cannot fit, values beyond the arithmetic's bounds, a search too large) refused with exit
+# status 2 and one `minitrain: error:` line; a long search says how far it is on stderr.
 # Usage: plan_test.sh <minitrain binary>
 set -u
 mt=$1
@@ -24,7 +25,7 @@ bad() {
   local err rc
   err=$("$mt" plan "$@" 2>&1 >/dev/null)
   rc=$?
-  if [[ $rc -eq 1 && $(printf '%s\n' "$err" | wc -l) -eq 1 && "$err" == "minitrain: error: "*"$needle"* ]]; then
+  if [[ $rc -eq 2 && $(printf '%s\n' "$err" | wc -l) -eq 1 && "$err" == "minitrain: error: "*"$needle"* ]]; then
     pass "bad input: $what"
   else
     fail "bad input: $what (rc=$rc, stderr: $err)"
@@ -42,6 +43,18 @@ bad "hardware file without a field" "hardware file '$tmp/bad.json': missing fiel
 echo '{"name": ' >"$tmp/torn.json"
 bad "hardware file that is not JSON" "hardware file '$tmp/torn.json' is not valid JSON" hw="$tmp/torn.json"
 bad "a layout that cannot fit" "does not fit: needs " model=gpt2-xl hw=a100 batch_size=16 seq_len=1024
+bad "no gpus" "gpus must be positive (got 0)" gpus=0
+bad "negative gpus" "gpus must be positive (got -1)" gpus=-1
+bad "a fraction of a gpu" "gpus must be an integer (got '1.5')" gpus=1.5
+bad "a width beyond the arithmetic" "model.n_embd=1000000000 is beyond what minitrain's arithmetic holds" model.n_embd=1000000000
+bad "a model beyond the arithmetic" "parameters, beyond what minitrain's arithmetic holds" model.n_embd=1048576 model.n_head=16 model.n_layer=2000
+bad "a search beyond its bound" "more than the search's bound of 100000" --search gpus=720720
+bad "mixture options of a dense model" "moe.top_k=1 needs a mixture of experts" moe.top_k=1
+# `train` refuses the same values with the same line (one parser), before it writes anything.
+err=$("$mt" train model.n_embd=1000000000 out_dir="$tmp/never" 2>&1 >/dev/null)
+rc=$?
+[[ $rc -ne 0 && $(printf '%s\n' "$err" | wc -l) -eq 1 && "$err" == *"model.n_embd=1000000000 is beyond what minitrain's arithmetic holds"* && ! -e "$tmp/never" ]] \
+  && pass "train refuses what plan refuses, in the same line" || fail "train refuses what plan refuses (rc=$rc: $err)"
 out=$("$mt" plan model=gpt2-xl hw=a100 batch_size=16 seq_len=1024 2>/dev/null)
 [[ "$out" == *"activations"*"does not fit: "*"over by "* ]] && pass "the report names the category over"   || fail "the report names the category over ($out)"
 

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Runs a command that must FAIL promptly: passes when it exits non-zero before <seconds> (a hang
 # is a failure of this test, not a pass) and its combined output has exactly <count> lines
-# matching the extended regex <pattern> (an empty pattern skips that check).
-# Usage: expect_failure.sh <seconds> <pattern> <count> -- command [args...]
+# matching the extended regex <pattern> (an empty pattern skips that check); with --status N, its
+# exit status must be N.
+# Usage: expect_failure.sh <seconds> <pattern> <count> [--status N] -- command [args...]
 set -u
 limit=$1 pattern=$2 want=$3
 shift 3
+want_status=""
+if [[ "${1:-}" == "--status" ]]; then want_status=$2; shift 2; fi
 [[ "${1:-}" == "--" ]] && shift
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -23,6 +26,10 @@ if [[ $rc -eq 124 ]] || awk -v e="$elapsed" -v l="$limit" 'BEGIN { exit !(e >= l
 fi
 if [[ $rc -eq 0 ]]; then
   echo "FAIL: the job exited 0 but a rank failed"
+  exit 1
+fi
+if [[ -n "$want_status" && $rc -ne $want_status ]]; then
+  echo "FAIL: exit status $rc, expected $want_status"
   exit 1
 fi
 if [[ -n "$pattern" ]]; then

@@ -2,8 +2,10 @@
 //   mpirun -np N mpi_fault <mode>
 // with mode: none (no failure: exits 0), kill (rank 1 SIGKILLs itself), exit (rank 1 exits with
 // status 3 without finalising MPI), throw (rank 1 throws), collective (every rank throws the same
-// CollectiveError), mismatch (the last rank has a different config). Every mode but `none` must
-// end the whole job promptly with a non-zero status; expect_failure.sh checks that.
+// CollectiveError), mismatch (the last rank has a different config), hang (rank 1 stops itself with
+// SIGSTOP; the others' waits have a 1 s deadline and the job must end with status 4, each live rank
+// naming the op it waited in). Every mode but `none` must end the whole job promptly with a non-zero
+// status; expect_failure.sh checks that.
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -19,10 +21,12 @@ int main(int argc, char** argv) {
   return run_main(world, [&](World& w) {
     Comm& c = w.comm();
     const int rank = c.rank();
+    if (mode == "hang") c.set_wait_policy({1.0, nullptr});
     float x = 1.f;
     c.all_reduce(&x, 1, mt::DType::f32, ReduceOp::sum);  // step 0: every rank healthy
     if (rank == 1 && mode == "kill") std::raise(SIGKILL);
     if (rank == 1 && mode == "exit") std::_Exit(3);
+    if (rank == 1 && mode == "hang") std::raise(SIGSTOP);
     if (rank == 1 && mode == "throw") mt::fail("injected failure at step %d", 1);
     if (mode == "collective") throw CollectiveError("injected collective failure");
     if (mode == "mismatch")

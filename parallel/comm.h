@@ -209,6 +209,10 @@ class Comm {
   // bootstraps, start with its policy.
   void set_wait_policy(WaitPolicy p) { policy_ = std::move(p); }
   const WaitPolicy& wait_policy() const { return policy_; }
+  // Ends this communicator's work in flight that may wait forever for peers (NCCL: ncclCommAbort),
+  // for a rank unwinding on an error before it joins threads that wait on the device. The
+  // communicator is unusable afterwards. A host communicator has nothing of the kind.
+  void abort_in_flight() { abandon(); }
   // Seconds this rank has spent blocked in waits on this communicator's peers, since it was built:
   // a step's time less these is its busy time (the straggler check, train/stragglers.h).
   double blocked_seconds() const { return blocked_s_; }

@@ -191,6 +191,11 @@ namespace {
 
 }  // namespace
 
+void Mesh::abort_device_comms() {
+  for (auto& c : device_comms_)
+    if (c) c->abort_in_flight();
+}
+
 Comm& Mesh::add_device_comm(MeshGroup g, void* compute_stream, bool wide_sums) {
   const char* name = mesh_group_name(g);
   MT_CHECK(!device_comms_[size_t(g)], "the %s group's device communicator is already built", name);

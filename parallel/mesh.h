@@ -124,6 +124,8 @@ class Mesh {
   // without NCCL, and for a group built twice. device_comm is null for a group without one.
   Comm& add_device_comm(MeshGroup g, void* compute_stream, bool wide_sums = false);
   Comm* device_comm(MeshGroup g) const;
+  // Comm::abort_in_flight on every device communicator (a rank unwinding on an error).
+  void abort_device_comms();
   // Every communicator this rank holds: the host ones of each group, then the device ones built:
   // the one list walked for counters, their resets and trace lanes.
   std::vector<Comm*> comms() const;

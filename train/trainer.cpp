@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <filesystem>
 
 #include "config/layout_rules.h"
@@ -262,6 +263,9 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
 // The world communicator is the caller's and outlives this trainer: it must not keep pointing at our
 // trace.
 Trainer::~Trainer() {
+  // Unwinding on an error, NCCL kernels may wait for peers that will never come, and the checkpoint
+  // writer (destroyed before the mesh) may wait on the device behind them: end them first.
+  if (std::uncaught_exceptions() > 0 && mesh_) mesh_->abort_device_comms();
   if (trace_) world_.set_trace(nullptr);
   world_.set_wait_policy({world_.wait_policy().timeout_s, nullptr});  // nor at our flight-record writer
 }

@@ -35,15 +35,9 @@ for i in $(seq 1 200); do printf 'preempt %d saves %d steps.\n%%\n' "$i" $((i % 
 common=(model=tiny model.vocab_size=300 model.n_layer=1 model.n_embd=32 model.n_head=4 model.block_size=32 seq_len=32
         batch_size=2 save_every=4 data.path="$work/data" data.mode=shuffled threads=1 log_every=1000 peak_flops=1e9
         --zero 1)
-final_state() { "$mt" ckpt export "$1/checkpoints/latest" "$1/final.safetensors" --all >/dev/null 2>&1; }
-losses() {
-  /usr/bin/python3 -c 'import json,sys
-last={}
-for l in open(sys.argv[1]):
-    j=json.loads(l)
-    if "loss" in j: last[j["step"]]=repr(j["loss"])
-for s in sorted(last): print(s, last[s])' "$1"
-}
+# final_state and losses: how a run is compared with the uninterrupted one, as the fault tests do.
+# shellcheck source=tests/integration/fault_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/fault_common.sh"
 wait_for_step() {  # <metrics.jsonl> <step>: until a record of that step is written (at most 20 s)
   for _ in $(seq 1 400); do
     grep -q "\"step\":$2," "$1" 2>/dev/null && return 0

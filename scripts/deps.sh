@@ -2,7 +2,7 @@
 # Installs the Debian packages minitrain builds and tests with, if any are missing.
 # Usage: scripts/deps.sh [--with-torch]   (torch: fixtures and the PyTorch peer benchmark)
 set -euo pipefail
-pkgs=(cmake ninja-build g++ libopenmpi-dev openmpi-bin libopenblas-dev libgtest-dev nlohmann-json3-dev
+pkgs=(cmake ninja-build g++ ccache libopenmpi-dev openmpi-bin libopenblas-dev libgtest-dev nlohmann-json3-dev
       libicu-dev python3-numpy python3-matplotlib fortunes fortunes-min)
 [[ "${1:-}" == "--with-torch" ]] && pkgs+=(python3-torch)
 missing=()

@@ -20,7 +20,6 @@ else
 fi
 if [[ "${MT_QUICK:-0}" != 1 && $# -eq 0 && -f /usr/local/cuda/include/cuda_runtime_api.h ]]; then
   sim=${MT_SIM_BUILD_DIR:-$root/build-sim}
-  cmake -S "$root" -B "$sim" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMT_CUDA=OFF -DMT_CUDA_SIM=ON >/dev/null
-  cmake --build "$sim" -j "$(nproc)" --target sim_tests
+  MT_BUILD_DIR=$sim MT_BUILD_TARGET=sim_tests "$root/scripts/build.sh" -DMT_CUDA=OFF -DMT_CUDA_SIM=ON
   (cd "$sim" && ctest --output-on-failure -j "$(nproc)" --timeout 600 -L sim)
 fi

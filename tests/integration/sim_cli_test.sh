@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The commands a user runs first on a GPU, run whole on the simulated device (a build with
-# MT_CUDA_SIM=ON): `minitrain --version` says the device is simulated, `selftest` passes every check,
+# MT_CUDA_SIM=ON): `minitrain --version` says the device is simulated, `selftest` passes its checks,
 # `bench device=cuda` completes and names the simulated device (and with --dp 2 times the device's
 # gradient communication), and `bench --calibrate device=cuda` writes a hardware file the planner reads.
 # Usage: sim_cli_test.sh <minitrain>
@@ -12,7 +12,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 "$mt" --version | grep -q "CUDA simulated" || fail "--version does not say the device is simulated"
 
-"$mt" selftest >"$work/selftest.txt" 2>&1 || { tail -20 "$work/selftest.txt"; fail "selftest"; }
+# A few ops only: every op at every shape is the sim suite's CudaSelftest cases (tests/test_cuda_ops.cpp).
+"$mt" selftest --op add,scale,layernorm_fwd,adamw >"$work/selftest.txt" 2>&1 || { tail -20 "$work/selftest.txt"; fail "selftest"; }
 grep -q "failed=0" "$work/selftest.txt" || fail "selftest summary: $(tail -1 "$work/selftest.txt")"
 echo "ok   selftest: $(grep 'selftest summary' "$work/selftest.txt")"
 

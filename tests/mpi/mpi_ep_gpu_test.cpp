@@ -24,7 +24,7 @@ config::TrainOptions options(const std::string& data, int dp, int ep, int zero, 
   config::TrainOptions o = config::parse_train_options(
       {"model=tiny-moe", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
        "model.block_size=16", "moe.every=1", "moe.shared=1", "moe.balance=bias", "moe.bias_rate=0.01",
-       "seq_len=16", "batch_size=2", "steps=6", "optim.lr=3e-3", "optim.warmup_steps=3", "threads=1",
+       "seq_len=16", "batch_size=2", "steps=4", "optim.lr=3e-3", "optim.warmup_steps=3", "threads=1",
        "data.prefetch=0", "data.path=" + data});
   o.parallel.dp = dp;
   o.parallel.ep = ep;
@@ -40,7 +40,7 @@ TEST(ExpertParallelGpu, RowsOverNcclMatchTheCpuRun) {
   const std::string missing = gpus_missing(W);
   if (!missing.empty()) GTEST_SKIP() << missing;
   const std::string data = shared_corpus(world, 20261202);  // fixed: near-ties may route differently
-  const int steps = 6;
+  const int steps = 4;  // past the warm-up; the simulated device runs each step on the warp emulator
   struct Case {
     int ep, zero;
     double capacity;

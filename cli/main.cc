@@ -6,6 +6,7 @@
 //   minitrain data   prepare|inspect ...
 //   minitrain plan   [train options] [hw=h100|h200|a100|cpu|FILE] [gpus=N] [tokens=N] [--json] [--search]
 //   minitrain bench  --calibrate [out=FILE]: a hardware file for plan, measured on this machine
+//   minitrain plot   RUN [RUN ...] [--out DIR]: scripts/plot.py, found beside the binary (cli/plot.h)
 //   minitrain <command> --help (or -h): the command's options; minitrain --version: version and build
 // Errors print one line `minitrain: error: ...` and exit with status 1 (2 for a missing command);
 // `train` exits with the statuses of runtime/exit_status.h (2: refused before the first step, 3:
@@ -19,6 +20,7 @@
 #include "cli/bench.h"
 #include "cli/ckpt.h"
 #include "cli/help.h"
+#include "cli/plot.h"
 #include "cli/sample.h"
 #include "cli/selftest.h"
 #include "data/prepare.h"
@@ -41,6 +43,7 @@ const char* kUsage =
     "  selftest  check every CUDA op against its CPU twin (--device cuda [--seed S])\n"
     "  ckpt    ls <root> | verify <checkpoint, root or root/latest> | export <checkpoint or root> <out.safetensors> [--all]\n"
     "  data    prepare | inspect token shards\n"
+    "  plot    RUN [RUN ...] [--out DIR]: plots of runs' metrics (loss, throughput, memory, ...) as PNGs\n"
     "  plan    [train options] [hw=h100|h200|a100|cpu|FILE] [gpus=N] [tokens=N] [--json] [--search]:\n"
     "          per-rank memory by category, FLOPs, bytes per group, pipeline grid and bubble, predicted\n"
     "          step time and MFU; --search ranks the layouts that fit\n";
@@ -98,6 +101,7 @@ int main(int argc, char** argv) {
     if (cmd == "ckpt") return mt::cli::ckpt_main(argc - 2, argv + 2);
     if (cmd == "data") return mt::data::data_cli(argc - 2, argv + 2);
     if (cmd == "plan") return mt::plan::plan_main(args);
+    if (cmd == "plot") return mt::cli::plot_main(args);
     mt::fail("unknown command '%s'\n%s", cmd.c_str(), kUsage);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "minitrain: error: %s\n", e.what());

@@ -217,5 +217,13 @@ TEST(LayoutRules, TheResolvedConfigRecordsSequenceParallelism) {
   EXPECT_EQ(a.to_json()["parallel"]["sp"], "auto");
 }
 
+// Context parallelism has no device path yet (ring attention runs on the CPU backend): --cp with
+// --device cuda is refused at parse time, naming both, in every build (README's status table cites it).
+TEST(LayoutRules, ContextParallelismOnTheDeviceIsRefused) {
+  expect_error([] { config::parse_train_options(tiny({"--cp", "2", "device=cuda"})); },
+               "--cp 2 runs on the CPU backend only", "--device cuda");
+  EXPECT_NO_THROW(config::parse_train_options(tiny({"--cp", "2"})));
+}
+
 }  // namespace
 }  // namespace mt::train

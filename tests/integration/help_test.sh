@@ -9,7 +9,7 @@ fails=0
 pass() { echo "ok   $1"; }
 fail() { echo "FAIL $1"; fails=$((fails + 1)); }
 
-for cmd in train bench sample data "data prepare" "data inspect" ckpt "ckpt ls" "ckpt verify" "ckpt export" "ckpt bench" plan selftest; do
+for cmd in train bench sample data "data prepare" "data inspect" ckpt "ckpt ls" "ckpt verify" "ckpt export" "ckpt bench" plan plot selftest; do
   for h in -h --help; do
     if out=$("$mt" $cmd $h 2>/dev/null) && [[ "$out" == *usage:* ]]; then pass "$cmd $h"; else fail "$cmd $h"; fi
   done

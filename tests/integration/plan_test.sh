@@ -67,7 +67,7 @@ done
 if "$mt" plan model=gpt2 hw=h100 gpus=8 precision=bf16 --json | /usr/bin/python3 -c '
 import json, sys
 j = json.load(sys.stdin)
-assert set(j["memory"]) == {"params", "grads", "optimizer", "activations", "comm", "other", "total"}, j["memory"]
+assert set(j["memory"]) == {"params", "grads", "optimizer", "activations", "comm", "other", "nccl", "total"}, j["memory"]
 assert j["layout"]["dp"] == 8 and 0 < j["mfu"] < 1, j'; then
   pass "--json: one object with the metrics.jsonl memory names"
 else

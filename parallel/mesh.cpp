@@ -211,6 +211,44 @@ Comm& Mesh::add_device_comm(MeshGroup g, void* compute_stream, bool wide_sums) {
 
 Comm* Mesh::device_comm(MeshGroup g) const { return device_comms_[size_t(g)].get(); }
 
+DeviceCommUse device_comm_use(MeshGroup g, int rank, int size) {
+  DeviceCommUse u;
+  if (size < 2) return u;
+  switch (g) {
+    case MeshGroup::pp:
+      u.peers.push_back((rank + 1) % size);
+      if (size > 2) u.peers.push_back((rank + size - 1) % size);
+      break;
+    case MeshGroup::ep:
+      for (int r = 0; r < size; r++)
+        if (r != rank) u.peers.push_back(r);
+      break;
+    case MeshGroup::cp:  // ring attention's exchanges stay on the host communicator (CPU only so far)
+      break;
+    default: u.collectives = true; break;
+  }
+  return u;
+}
+
+std::string Mesh::warm_device_comms() {
+  std::string what;
+#ifdef MT_HAVE_NCCL
+  for (int i = 0; i < kNumMeshGroups; i++) {
+    auto* c = dynamic_cast<NcclComm*>(device_comms_[size_t(i)].get());
+    if (!c) continue;
+    const DeviceCommUse use = device_comm_use(MeshGroup(i), c->rank(), c->size());
+    if (!use.collectives && use.peers.empty()) continue;
+    c->warm_up(use.collectives, use.peers);
+    std::string line = c->name() + ":";
+    if (use.collectives) line += " collectives";
+    if (!use.peers.empty())
+      line += strfmt("%s %zu peer%s", use.collectives ? "," : "", use.peers.size(), use.peers.size() == 1 ? "" : "s");
+    what += (what.empty() ? "" : "; ") + line;
+  }
+#endif
+  return what;
+}
+
 std::vector<Comm*> Mesh::comms() const {
   std::vector<Comm*> all = {&dp_comm(), &tp_comm(), &pp_comm(), &cp_comm(), &cp_dp_comm()};
   if (ep_comm_) all.push_back(ep_comm_.get());

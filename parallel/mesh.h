@@ -38,6 +38,19 @@ static_assert(group_of(MeshDim::dp) == MeshGroup::dp && group_of(MeshDim::tp) ==
 constexpr int kNumMeshDims = 4;
 const char* mesh_dim_name(MeshDim d);  // "tp", "cp", "pp", "dp"
 
+// What a training step uses of a group's device (NCCL) communicator, which NCCL connects lazily on
+// first use (its buffers then allocated outside the memory pool): collectives (ring and tree
+// connections, set up by the first collective) and point-to-point connections, one per peer (set up
+// by the first send or receive to that peer). tp, dp and expert_data run all-reduce, reduce-scatter
+// and all-gather; pp only exchanges with its neighbours, stage 0 with the last (the tied embedding),
+// so its peers are the ring neighbours (rank +-1 mod size); ep's all-to-all reaches every other rank.
+// `rank` and `peers` are ranks of the group. A group of one rank uses nothing (NCCL connects no one).
+struct DeviceCommUse {
+  bool collectives = false;
+  std::vector<int> peers;
+};
+DeviceCommUse device_comm_use(MeshGroup g, int rank, int size);
+
 // The --dp --pp --cp --tp flags. dp = 0 means "infer from the world size".
 struct MeshLayout {
   int dp = 0;
@@ -126,6 +139,14 @@ class Mesh {
   Comm* device_comm(MeshGroup g) const;
   // Comm::abort_in_flight on every device communicator (a rank unwinding on an error).
   void abort_device_comms();
+  // Before the first step: runs on every device communicator what the step will use of it
+  // (device_comm_use: a one-element all-reduce, reduce-scatter and all-gather; one grouped send and
+  // receive with each peer), so that NCCL allocates its connection buffers now, while the memory pool
+  // is small, and not after the pool holds step 1's activation peak. Collective over every group with
+  // a device communicator (each waited for in turn, in group order, the same on every rank); the host
+  // waits under the wait policy. Returns what it warmed ("pp.nccl: 1 peer; dp.nccl: collectives"), ""
+  // when nothing.
+  std::string warm_device_comms();
   // Every communicator this rank holds: the host ones of each group, then the device ones built:
   // the one list walked for counters, their resets and trace lanes.
   std::vector<Comm*> comms() const;

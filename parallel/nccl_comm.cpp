@@ -240,6 +240,35 @@ CommHandle NcclComm::do_send_recv(const void* send_buf, size_t send_count, int d
   return end();
 }
 
+void NcclComm::warm_up(bool collectives, std::span<const int> peers) {
+  if (size() < 2 || (!collectives && peers.empty())) return;
+  const size_t n = size_t(size());
+  float* buf = nullptr;  // n slots for the collectives, n for the receives (one per peer rank)
+  MT_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buf), 2 * n * sizeof(float), stream_));
+  MT_CUDA_CHECK(cudaMemsetAsync(buf, 0, 2 * n * sizeof(float), stream_));
+  float* mine = buf + rank();
+  if (collectives) {
+    MT_NCCL_CHECK(ncclAllReduce(buf, buf, 1, ncclFloat32, ncclSum, comm_, stream_));
+    MT_NCCL_CHECK(ncclReduceScatter(buf, mine, 1, ncclFloat32, ncclSum, comm_, stream_));  // in place
+    MT_NCCL_CHECK(ncclAllGather(mine, buf, 1, ncclFloat32, comm_, stream_));               // in place
+  }
+  if (!peers.empty()) {
+    MT_NCCL_CHECK(ncclGroupStart());
+    for (const int p : peers) {
+      MT_CHECK(p >= 0 && p < size() && p != rank(), "warm_up on '%s': peer %d of %d ranks (this one is %d)",
+               name().c_str(), p, size(), rank());
+      MT_NCCL_CHECK(ncclSend(mine, 1, ncclFloat32, p, comm_, stream_));
+      MT_NCCL_CHECK(ncclRecv(buf + n + size_t(p), 1, ncclFloat32, p, comm_, stream_));
+    }
+    MT_NCCL_CHECK(ncclGroupEnd());
+  }
+  MT_CUDA_CHECK(cudaFreeAsync(buf, stream_));
+  MT_CUDA_CHECK(cudaEventRecord(idle_, stream_));
+  const uint64_t seq = record_issue("warm_up", 0);
+  wait_on_peers([this] { return fired(idle_); }, "warm_up", seq);
+  record_end(seq);
+}
+
 bool NcclComm::fired(cudaEvent_t event) {
   const cudaError_t e = cudaEventQuery(event);
   if (e == cudaSuccess) return true;

@@ -54,6 +54,12 @@ class NcclComm final : public Comm {
   ~NcclComm() override;
 
   ncclComm_t handle() const { return comm_; }
+  // Makes NCCL connect now what a step will use (Mesh::warm_device_comms): with `collectives` a
+  // one-element all-reduce, reduce-scatter and all-gather; then one grouped send and receive of one
+  // element with each of `peers` (ranks of this communicator, the same relation on every rank: if a
+  // lists b, b lists a). Collective over the communicator; the host waits for it under the wait
+  // policy. Counts no traffic (the counters keep the step's).
+  void warm_up(bool collectives, std::span<const int> peers);
   cudaStream_t comm_stream() const { return stream_; }
   cudaStream_t compute_stream() const { return compute_; }
 

@@ -283,9 +283,37 @@ ActModel act_model(const config::TrainOptions& o, const parallel::MeshLayout& l)
 }  // namespace
 
 uint64_t MemoryPlan::total() const {
-  uint64_t t = 0;
+  uint64_t t = nccl;
   for (uint64_t b : bytes) t += b;
   return t;
+}
+
+NcclConnections plan_nccl_connections(const config::TrainOptions& o, const parallel::MeshLayout& l, int pp_rank) {
+  NcclConnections n;
+  if (o.device != Device::cuda) return n;
+  const int D = l.dp * l.cp;
+  // The groups the trainer gives a device communicator, by their sizes (0: none).
+  std::array<int, parallel::kNumMeshGroups> size{};
+  auto group = [&](parallel::MeshGroup g) -> int& { return size[size_t(g)]; };
+  if (l.tp > 1) group(parallel::MeshGroup::tp) = l.tp;
+  if (l.ep > 1) group(parallel::MeshGroup::ep) = l.ep;
+  if (D > 1 || o.parallel.zero != 0) group(parallel::MeshGroup::dp) = l.dp;
+  // The experts' own data parallelism, on a stage that holds experts (one with mixture layers).
+  if (experts_apart(o, l) && (D / l.ep > 1 || o.parallel.zero != 0) && !stage_units(o, l, pp_rank).xsize.empty())
+    group(parallel::MeshGroup::expert_data) = D / l.ep;
+  if (l.pp > 1) group(parallel::MeshGroup::pp) = l.pp;
+  for (int g = 0; g < parallel::kNumMeshGroups; g++) {
+    const parallel::DeviceCommUse use = parallel::device_comm_use(parallel::MeshGroup(g), 0, size[size_t(g)]);
+    n.rings += use.collectives ? 1 : 0;
+    n.peers += int(use.peers.size());
+  }
+  return n;
+}
+
+uint64_t plan_nccl_bytes(const config::TrainOptions& o, const parallel::MeshLayout& l, int pp_rank,
+                         const NcclAssumption& a) {
+  const NcclConnections n = plan_nccl_connections(o, l, pp_rank);
+  return uint64_t(n.rings + n.peers) * uint64_t(a.channels) * a.buff_bytes;
 }
 
 std::vector<int64_t> plan_units(const config::TrainOptions& o, const parallel::MeshLayout& l, int pp_rank) {
@@ -407,6 +435,7 @@ MemoryPlan plan_memory(const config::TrainOptions& o, const parallel::MeshLayout
   const uint64_t bwd_net = bwd_ws > head_freed ? bwd_ws - head_freed : 0;
   mp.workspace = std::max(fwd_ws, bwd_net);
   b[cat(MemCategory::activations)] = held + mp.workspace;
+  mp.nccl = plan_nccl_bytes(o, l, pp_rank);
   return mp;
 }
 

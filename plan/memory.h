@@ -19,6 +19,9 @@
 //               communicators' reusable staging buffers are not modelled (they depend on which
 //               host collectives ran: a few MiB at most for these models)
 //
+//   nccl        (not an arena category) device runs only: the buffers NCCL allocates for its
+//               connections, outside the memory pool and the arena; an estimate (plan_nccl_bytes)
+//
 // Mixture-of-experts layers count their parameters (router, experts, shared experts) exactly, under
 // expert parallelism E/ep routed experts per rank in a store of their own sharded over the
 // expert-data group (dp x cp / ep ranks); their activations are counted as a dense layer's (the routing
@@ -57,7 +60,8 @@ bool plan_embedding_rows(const config::TrainOptions& o, const parallel::MeshLayo
 
 struct MemoryPlan {
   std::array<uint64_t, kNumMemCategories> bytes{};  // per-step peak of each category
-  uint64_t total() const;                           // their sum (the categories peak at different times)
+  uint64_t nccl = 0;                                // NCCL's connection buffers (plan_nccl_bytes)
+  uint64_t total() const;  // their sum and nccl's (the categories peak at different times)
   int pp_rank = 0;             // which pipeline rank these figures are for
   double in_flight = 1;        // micro-batches of activations held at the peak (pipeline schedules)
   uint64_t stash_per_micro = 0;  // activations one micro-batch keeps for backward
@@ -67,6 +71,30 @@ struct MemoryPlan {
   // flight forces (bound, slow links). Which one a run sees depends on MPI's progress.
   uint64_t grads_least = 0, grads_bound = 0;
 };
+
+// NCCL's connection buffers on one rank of a device run, an estimate to be measured on the first GPU.
+// NCCL (documentation, environment variables NCCL_BUFFSIZE and NCCL_MIN_NCHANNELS/NCCL_MAX_NCHANNELS)
+// gives each connection a buffer per channel, NCCL_BUFFSIZE bytes (4 MiB by default), and picks the
+// number of channels per topology (up to 32 on NVLink nodes such as H100/H200 ones); point-to-point
+// connections take buffers per channel too. The estimate: every connection the step uses
+// (parallel/mesh.h device_comm_use; the trainer warms them all before step 1) holds `channels` x
+// `buff_bytes`: one for the collectives of each device communicator that runs them (the ring; the
+// tree and NVLink SHARP buffers, and the protocols' other buffers, are not counted) and one per
+// point-to-point peer. The device communicators are the trainer's (train/trainer.cpp): tp and ep when
+// they have two or more ranks, dp and the expert-data group under ZeRO or with two or more, pp. Zero on
+// the CPU (no NCCL) and for groups of one rank. For pipeline rank `pp_rank` (a stage without mixture
+// layers has no expert-data communicator).
+struct NcclAssumption {
+  uint64_t buff_bytes = uint64_t(4) << 20;  // NCCL_BUFFSIZE's default
+  int channels = 32;                        // the most NCCL opens on an NVLink node: an upper figure
+};
+uint64_t plan_nccl_bytes(const config::TrainOptions& o, const parallel::MeshLayout& l, int pp_rank,
+                         const NcclAssumption& a = {});
+// The connections behind it: communicators whose collectives connect, and point-to-point peers.
+struct NcclConnections {
+  int rings = 0, peers = 0;
+};
+NcclConnections plan_nccl_connections(const config::TrainOptions& o, const parallel::MeshLayout& l, int pp_rank);
 
 // The schedule simulator's figures for the layout's pipeline (equal unit costs): its bubble over the
 // ideal time and the micro-batches of activations each rank holds at its peak. One rank: none.

@@ -135,6 +135,7 @@ nlohmann::json plan_json(const PlanRequest& r) {
   const PlanResult p = evaluate_plan(o, r.layout, r.hw);
   nlohmann::json mem = nlohmann::json::object();
   for (int c = 0; c < kNumMemCategories; c++) mem[mem_category_name(MemCategory(c))] = p.memory.bytes[size_t(c)];
+  mem["nccl"] = p.memory.nccl;  // not an arena category: NCCL's buffers, an estimate (plan/memory.h)
   mem["total"] = p.memory.total();
   const TimePlan& t = p.time;
   nlohmann::json j = {
@@ -231,6 +232,14 @@ std::string plan_report(const std::vector<std::string>& args) {
       s += strfmt("  (%g micro-batches in flight x %s kept, + %s workspace)", p.memory.in_flight,
                   format_bytes(p.memory.stash_per_micro).c_str(), format_bytes(p.memory.workspace).c_str());
     s += "\n";
+  }
+  if (p.memory.nccl) {
+    const NcclConnections n = plan_nccl_connections(o, r.layout, p.memory.pp_rank);
+    const NcclAssumption a;
+    s += strfmt("  %-12s %12llu B  %s  (estimate: %d collective and %d point-to-point connections x %d channels x "
+                "%s NCCL_BUFFSIZE, outside the memory pool)\n",
+                "nccl", (unsigned long long)p.memory.nccl, format_bytes(p.memory.nccl).c_str(), n.rings, n.peers,
+                a.channels, format_bytes(a.buff_bytes).c_str());
   }
   s += strfmt("  %-12s %12llu B  %s of %s: %s\n", "total", (unsigned long long)p.memory.total(),
               format_bytes(p.memory.total()).c_str(), format_bytes(size_t(r.hw.memory_bytes)).c_str(),

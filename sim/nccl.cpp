@@ -205,6 +205,7 @@ ncclResult_t issue(Call c) {
     c.comm = &usable(c.comm, call_name(c.kind));
     c.comm->links->require(call_name(c.kind));
     check(c);
+    connect(*c.comm, c);
     if (t.group_depth > 0) {
       t.group.push_back(c);
       return ncclSuccess;

@@ -14,9 +14,13 @@
 //
 // Communicator numbers (comm#<number> in messages) are agreed: the largest of the members' next
 // numbers, so a communicator has the same number on every member and no process has two with one.
+//
+// Then the connections NCCL makes lazily, on a communicator's first collective and first exchange
+// with each peer (sim/nccl_connections.h): recorded by connect(), counted by connections().
 #include <algorithm>
 #include <cstring>
 
+#include "sim/nccl_connections.h"
 #include "sim/nccl_state.h"
 
 namespace mt::sim::nccl {
@@ -262,6 +266,31 @@ ncclComm* split(ncclComm& parent, int color, int key) {
   if (!m) return nullptr;
   const int64_t index = std::lower_bound(colors.begin(), colors.end(), int64_t(color)) - colors.begin();
   return make_comm(std::move(*m), int(base + index));
+}
+
+void connect(ncclComm& c, const Call& call) {
+  if (c.size < 2) return;  // NCCL connects no one in a communicator of one rank
+  switch (call.kind) {
+    case Kind::send:
+    case Kind::recv:
+      if (call.root != c.rank) c.peers.insert(call.root);
+      break;
+    case Kind::split: break;
+    default: c.ring = true; break;
+  }
+}
+
+Connections connections() {
+  Connections n;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  for (const auto& [handle, c] : s.comms) {
+    if (c->life == ncclComm::Life::destroyed || c->life == ncclComm::Life::aborted) continue;
+    n.rings += c->ring ? 1 : 0;
+    n.peers += int(c->peers.size());
+  }
+  n.bytes = uint64_t(n.rings + n.peers) * uint64_t(kNcclChannels) * kNcclBuffSize;
+  return n;
 }
 
 }  // namespace mt::sim::nccl

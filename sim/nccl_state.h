@@ -12,7 +12,8 @@
 //   ThreadState  what NCCL holds per host thread: the group being collected between ncclGroupStart
 //                and ncclGroupEnd, and the last failure line (ncclGetLastError).
 //   ncclComm     per communicator: its links, its number and name for messages, its members' world
-//                ranks, its collective and point-to-point counters, its async error.
+//                ranks, its collective and point-to-point counters, its lazy connections, its
+//                async error.
 //   Links        per communicator: how its ranks reach each other (MPI, or nothing for one rank).
 #pragma once
 #ifndef OMPI_SKIP_MPICXX
@@ -27,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -168,6 +170,10 @@ struct ncclComm {
   std::unique_ptr<mt::sim::nccl::Links> links;
   uint64_t collectives = 0;        // collectives (and splits) run so far: the next one's number - 1
   uint64_t messages = 0;           // sends and receives run so far
+  // NCCL's lazy connections (sim/nccl_connections.h), recorded by connect(): the collectives' ring,
+  // and the peers (ranks here) of its point-to-point connections.
+  bool ring = false;
+  std::set<int> peers;
   enum class Life { live, finalized, destroyed, aborted } life = Life::live;
   ncclResult_t async = ncclSuccess;  // a failure inside device work; sticks (ncclCommGetAsyncError)
   std::string failure;               // its line
@@ -243,6 +249,9 @@ ncclComm* make_comm(Members m, int number);
 void get_unique_id(ncclUniqueId* id);
 ncclComm* init_rank(int nranks, const ncclUniqueId& id, int rank);
 ncclComm* split(ncclComm& parent, int color, int key);
+// Records the connection a call (checked, about to run) makes on first use: its communicator's ring
+// for a collective, its peer for a send or receive (sim/nccl_connections.h).
+void connect(ncclComm& c, const Call& call);
 
 // Runs calls (one, or a group's; inside device work, sim/nccl_run.cpp): posts the sends, runs each
 // collective (agreement, then data) in issue order, then waits for the sends and receives and checks

@@ -52,6 +52,10 @@ std::string format_run_plan(const RunPlan& p) {
       expected += strfmt("%s%s %s", expected.empty() ? "" : ", ", mem_category_name(MemCategory(c)),
                          format_bytes(size_t(p.expected[size_t(c)])).c_str());
   }
+  if (p.expected_nccl) {  // outside the pool and the arena, held from start-up (an estimate, plan/memory.h)
+    expected_total += p.expected_nccl;
+    expected += strfmt(", nccl %s (estimate)", format_bytes(size_t(p.expected_nccl)).c_str());
+  }
   if (!expected.empty())
     s += strfmt("  expected   peak per step on rank 0: %s; %s in all (minitrain plan's model)\n", expected.c_str(),
                 format_bytes(size_t(expected_total)).c_str());

@@ -41,6 +41,7 @@ struct RunPlan {
   uint64_t data_docs = 0;       // documents in it (0: not known)
   std::array<size_t, kNumMemCategories> memory{};  // rank 0's memory allocated before the first step
   std::array<uint64_t, kNumMemCategories> expected{};  // the planner's per-step peak on rank 0 (0s: none)
+  uint64_t expected_nccl = 0;  // and its estimate of NCCL's connection buffers there (device runs)
   double peak_flops = 0;        // per rank, for MFU
   std::string peak_label;
   std::string out_dir, ckpt_dir;

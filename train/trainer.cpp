@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <exception>
 #include <filesystem>
 
@@ -227,6 +228,11 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
       pipeline_->set_timers(cuda::make_event_timer(ctx_.stream), cuda::make_event_timer(ctx_.stream));
 #endif
   }
+  // NCCL connects each communicator and peer lazily, its buffers outside the memory pool: connect
+  // everything the step uses now, before step 1's activation peak fills the pool (parallel/mesh.h).
+  const std::string warmed = mesh_->warm_device_comms();
+  if (!warmed.empty() && world_.rank() == 0)
+    std::fprintf(stderr, "minitrain: NCCL connected before step 1 (rank 0): %s\n", warmed.c_str());
   adam_ = std::make_unique<AdamW>(o_.optim, store_, dp_->segments(), arena_);
   step_scalars_ = arena_.alloc(MemCategory::optimizer, sizeof(StepScalars));
   micro_.resize(size_t(o_.grad_accum));

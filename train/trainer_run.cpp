@@ -106,6 +106,7 @@ int Trainer::run() {
     try {  // the planner's figures for rank 0 (pipeline rank 0); a layout it does not model gets none
       const plan::MemoryPlan mp = plan::plan_memory(o_, mesh_->layout(), 0);
       for (int c = 0; c < kNumMemCategories; c++) plan.expected[size_t(c)] = mp.bytes[size_t(c)];
+      plan.expected_nccl = mp.nccl;
     } catch (const Error&) {
     }
     std::fputs(format_run_plan(plan).c_str(), stderr);

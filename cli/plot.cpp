@@ -15,10 +15,14 @@ namespace mt::cli {
 
 namespace fs = std::filesystem;
 
+std::string installed_data_dir(const std::string& exe) {
+  return (fs::path(exe).parent_path() / kDataDirFromBin).lexically_normal().string();
+}
+
 std::string find_plot_script(const std::string& exe, const std::string& source_dir) {
   std::error_code ec;
-  const fs::path installed = fs::path(exe).parent_path() / kDataDirFromBin / "plot.py";
-  if (fs::is_regular_file(installed, ec)) return installed.lexically_normal().string();
+  const fs::path installed = fs::path(installed_data_dir(exe)) / "plot.py";
+  if (fs::is_regular_file(installed, ec)) return installed.string();
   const fs::path in_tree = fs::path(source_dir) / "scripts" / "plot.py";
   if (!source_dir.empty() && fs::is_regular_file(in_tree, ec)) return in_tree.string();
   return "";
@@ -28,7 +32,7 @@ int plot_main(const std::vector<std::string>& args) {
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (ec) fail("plot: cannot read /proc/self/exe to find the plotting script: %s", ec.message().c_str());
-  const std::string installed = (exe.parent_path() / kDataDirFromBin).lexically_normal().string();
+  const std::string installed = installed_data_dir(exe.string());
   const std::string script = find_plot_script(exe.string(), kSourceDir);
   if (args.empty() || wants_help(args)) {
     std::fprintf(args.empty() ? stderr : stdout,

@@ -17,6 +17,9 @@ namespace mt::cli {
 // The installed layout, relative to the directory that holds the binary.
 inline constexpr const char* kDataDirFromBin = "../share/minitrain";
 
+// The installed data directory of a binary at `exe` (<its directory>/../share/minitrain, normalised).
+std::string installed_data_dir(const std::string& exe);
+
 // The plotting script for a binary at `exe` configured from `source_dir` (see above), or "" when
 // neither place has it.
 std::string find_plot_script(const std::string& exe, const std::string& source_dir);

@@ -135,8 +135,9 @@ TEST_F(CudaTrain, EveryPrecisionRecomputeAndAttentionFollowsTheCpuBackend) {
       EXPECT_LE(std::abs(got[size_t(i)] - want[size_t(i)]) / std::abs(want[size_t(i)]), c.tol)
           << name << " step " << i + 1 << ": cuda " << got[size_t(i)] << " vs cpu " << want[size_t(i)];
     }
-    if (std::string(c.precision) == "fp32")
+    if (std::string(c.precision) == "fp32") {
       EXPECT_LE(testing::max_rel_error(wgot.data(), wwant.data(), wwant.size()), kWeightTol) << name;
+    }
   }
 }
 

@@ -143,7 +143,9 @@ TEST(Dispatch, CombineAndPermuteBackwardMatchFiniteDifferences) {
     const double jm = J();
     gate[a] = keep;
     EXPECT_NEAR(dgate[a], (jp - jm) / (double(gp) - double(gm)), 1e-5) << "gate " << a;
-    if (p.row_of[a] < 0) EXPECT_EQ(dgate[a], 0.f);
+    if (p.row_of[a] < 0) {
+      EXPECT_EQ(dgate[a], 0.f);
+    }
   }
 }
 

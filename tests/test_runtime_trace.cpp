@@ -49,7 +49,9 @@ TEST(Trace, RecordsSpansOnlyWhileRecordingOnNamedLanes) {
   int named = 0;
   for (const auto& e : doc["traceEvents"]) {
     if (e["ph"] != "M") continue;
-    if (e["name"] == "process_name") EXPECT_EQ(e["args"]["name"], "rank 3 TP(0)-DP(1)");
+    if (e["name"] == "process_name") {
+      EXPECT_EQ(e["args"]["name"], "rank 3 TP(0)-DP(1)");
+    }
     if (e["name"] == "thread_name") named++;
   }
   EXPECT_EQ(named, 2);

@@ -4,8 +4,9 @@
 # checkpoint write, before commit, after commit — or its checkpoint write fails with ENOSPC. The
 # supervisor relaunches it with resume=auto. The final parameters and AdamW moments (exported from
 # the last checkpoint) and the loss of every step must equal the uninterrupted run's, bit for bit.
-# Usage: fault_test.sh <minitrain> <supervise> [trials] [seed] [--np N] [layout flags...]
-#   without trials: every phase once; with trials: that many kills at random phases and steps.
+# Usage: fault_test.sh <minitrain> <supervise> [trials|phases] [seed] [--np N] [layout flags...]
+#   trials 0 (or none): every phase once; a number: that many kills at random phases and steps; a
+#   comma-separated list of phases (e.g. forward,write,enospc): those phases once each.
 #   --np N: ranks (default 4). Layout flags (e.g. --tp 2: tensor-parallel pairs, tp=2 x dp=2; or
 #   --tp 2 --cp 2 --pp 2 with --np 8) are added to every run.
 set -u
@@ -29,21 +30,26 @@ echo "fault_test: seed $seed, $np ranks, layout: --zero 1 ${layout[*]}"
 source "$(dirname "${BASH_SOURCE[0]}")/fault_common.sh"
 fault_setup "${layout[@]}"
 
-"${mpi[@]}" "$mt" train "${common[@]}" out_dir="$work/ref" 2>/dev/null || { echo "FAIL reference run"; exit 1; }
-final_state "$work/ref" || { echo "FAIL export reference"; exit 1; }
-
 phases=(forward backward optimizer staging write before_commit after_commit enospc)
 # A uniform pick in [0, n) from bash's RANDOM using its high bits (its low bits repeat quickly), into
 # $picked: called in the shell itself, since bash reseeds RANDOM in every subshell ($(...) would not
 # follow the seed).
 pick() { picked=$(( RANDOM * $1 / 32768 )); }
 plan=()
-if [[ $trials -eq 0 ]]; then
+if [[ $trials == *[a-z]* ]]; then
+  IFS=, read -r -a plan <<<"$trials"
+  for p in "${plan[@]}"; do
+    [[ " ${phases[*]} " == *" $p "* ]] || { echo "fault_test: unknown phase '$p' (phases: ${phases[*]})"; exit 2; }
+  done
+elif [[ $trials -eq 0 ]]; then
   for p in "${phases[@]}"; do plan+=("$p"); done
 else
   RANDOM=$seed
   for _ in $(seq 1 "$trials"); do pick ${#phases[@]}; plan+=("${phases[$picked]}"); done
 fi
+"${mpi[@]}" "$mt" train "${common[@]}" out_dir="$work/ref" 2>/dev/null || { echo "FAIL reference run"; exit 1; }
+final_state "$work/ref" || { echo "FAIL export reference"; exit 1; }
+
 RANDOM=$seed
 ok=0
 n=0

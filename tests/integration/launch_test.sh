@@ -2,7 +2,7 @@
 # docs/launch.md's launch forms, run on this machine's CPUs at toy size: the single-node mpirun line
 # (ranks mapped ppr:N:node with cores of their own, environment passed with -x), the hostfile form (a
 # hostfile naming localhost with slots), and scripts/slurm.sbatch: its syntax, its #SBATCH options
-# against `sbatch --help` where Slurm's client is installed (else a printed skip, not a pass), its
+# against `sbatch --help` (scripts/deps.sh installs Slurm's client; without it, a printed skip, not a pass), its
 # refusals (missing data, no out_dir: one line, status 2, nothing submitted or launched), its
 # submission (sbatch called with the script, its options and the programs' paths), and its job body
 # (the supervisor over mpirun inside a pretend allocation: SIGUSR1 to the batch shell saves and exits

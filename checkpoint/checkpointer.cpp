@@ -17,6 +17,7 @@
 #include "checkpoint/catalog.h"
 #include "checkpoint/fsio.h"
 #include "checkpoint/write_job.h"
+#include "parallel/launch.h"
 #include "runtime/check.h"
 
 namespace mt::checkpoint {
@@ -29,8 +30,8 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 
 // hang and straggler are the trainer's (train/stragglers.h): a stopped rank, a slow one.
 constexpr const char* kFaultPhases[] = {"forward", "backward",      "optimizer",    "staging", "write",
-                                        "before_commit", "after_commit", "enospc", "hang", "straggler",
-                                        "preempt"};
+                                        "before_commit", "after_commit", "enospc", "slow_write", "hang",
+                                        "straggler", "preempt"};
 
 int64_t ns_of(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
@@ -92,7 +93,7 @@ Checkpointer::Checkpointer(const Options& o, parallel::Comm& world) : o_(o), wor
   if (o_.keep < 0) fail("checkpoint: keep=%d: the number of checkpoints kept must be >= 0 (0 keeps all)", o_.keep);
   if (!o_.fault_phase.empty() && !is_fault_phase(o_.fault_phase))
     fail("checkpoint: unknown fault phase '%s' (forward, backward, optimizer, staging, write, before_commit, "
-         "after_commit, enospc, hang, straggler, preempt)",
+         "after_commit, enospc, slow_write, hang, straggler, preempt)",
          o_.fault_phase.c_str());
   if (o_.commit_timeout_s <= 0) fail("checkpoint: commit timeout must be positive");
   MT_CHECK(world_.device() == Device::cpu, "checkpoint: the communicator '%s' must be a host (MPI or self) one",
@@ -123,7 +124,8 @@ Checkpointer::Checkpointer(const Options& o, parallel::Comm& world) : o_(o), wor
 Checkpointer::~Checkpointer() {
   if (std::uncaught_exceptions() > 0) cancel_ = true;
   try {
-    wait();
+    // Alone: a destructor cannot count on the other ranks to meet it in a collective.
+    if (const std::exception_ptr e = join()) std::rethrow_exception(e);
   } catch (const SaveCancelled&) {
     // The process is failing: the error it reports is its own, not that of the save it left unfinished.
   } catch (const parallel::FollowOnError&) {
@@ -139,15 +141,18 @@ Checkpointer::~Checkpointer() {
   }
 }
 
-void Checkpointer::wait() {
+std::exception_ptr Checkpointer::join() {
   if (worker_.joinable()) worker_.join();
   job_.reset();
-  if (error_) {
-    std::exception_ptr e = error_;
-    error_ = nullptr;
-    std::rethrow_exception(e);
-  }
+  std::exception_ptr e = error_;
+  error_ = nullptr;
+  return e;
 }
+
+// A save's failure is agreed before it is raised: a full disk fails every rank's write at once, and
+// a rank's failed write fails rank 0's commit and the other ranks' waits for it, but the job reports
+// one failure, from one rank (parallel/launch.h raise_agreed_failure).
+void Checkpointer::wait() { parallel::raise_agreed_failure(world_, join()); }
 
 std::optional<Checkpointer::SaveStats> Checkpointer::last_completed() const {
   std::lock_guard<std::mutex> lock(mu_);

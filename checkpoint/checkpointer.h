@@ -16,7 +16,8 @@
 // Crash safety: a directory is a checkpoint only once it has a manifest, and the manifest is written
 // after every rank file is durable; a killed save leaves a step_N.tmp/ that readers never look at and
 // the next Checkpointer deletes. A failed save (ENOSPC, EIO, a rank that never finishes) removes its
-// step_N.tmp/, leaves every earlier checkpoint as it was, and is rethrown by the next save()/wait().
+// step_N.tmp/, leaves every earlier checkpoint as it was, and is raised by the next save()/wait(),
+// agreed across the ranks (one report for the job, however many ranks failed).
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -97,11 +98,16 @@ struct Options {
   // written in step_N.tmp, not yet renamed, `latest` untouched; other ranks: the file not yet
   // announced, so no commit can follow), "after_commit" (rank 0: renamed and `latest` updated,
   // before retention; other ranks: the commit seen).
-  // "enospc" instead makes this rank's file writes fail with ENOSPC, as a full disk would.
+  // "enospc" instead makes this rank's file writes fail with ENOSPC, as a full disk would; with
+  // fault_rank kEveryRank, every rank's (one disk under all of them filling up). "slow_write" stalls
+  // this rank's write halfway for kSlowWriteStallS, as a slow or overloaded filesystem would: the
+  // stall ignores cancellation, like a write(2) blocked on the disk.
   // The trainer adds its own phases ("forward", "backward", "optimizer") through fault_point().
   std::string fault_phase;
   int64_t fault_step = -1;
   int fault_rank = 0;
+  static constexpr int kEveryRank = -1;
+  static constexpr double kSlowWriteStallS = 10;
   // How long rank 0 waits for the other ranks' files, and they for rank 0's commit, before the
   // save is declared failed, with a PeerTimeoutError (a hung peer: exit status 4). Generous: ranks
   // normally finish within the write time of one file. The trainer sets it to dist.timeout.
@@ -132,13 +138,16 @@ class Checkpointer {
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // Collective: every rank calls it for the same step. Waits for the previous save (rethrowing its
-  // failure), copies every piece into the staging buffer (so the caller may change its weights right
-  // after it returns; with deferred_snapshot, after snapshot_fence()), then writes in a background
-  // thread (async) or before returning (sync).
+  // Collective: every rank calls it for the same step. Waits for the previous save (raising its
+  // failure as wait() does), copies every piece into the staging buffer (so the caller may change its
+  // weights right after it returns; with deferred_snapshot, after snapshot_fence()), then writes in a
+  // background thread (async) or before returning (sync).
   void save(const SaveRequest& req);
-  // Until the last save is committed (rank 0) or this rank's part is durable and the commit seen
-  // (other ranks). Rethrows the failure of that save, once.
+  // Collective: every rank calls it at the same point. Until the last save is committed (rank 0) or
+  // this rank's part is durable and the commit seen (other ranks). A failure of that save on any rank
+  // is then thrown, once, on every rank alike: a parallel::AgreedError that one rank reports (the
+  // lowest whose failure was its own, e.g. its write hit ENOSPC, not rank 0's view of that rank's
+  // failure); its exit status is kExitHung when that failure was a wait on peers that timed out.
   void wait();
   // With deferred_snapshot: returns once the last save's staging copy is done, after which the
   // caller may change its data; its wait counts in that save's blocking time. Otherwise a no-op.
@@ -170,6 +179,8 @@ class Checkpointer {
   const Options& options() const { return o_; }
 
  private:
+  // Joins the writer and hands over the failure of the last save (null: none), without the other ranks.
+  std::exception_ptr join();
   void validate(const SaveRequest& req) const;
   // Returns whether every later save is synchronous (any rank asked for the fallback).
   bool agree_on_step(int64_t step, bool want_sync);

@@ -23,7 +23,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 bool fault_is(const Options& o, const WriteJob& job, const char* phase) {
-  return o.fault_phase == phase && o.fault_step == job.step && o.fault_rank == job.rank;
+  return o.fault_phase == phase && o.fault_step == job.step &&
+         (o.fault_rank == job.rank || o.fault_rank == Options::kEveryRank);
 }
 
 // Polls `ready` with a growing pause (1 ms .. 50 ms) until it returns true or `timeout_s` passes;
@@ -63,6 +64,14 @@ void write_rank_file(WriteJob& job, const Options& o) {
   io::OutFile f(path);
   if (fault_is(o, job, "enospc")) f.inject_error(ENOSPC);
   const uint64_t half = job.file.bytes / 2;
+  bool stalled = false;
+  auto halfway = [&] {
+    fault_point(o, job.rank, job.step, "write");
+    if (!stalled && fault_is(o, job, "slow_write")) {
+      stalled = true;
+      std::this_thread::sleep_for(std::chrono::duration<double>(Options::kSlowWriteStallS));
+    }
+  };
   for (const Segment& s : job.segments) {
     if (s.piece < 0) {
       f.write(s.data, s.bytes);
@@ -74,10 +83,10 @@ void write_rank_file(WriteJob& job, const Options& o) {
         const size_t n = std::min<size_t>(kChunkBytes, s.bytes - at);
         p.crc.push_back(crc32c(s.data + at, n));
         f.write(s.data + at, n);
-        if (f.written() >= half) fault_point(o, job.rank, job.step, "write");
+        if (f.written() >= half) halfway();
       }
     }
-    if (f.written() >= half) fault_point(o, job.rank, job.step, "write");
+    if (f.written() >= half) halfway();
   }
   MT_CHECK(f.written() == job.file.bytes, "%s: wrote %llu bytes, the layout says %llu", path.c_str(),
            (unsigned long long)f.written(), (unsigned long long)job.file.bytes);

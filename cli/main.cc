@@ -89,7 +89,16 @@ int main(int argc, char** argv) {
         } catch (const mt::Error& e) {
           throw mt::parallel::CollectiveError(e.what(), mt::kExitRefused);
         }
-        return t->run();
+        try {
+          return t->run();
+        } catch (...) {
+          // Under mpirun the failure is reported, and the job ended, before the trainer is torn down:
+          // its destructor may wait (a checkpoint writer on a slow disk), and a rank that waited so
+          // would let its peers time out into reporting the failure again. The job ends as a crash
+          // would, which saves survive by design (run_main, parallel/launch.h).
+          if (w.size() > 1) static_cast<void>(t.release());
+          throw;
+        }
       });
     }
     if (cmd == "bench") {

@@ -91,11 +91,11 @@ const std::vector<OptionEntry>& option_table() {
          o.ckpt.writer_priority = checkpoint::writer_priority_from_name(v, k.c_str()); }, "checkpoint", "background writer's CPU priority: idle | normal"},
       {"ckpt.sync_fallback", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.sync_fallback = to_bool(k, v); }, "checkpoint",
        "write synchronously once async saves keep waiting for the previous write"},
-      {"ckpt.fault_phase", [](TrainOptions& o, auto&, auto& v) { o.ckpt.fault_phase = v; }, "testing", "fault injection: phase at which to kill ckpt.fault_rank (or enospc; hang: SIGSTOP it; straggler: it sleeps 100 ms before every step from ckpt.fault_step; preempt: it sends itself SIGTERM)"},
+      {"ckpt.fault_phase", [](TrainOptions& o, auto&, auto& v) { o.ckpt.fault_phase = v; }, "testing", "fault injection: phase at which to kill ckpt.fault_rank (or enospc: its checkpoint write fails with ENOSPC; slow_write: its write stalls 10 s halfway; hang: SIGSTOP it; straggler: it sleeps 100 ms before every step from ckpt.fault_step; preempt: it sends itself SIGTERM)"},
       {"ckpt.fault_step", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_step = parse_int(k, v); }, "testing", "fault injection: the step of the fault (-1: none)"},
-      {"ckpt.fault_rank", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_rank = parse_int(k, v); }, "testing", "fault injection: the world rank that fails"},
+      {"ckpt.fault_rank", [](TrainOptions& o, auto& k, auto& v) { o.ckpt.fault_rank = parse_int(k, v); }, "testing", "fault injection: the world rank that fails (-1 with enospc: every rank, as when one disk fills up)"},
       {"dist.timeout", [](TrainOptions& o, auto& k, auto& v) { o.dist.timeout = parse_number(k, v); }, "parallel",
-       "seconds a wait on peers (a collective, a message, a device barrier) may last before every waiting rank names it, writes <out_dir>/flight_recorder.rank<R>.jsonl and the job exits 4 (hung)"},
+       "seconds a wait on peers (a collective, a message, a device barrier, a host wait on the device behind them) may last before every waiting rank names it, writes <out_dir>/flight_recorder.rank<R>.jsonl and the job exits 4 (hung)"},
       {"dist.straggler_ratio", [](TrainOptions& o, auto& k, auto& v) { o.dist.straggler_ratio = parse_number(k, v); }, "parallel",
        "a rank whose step busy time (waits on peers excluded) exceeds this x the median, and the median by 50 ms, is named a straggler in the progress line and metrics.jsonl (0: off)"},
       {"loss_scale.init", [](TrainOptions& o, auto& k, auto& v) { o.loss_scale.init_scale = float(parse_number(k, v)); }, "precision", "fp16: initial dynamic loss scale"},
@@ -196,7 +196,7 @@ const std::map<std::string, Range>& numeric_ranges() {
       {"parallel.dp", kNonNegative}, {"parallel.tp", kPositive}, {"parallel.pp", kPositive}, {"parallel.cp", kPositive}, {"parallel.ep", kPositive},
       {"parallel.zero", {0, 3, false, false}}, {"parallel.bucket_mb", kPositive}, {"parallel.sdc_every", kNonNegative},
       {"parallel.sdc_flip_step", kFrom(-1)}, {"parallel.sdc_flip_rank", kNonNegative}, {"pp.virtual", kPositive},
-      {"ckpt.keep", kNonNegative}, {"ckpt.fault_step", kFrom(-1)}, {"ckpt.fault_rank", kNonNegative},
+      {"ckpt.keep", kNonNegative}, {"ckpt.fault_step", kFrom(-1)}, {"ckpt.fault_rank", kFrom(-1)},
       {"dist.timeout", kPositive}, {"dist.straggler_ratio", kNonNegative},
       {"loss_scale.init", kPositive}, {"loss_scale.growth_interval", kPositive}, {"loss_scale.max_skips", kPositive},
       {"batch_size", kPositive}, {"global_batch", kNonNegative}, {"seq_len", kPositive}, {"grad_accum", kPositive},
@@ -402,7 +402,7 @@ void TrainOptions::validate() const {
          dist.straggler_ratio);
   if (!ckpt.fault_phase.empty() && !checkpoint::is_fault_phase(ckpt.fault_phase))
     fail("ckpt.fault_phase '%s' is not a fault phase (forward, backward, optimizer, staging, write, "
-         "before_commit, after_commit, enospc, hang, straggler)", ckpt.fault_phase.c_str());
+         "before_commit, after_commit, enospc, slow_write, hang, straggler, preempt)", ckpt.fault_phase.c_str());
 }
 
 nlohmann::json TrainOptions::to_json() const {

@@ -77,9 +77,9 @@ struct CheckpointOptions {
   bool sync_fallback = true;  // async saves turn synchronous when they keep waiting (checkpointer.h)
   // Fault injection: SIGKILL world rank `fault_rank` at phase `fault_phase` of step `fault_step`
   // (forward, backward, optimizer, staging, write, before_commit, after_commit) or make its
-  // checkpoint write fail (enospc), or stop it (hang: SIGSTOP before the step) or slow it down
-  // (straggler: a sleep before every step from fault_step on; train/stragglers.h). Armed once per
-  // out_dir: a relaunched run does not fire it again.
+  // checkpoint write fail (enospc; fault_rank -1: every rank's) or stall (slow_write), or stop it
+  // (hang: SIGSTOP before the step) or slow it down (straggler: a sleep before every step from
+  // fault_step on; train/stragglers.h). Armed once per out_dir: a relaunched run does not fire it again.
   std::string fault_phase;
   int fault_step = -1;
   int fault_rank = 0;

@@ -159,6 +159,20 @@ class FollowOnError : public Error {
   using Error::Error;
 };
 
+// A failure that ranks met each on its own in the same phase (a save's write: a full disk fails every
+// rank's), agreed by a collective (raise_agreed_failure, launch.h) so that every rank raises it with
+// the same text. The launcher prints it once, from reporter() (the lowest rank whose failure was its
+// own), with that rank's prefix; the other ranks stay silent.
+class AgreedError : public CollectiveError {
+ public:
+  AgreedError(const std::string& what, int exit_status, int reporter)
+      : CollectiveError(what, exit_status), reporter_(reporter) {}
+  int reporter() const { return reporter_; }
+
+ private:
+  int reporter_;
+};
+
 // One operation in flight, implemented by a backend.
 class PendingOp {
  public:

@@ -67,6 +67,8 @@ int run_main(World& world, const std::function<int(World&)>& body) {
   std::string msg;
   bool collective = false, follow_on = false, hung = false;
   int status = 1;
+  int reporter = 0;  // the rank that prints a CollectiveError
+  bool prefixed = false;  // whether the reporter's line carries its rank (an AgreedError's does)
   double grace_s = 5;
   try {
     return body(world);
@@ -75,6 +77,11 @@ int run_main(World& world, const std::function<int(World&)>& body) {
     hung = true;
     status = e.exit_status();
     grace_s = std::min(grace_s, e.timeout_s());
+  } catch (const AgreedError& e) {
+    msg = e.what();
+    collective = prefixed = true;
+    reporter = e.reporter();
+    status = e.exit_status();
   } catch (const CollectiveError& e) {
     msg = e.what();
     collective = true;
@@ -102,16 +109,77 @@ int run_main(World& world, const std::function<int(World&)>& body) {
     std::this_thread::sleep_for(std::chrono::duration<double>(grace_s));
     world.abort(status);
   }
-  if ((collective && rank != 0) || follow_on) {
-    // Rank 0 raised the same error (or the rank that caused this one its own) and is ending the job;
-    // were it not, fall through after a grace period and report it here.
+  if ((collective && rank != reporter) || follow_on) {
+    // The reporter raised the same error (or the rank that caused this one its own) and is ending the
+    // job; were it not, fall through after a grace period and report it here.
     std::this_thread::sleep_for(std::chrono::seconds(5));
   }
-  if (collective && rank == 0)
+  if (collective && rank == reporter && !prefixed)
     std::fprintf(stderr, "minitrain: error: %s\n", msg.c_str());
   else
     std::fprintf(stderr, "minitrain: [rank %d] error: %s\n", rank, msg.c_str());
   world.abort(status);
+}
+
+namespace {
+
+// How a rank's failure ranks when the ranks agree on one to report: its own cause first, then a wait
+// on peers that expired (often a consequence of another rank's failure), then a failure that names
+// another rank as its cause.
+enum FailureRank : int32_t { kNoFailure = 0, kFollowOn = 1, kTimedOut = 2, kOwn = 3 };
+
+FailureRank rank_failure(const std::exception_ptr& e, std::string* what, int* status) {
+  if (!e) return kNoFailure;
+  try {
+    std::rethrow_exception(e);
+  } catch (const PeerTimeoutError& x) {
+    *what = x.what();
+    *status = x.exit_status();
+    return kTimedOut;
+  } catch (const FollowOnError& x) {
+    *what = x.what();
+    return kFollowOn;
+  } catch (const CollectiveError& x) {
+    *what = x.what();
+    *status = x.exit_status();
+  } catch (const std::exception& x) {
+    *what = x.what();
+  } catch (...) {
+    *what = "unknown exception";
+  }
+  return kOwn;
+}
+
+}  // namespace
+
+void raise_agreed_failure(Comm& comm, std::exception_ptr mine) {
+  std::string what;
+  int status = 1;
+  const int n = comm.size(), rank = comm.rank();
+  // Each rank fills its own slot; the max over ranks is every rank's verdict.
+  std::vector<int32_t> verdicts(size_t(n), kNoFailure);
+  verdicts[size_t(rank)] = rank_failure(mine, &what, &status);
+  comm.all_reduce(verdicts.data(), verdicts.size(), DType::i32, ReduceOp::max);
+  const int32_t worst = *std::max_element(verdicts.begin(), verdicts.end());
+  if (worst == kNoFailure) return;
+  const int reporter = int(std::find(verdicts.begin(), verdicts.end(), worst) - verdicts.begin());
+  // The reporter's text and exit status, to every rank (as words: the text padded to a multiple of 4).
+  int32_t head[2] = {int32_t(std::min<size_t>(what.size(), 1u << 20)), status};
+  comm.broadcast(head, 2, DType::i32, reporter);
+  std::vector<int32_t> words((size_t(head[0]) + 3) / 4);
+  if (rank == reporter) std::memcpy(words.data(), what.data(), size_t(head[0]));
+  if (!words.empty()) comm.broadcast(words.data(), words.size(), DType::i32, reporter);
+  std::string text(reinterpret_cast<const char*>(words.data()), size_t(head[0]));
+  std::vector<int> also;
+  for (int r = 0; r < n; r++)
+    if (r != reporter && verdicts[size_t(r)] == kOwn) also.push_back(r);
+  if (!also.empty()) {
+    const size_t shown = std::min<size_t>(also.size(), 8);
+    text += strfmt("; also failed on rank%s ", also.size() > 1 ? "s" : "");
+    for (size_t k = 0; k < shown; k++) text += (k ? ", " : "") + std::to_string(also[k]);
+    if (also.size() > shown) text += strfmt(" and %zu more", also.size() - shown);
+  }
+  throw AgreedError(text, head[1], reporter);
 }
 
 uint64_t fnv1a64(const std::string& s) {

@@ -17,6 +17,7 @@
 // Without mpirun, an MPI build starts as a one-rank world (MPI singleton init); a build without MPI
 // (MT_MPI=OFF) always is one, on SelfComm.
 #pragma once
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -61,8 +62,20 @@ class World {
 // the rank that caused it. A PeerTimeoutError (a wait on peers passed its deadline) is printed by
 // every rank that raises it, with its rank, and the job is aborted with kExitHung (4) after a grace
 // period (the timeout, at most 5 s) that lets the other live ranks report their own.
-// The exit status is 1, or the CollectiveError's own exit_status().
+// An AgreedError is printed by its reporter only, with the reporter's prefix; the others wait as for
+// a CollectiveError. The exit status is 1, or the CollectiveError's own exit_status().
+// The line comes first: a body whose objects wait in their destructors (a checkpoint writer on a slow
+// disk) keeps them alive past a failure on several ranks (cli/main.cc keeps the Trainer), so that the
+// job is reported and ended before any such wait, as a crash would end it (saves are crash-safe).
 int run_main(World& world, const std::function<int(World&)>& body);
+
+// Collective over `comm`: every rank calls it at the same point with the failure it met there (null:
+// none). Returns when no rank failed; otherwise every rank throws the same AgreedError: the text of the
+// lowest rank whose failure ranks first (its own error, then a wait on peers that timed out, then a
+// FollowOnError, whose cause lies elsewhere), with the other ranks that failed on their own appended
+// ("; also failed on rank 1"), and that failure's exit status (kExitHung for a PeerTimeoutError).
+// Costs one all-reduce of comm.size() int32 when nothing failed, and two broadcasts when something did.
+void raise_agreed_failure(Comm& comm, std::exception_ptr mine);
 
 // Checks that `text` (e.g. the resolved config as JSON) is identical on every rank of `comm`. On a
 // mismatch every rank throws CollectiveError; rank 0's message names the ranks that differ and,

@@ -258,7 +258,8 @@ TEST(CheckpointFaults, RankThatNeverWritesTimesOutTheCommit) {
   try {
     job.ranks[0]->wait();
     ADD_FAILURE() << "rank 0's commit waited past its timeout without failing";
-  } catch (const parallel::PeerTimeoutError& e) {  // a wait on peers like a collective: exit status 4
+  } catch (const parallel::AgreedError& e) {  // a wait on peers like a collective: exit status 4
+    EXPECT_EQ(e.exit_status(), kExitHung);
     EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("rank(s) 1 "), std::string::npos) << e.what();
   }

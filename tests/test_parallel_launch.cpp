@@ -2,8 +2,11 @@
 // difference report of the config-consistency check. Multi-rank behaviour is in tests/mpi/.
 #include <gtest/gtest.h>
 
+#include <exception>
+
 #include "parallel/launch.h"
 #include "parallel/mesh.h"
+#include "parallel/self_comm.h"
 
 namespace mt::parallel {
 namespace {
@@ -59,6 +62,27 @@ TEST(Launch, OneRankWorldRunsTheBodyAndTurnsErrorsIntoExitCodes) {
   float x = 2.5f;
   mesh.tp_comm().all_reduce(&x, 1, DType::f32, ReduceOp::sum);
   EXPECT_EQ(x, 2.5f);
+}
+
+// On one rank the agreed failure is that rank's own, with its text and exit status; none: no throw.
+TEST(Launch, OneRankAgreesOnItsOwnFailure) {
+  SelfComm self;
+  EXPECT_NO_THROW(raise_agreed_failure(self, nullptr));
+  try {
+    raise_agreed_failure(self, std::make_exception_ptr(PeerTimeoutError("hung: rank 1 never wrote its file", 2.0)));
+    ADD_FAILURE() << "a failure was agreed away";
+  } catch (const AgreedError& e) {
+    EXPECT_STREQ(e.what(), "hung: rank 1 never wrote its file");
+    EXPECT_EQ(e.exit_status(), kExitHung);
+    EXPECT_EQ(e.reporter(), 0);
+  }
+  try {
+    raise_agreed_failure(self, std::make_exception_ptr(Error("No space left on device")));
+    ADD_FAILURE() << "a failure was agreed away";
+  } catch (const AgreedError& e) {
+    EXPECT_STREQ(e.what(), "No space left on device");
+    EXPECT_EQ(e.exit_status(), 1);
+  }
 }
 
 }  // namespace

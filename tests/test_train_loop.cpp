@@ -349,7 +349,7 @@ TEST(Options, EveryNumericOptionRefusesNonFiniteAndOutOfRangeValues) {
       {"optim.min_lr_ratio", "1.5"}, {"optim.weight_decay", "-0.1"}, {"optim.warmup_steps", "-1"},
       {"loss_scale.init", "0"}, {"loss_scale.growth_interval", "0"}, {"loss_scale.max_skips", "0"},
       {"parallel.bucket_mb", "0"}, {"parallel.zero", "4"}, {"parallel.dp", "-1"}, {"parallel.sdc_every", "-1"},
-      {"peak_flops", "-1"}, {"ckpt.keep", "-1"}, {"ckpt.fault_rank", "-1"}, {"ckpt.fault_step", "-2"},
+      {"peak_flops", "-1"}, {"ckpt.keep", "-1"}, {"ckpt.fault_rank", "-2"}, {"ckpt.fault_step", "-2"},
       {"data.prefetch", "-1"}, {"threads", "-1"}, {"eval_batches", "0"}, {"log_every", "0"}, {"steps", "0"},
       {"grad_accum", "0"}, {"global_batch", "-4"}, {"save_every", "-1"}, {"model.n_layer", "0"}};
   for (const auto& [key, v] : outside) {

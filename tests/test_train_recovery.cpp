@@ -132,6 +132,7 @@ TEST_F(Recovery, FaultInjectionThatCannotFireIsRefusedBeforeTheRun) {
       {{"ckpt.fault_phase=enospc", "ckpt.fault_step=5"}, "no checkpoint is saved at step 5"},
       {{"ckpt.fault_phase=forward", "ckpt.fault_step=7"}, "ckpt.fault_step=7 is past the run's last step"},
       {{"ckpt.fault_phase=backward", "ckpt.fault_step=2", "ckpt.fault_rank=1"}, "ckpt.fault_rank=1 is outside"},
+      {{"ckpt.fault_phase=write", "ckpt.fault_step=2", "ckpt.fault_rank=-1"}, "ckpt.fault_rank=-1 (every rank) is for ckpt.fault_phase=enospc only"},
       {{"ckpt.fault_phase=optimizer"}, "needs ckpt.fault_step"},
       {{"ckpt.fault_step=2"}, "needs a ckpt.fault_phase"},
       {{"parallel.sdc_flip_step=2"}, "parallel.sdc_flip_step=2 is not a step with a replica check"},
@@ -147,6 +148,12 @@ TEST_F(Recovery, FaultInjectionThatCannotFireIsRefusedBeforeTheRun) {
   // Save phases at a save step (every 2 steps, and the last) are fine: the fault then fires (here,
   // ENOSPC fails the save).
   EXPECT_NE(run_error(options({"steps=5", "save_every=2", "ckpt.fault_phase=enospc", "ckpt.fault_step=5"}))
+                .find("No space left on device"),
+            std::string::npos);
+  fs::remove_all(run_);
+  // ENOSPC on every rank (-1): on one rank, that rank's.
+  EXPECT_NE(run_error(options({"steps=5", "save_every=2", "ckpt.fault_phase=enospc", "ckpt.fault_step=4",
+                               "ckpt.fault_rank=-1"}))
                 .find("No space left on device"),
             std::string::npos);
   fs::remove_all(run_);

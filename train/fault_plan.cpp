@@ -2,6 +2,7 @@
 // nothing. Before a run starts, the planned fault (ckpt.fault_*) and bit flip (parallel.sdc_flip_*)
 // are checked against the run (its steps, saves, ranks, replicas, the step it resumes at, a marker
 // left by an earlier run); after it, a fault that was armed but never fired is reported.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -15,7 +16,8 @@ namespace fs = std::filesystem;
 namespace {
 
 bool is_save_phase(const std::string& p) {
-  return p == "staging" || p == "write" || p == "before_commit" || p == "after_commit" || p == "enospc";
+  return p == "staging" || p == "write" || p == "before_commit" || p == "after_commit" || p == "enospc" ||
+         p == "slow_write";
 }
 
 // The problem with the run's fault injection plan that shows without looking at any file, or "".
@@ -31,6 +33,9 @@ std::string plan_problem(const config::TrainOptions& o, int world_size, int dp_s
                     c.fault_step, o.steps);
     if (c.fault_rank >= world_size)
       return strfmt("ckpt.fault_rank=%d is outside the world of %d rank(s)", c.fault_rank, world_size);
+    if (c.fault_rank == checkpoint::Options::kEveryRank && c.fault_phase != "enospc")
+      return strfmt("ckpt.fault_rank=-1 (every rank) is for ckpt.fault_phase=enospc only, not %s",
+                    c.fault_phase.c_str());
     if ((c.fault_phase == "hang" || c.fault_phase == "straggler") && world_size < 2)
       return strfmt("ckpt.fault_phase=%s needs peers to notice it: run it on 2 or more ranks", c.fault_phase.c_str());
     if (c.fault_phase == "preempt" && c.fault_step == o.steps)
@@ -105,10 +110,12 @@ void Trainer::arm_fault_injection() {
 // At the end of a run: the fault's rank got here, so its fault never fired (a kill ends the process,
 // an ENOSPC fails the save). Its rank tells the others; if it is dead, mpirun ends the job first.
 void Trainer::check_fault_fired() {
-  // A straggler's sleeps do not end its rank: reaching the end is its fault having fired.
-  if (ckpt_opts_.fault_phase.empty() || ckpt_opts_.fault_phase == "straggler") return;
+  // A straggler's sleeps and a stalled write do not end their rank: reaching the end is their fault
+  // having fired.
+  if (ckpt_opts_.fault_phase.empty() || ckpt_opts_.fault_phase == "straggler" || ckpt_opts_.fault_phase == "slow_write")
+    return;
   int32_t alive = 1;
-  world_.broadcast(&alive, 1, DType::i32, ckpt_opts_.fault_rank);
+  world_.broadcast(&alive, 1, DType::i32, std::max(ckpt_opts_.fault_rank, 0));  // -1: every rank's fault
   throw parallel::CollectiveError(strfmt("the armed fault (ckpt.fault_phase=%s at step %lld on rank %d) never fired",
                                          ckpt_opts_.fault_phase.c_str(), (long long)ckpt_opts_.fault_step,
                                          ckpt_opts_.fault_rank));

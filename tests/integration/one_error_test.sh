@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# One failure, one line: a 2-rank run whose replica check fails (a bit flipped on rank 1 after a
-# checkpoint was saved) prints exactly one error line on stderr, from rank 0, and says nothing about
-# the save of step 4 that may still be awaited when the job fails (a save that committed is complete;
-# one that did not is left unfinished, and the error that ended the job is the one reported).
+# One failure, one line, whatever the timing: a failure that several ranks raise is printed once.
+#  1. A replica check that fails (a bit flipped on rank 1 after a checkpoint was saved) while rank 0's
+#     writer is stalled in the middle of that save (ckpt.fault_phase=slow_write: a slow disk): rank 0
+#     reports it, in one line, before anything waits for the writer; rank 1, which raised the same
+#     error, stays silent. Nothing is said about the save of step 4 (a save that committed is
+#     complete; one that did not is left unfinished, and the error that ended the job is the one
+#     reported).
+#  2. ENOSPC on every rank's write of the same save (ckpt.fault_rank=-1: one disk under all of them
+#     filling up), on 4 ranks: one line, from the lowest rank whose own write failed (rank 0).
 # Usage: one_error_test.sh <minitrain binary>
 set -u
 mt=$1
@@ -13,29 +18,46 @@ pass() { echo "ok   $1"; }
 fail() { echo "FAIL $1"; fails=$((fails + 1)); }
 tiny=(model=tiny model.vocab_size=64 model.n_layer=1 model.n_embd=32 model.n_head=4 model.block_size=32 seq_len=32
       batch_size=2 data.path=synthetic threads=1)
-mpi=(/usr/bin/mpiexec --oversubscribe --mca btl self,vader --mca pml ob1 -n 2)
+mpi=(/usr/bin/mpiexec --oversubscribe --mca btl self,vader --mca pml ob1)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+error_lines() { grep 'error:\|^\[error' "$1"; }  # the launcher's lines and the loggers' error lines
 
-OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 60 "${mpi[@]}" "$mt" train "${tiny[@]}" steps=8 \
-  save_every=4 sdc_every=2 parallel.sdc_flip_step=6 parallel.sdc_flip_rank=1 out_dir="$work/sdc" >/dev/null 2>"$work/err"
+timeout 60 "${mpi[@]}" -n 2 "$mt" train "${tiny[@]}" steps=8 save_every=4 sdc_every=2 parallel.sdc_flip_step=6 \
+  parallel.sdc_flip_rank=1 ckpt.fault_phase=slow_write ckpt.fault_step=4 ckpt.fault_rank=0 out_dir="$work/sdc" \
+  >/dev/null 2>"$work/err"
 rc=$?
-errors=$(grep -c 'error:\|^\[error' "$work/err")  # the launcher's lines and the loggers' error lines
-if [[ $rc -ne 0 && $rc -ne 124 && $errors -eq 1 ]] &&
+if [[ $rc -eq 1 && $(error_lines "$work/err" | wc -l) -eq 1 ]] &&
    grep -q '^minitrain: error: silent data corruption check failed after step 6: the parameters of data-parallel rank 1' "$work/err"; then
-  pass "replica mismatch: one error line, from rank 0"
+  pass "replica mismatch, rank 0's writer stalled: one error line, from rank 0"
 else
-  fail "replica mismatch: one error line, from rank 0 (rc=$rc, $errors lines: $(grep 'error:\|^\[error' "$work/err"))"
+  fail "replica mismatch, rank 0's writer stalled: one error line, from rank 0 (rc=$rc: $(error_lines "$work/err"))"
 fi
 if grep -q 'failed\|cancelled' <(grep -v 'silent data corruption check failed' "$work/err"); then
   fail "no save reported failed or cancelled ($(grep 'failed\|cancelled' "$work/err"))"
 else
   pass "no save reported failed or cancelled"
 fi
-# The save of step 4 was committed by rank 0 if rank 1's file was durable before the failure (its writer
-# runs at idle priority); either way no step_000004.tmp is taken for a checkpoint, and a step_000004 verifies.
+# Whatever became of the save of step 4, no step_000004.tmp is taken for a checkpoint, and a
+# step_000004, if committed, verifies.
 if [[ ! -e "$work/sdc/checkpoints/step_000004" ]] || "$mt" ckpt verify "$work/sdc/checkpoints/step_000004" >/dev/null 2>&1; then
   pass "the save of step 4, if committed, verifies"
 else
   fail "the save of step 4, if committed, verifies"
+fi
+
+timeout 60 "${mpi[@]}" -n 4 "$mt" train "${tiny[@]}" steps=8 save_every=4 ckpt.fault_phase=enospc ckpt.fault_step=4 \
+  ckpt.fault_rank=-1 out_dir="$work/full" >/dev/null 2>"$work/err"
+rc=$?
+if [[ $rc -eq 1 && $(error_lines "$work/err" | wc -l) -eq 1 ]] &&
+   grep -q '^minitrain: \[rank 0\] error: checkpoint save of step 4 .* failed on rank 0: .*No space left on device' "$work/err"; then
+  pass "ENOSPC on every rank: one error line, from rank 0"
+else
+  fail "ENOSPC on every rank: one error line, from rank 0 (rc=$rc: $(error_lines "$work/err"))"
+fi
+if [[ ! -e "$work/full/checkpoints/step_000004" && ! -e "$work/full/checkpoints/step_000004.tmp" ]]; then
+  pass "the failed save left no step_000004 and no step_000004.tmp"
+else
+  fail "the failed save left no step_000004 and no step_000004.tmp ($(ls "$work/full/checkpoints"))"
 fi
 
 [[ $fails -eq 0 ]] && echo "all one-error checks passed"

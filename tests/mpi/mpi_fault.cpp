@@ -4,11 +4,13 @@
 // status 3 without finalising MPI), throw (rank 1 throws), collective (every rank throws the same
 // CollectiveError), mismatch (the last rank has a different config), hang (rank 1 stops itself with
 // SIGSTOP; the others' waits have a 1 s deadline and the job must end with status 4, each live rank
-// naming the op it waited in). Every mode but `none` must end the whole job promptly with a non-zero
+// naming the op it waited in), agreed (every rank but 0 fails on its own and the ranks agree on one
+// failure to report: rank 1's, naming rank 2 too, in one line). Every mode but `none` must end the whole job promptly with a non-zero
 // status; expect_failure.sh checks that.
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
 
 #include "parallel/launch.h"
@@ -29,6 +31,11 @@ int main(int argc, char** argv) {
     if (rank == 1 && mode == "hang") std::raise(SIGSTOP);
     if (rank == 1 && mode == "throw") mt::fail("injected failure at step %d", 1);
     if (mode == "collective") throw CollectiveError("injected collective failure");
+    if (mode == "agreed") {
+      std::exception_ptr mine;
+      if (rank > 0) mine = std::make_exception_ptr(mt::Error("injected own failure on rank " + std::to_string(rank)));
+      raise_agreed_failure(c, mine);
+    }
     if (mode == "mismatch")
       check_same_across_ranks(c, rank == c.size() - 1 ? R"({"lr": 0.2})" : R"({"lr": 0.1})", "the resolved config");
     // The healthy ranks block here on a rank that never arrives, unless the job is ended for them.

@@ -355,9 +355,6 @@ void TrainOptions::validate() const {
   if (model.moe.enabled()) {
     // Both backends run the mixture layers; on a GPU expert parallelism's rows travel over NCCL
     // (train/trainer.cpp builds ep.nccl; a build without NCCL says so when the trainer starts).
-    if (parallel.pp > 1 && parallel.pp_schedule == "zb1")
-      fail("moe.experts=%d with pp.schedule=zb1: the split backward of mixture layers is not implemented yet (use "
-           "gpipe, 1f1b or interleaved)", model.moe.experts);
     if (model.moe.experts % parallel.ep != 0)
       fail("moe.experts=%d is not divisible by --ep %d: each expert-parallel rank holds the same number of experts",
            model.moe.experts, parallel.ep);

@@ -117,8 +117,7 @@ void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& 
   // MLP: x_next = res2 + fcproj(gelu(fc(ln2(res2)))). The first backward applies GELU's derivative.
   const S* dx_all = dx;
   if (m_.cfg_.is_moe_layer(l)) {
-    MT_CHECK(!defer, "a mixture-of-experts layer under zb1's split backward");  // options refuse zb1 with MoE
-    moe_backward(l, dx, a, ws);
+    moe_backward(l, dx, dln2, a, defer ? &defer->moe : nullptr);
   } else {
     dx_all = gathered(ws.dx_all, dx);
     if (defer) keep(defer->d_mlp_out, dx_all, all_rows_elems());
@@ -159,9 +158,13 @@ template <class S>
 void Pass<S>::layer_weight_backward(int l, const S* x, const LayerActs& a, const LayerGrads& d, Workspace& ws) {
   const LayerParams& lp = m_.layers_[size_t(l)];
   const int C = C_, N = N_, Ns = Ns_, Cl = Cl_, F = 4 * C_ / P_;
-  ops::matmul_bwd(static_cast<S*>(nullptr), g(lp.fcproj_w), g(lp.fcproj_b), p(d.d_mlp_out), p(a.fch_gelu),
-                  w(lp.fcproj_w), N, F, C, c_);
-  column_parallel_bwd(nullptr, g(lp.fc_w), g(lp.fc_b), p(d.d_fc), p(a.ln2), w(lp.fc_w), F, ws);
+  if (m_.cfg_.is_moe_layer(l)) {
+    moe_weight_backward(l, a, d.moe);
+  } else {
+    ops::matmul_bwd(static_cast<S*>(nullptr), g(lp.fcproj_w), g(lp.fcproj_b), p(d.d_mlp_out), p(a.fch_gelu),
+                    w(lp.fcproj_w), N, F, C, c_);
+    column_parallel_bwd(nullptr, g(lp.fc_w), g(lp.fc_b), p(d.d_fc), p(a.ln2), w(lp.fc_w), F, ws);
+  }
   ops::layernorm_bwd(p(ws.dln), g(lp.ln2_w), g(lp.ln2_b), p(d.d_ln2), p(a.res2), w(lp.ln2_w), a.ln2_mean.f32(),
                      a.ln2_rstd.f32(), Ns, C, false, c_);
   ops::matmul_bwd(static_cast<S*>(nullptr), g(lp.proj_w), g(lp.proj_b), p(d.d_attn_out), p(a.atty), w(lp.proj_w), N,

@@ -7,7 +7,11 @@
 //             the permuted input's; the router's backward the logits' (gates, plus the load-balancing
 //             loss alpha E sum f_i P_i when balance = aux, plus the z-loss), and from them W_r's and
 //             the router input's; dL/d ln2 sums the permuted rows back, the router's and the shared
-//             experts' parts in fp32, rounded once.
+//             experts' parts in fp32, rounded once;
+//   zb1       B_input runs that backward without the weight gradients and keeps the operands they
+//             need (MoeGrads: the experts' rows' and hidden states' gradients where the experts are,
+//             the logits' gradient, the shared experts' output gradients); W (moe_weight_backward)
+//             makes them with the same operations, the unsplit backward's bits, exchanging nothing.
 //
 // The two extra losses enter the objective as N x (alpha A + beta Z) per micro-batch of N tokens,
 // weighted by the pass's dloss like the token losses: their share of the mean loss is that of the
@@ -215,7 +219,7 @@ void Pass<S>::moe_forward(int l, S* x_next, LayerActs& a) {
 }
 
 template <class S>
-void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
+void Pass<S>::moe_backward(int l, const S* dx, S* dln, LayerActs& a, MoeGrads* defer) {
   const LayerParams& lp = m_.layers_[size_t(l)];
   const MoeConfig& mc = m_.cfg_.moe;
   const int N = Ns_, C = C_, F = 4 * C_, E = mc.experts, K = mc.top_k;  // this rank's rows
@@ -223,6 +227,10 @@ void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
   MoeActs& m = *a.moe;
   const int64_t M = m.plan.rows();
   const S* ln2 = p(a.ln2);
+  // zb1's B_input (defer): the same operations without their weight gradients, whose operands stay
+  // in *defer (the gradients of the experts' rows and hidden states, the router's logits, the shared
+  // experts' outputs) for moe_weight_backward.
+  auto gw = [&](int i) { return defer ? nullptr : g(i); };
   // Combine, then the experts.
   Buffer drows = act(M * C), dgate = f32(int64_t(N) * K);
   const PlanView pv = plan_view(m);
@@ -231,7 +239,8 @@ void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
   Buffer din = act(M * C);
   auto grads_of = [&](std::vector<MlpParams>::const_iterator b, std::vector<MlpParams>::const_iterator e) {
     std::vector<moe::ExpertGrads> eg;
-    for (; b != e; ++b) eg.push_back({xg(b->fc_w), xg(b->fc_b), xg(b->proj_w), xg(b->proj_b)});
+    for (; b != e; ++b)  // zb1's B_input: none (the GEMMs skip a nullptr gradient)
+      eg.push_back(defer ? moe::ExpertGrads{} : moe::ExpertGrads{xg(b->fc_w), xg(b->fc_b), xg(b->proj_w), xg(b->proj_b)});
     return eg;
   };
   const std::function<const S*(int)> wf = [&](int i) { return xw(i); };
@@ -247,10 +256,18 @@ void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
     moe::experts_backward(p(dinmine), p(dh), local, p(dmine), p(m.rows), p(m.h_pre), p(m.h), m.ex.experts,
                           local_experts(lp, m.ex, wf), C, F, c_);
     moe::from_experts(p(din), p(dinmine), m.ex, C, data, p(staging), ar_.mem());
+    if (defer) {  // W reads the received rows' gradients here, with no exchange
+      defer->d_out = std::move(dmine);
+      defer->d_h = std::move(dh);
+    }
   } else {
     Buffer dh = act(M * F);
-    moe::experts_backward(p(din), p(dh), grads_of(lp.experts.begin(), lp.experts.end()), p(drows), p(m.rows), p(m.h_pre), p(m.h), m.plan,
-                          expert_weights<S>(lp.experts, wf), C, F, c_);
+    moe::experts_backward(p(din), p(dh), grads_of(lp.experts.begin(), lp.experts.end()), p(drows), p(m.rows),
+                          p(m.h_pre), p(m.h), m.plan, expert_weights<S>(lp.experts, wf), C, F, c_);
+    if (defer) {
+      defer->d_out = std::move(drows);
+      defer->d_h = std::move(dh);
+    }
     drows.reset();
   }
   // The router: the gates' gradient plus the extra losses, weighted like the micro-batch's tokens.
@@ -276,16 +293,20 @@ void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
     ops::convert(w32.f32(), w(lp.router_w), int64_t(E) * C, c_);
     wr = w32.f32();
   }
-  moe::router_logits_backward(dx32.f32(), g(lp.router_w), dlogits.f32(), x32, wr, N, C, E, c_);
+  moe::router_logits_backward(dx32.f32(), gw(lp.router_w), dlogits.f32(), x32, wr, N, C, E, c_);
   // The shared experts (each its own GEMMs over every token), into the fp32 sum.
   float* acc = dx32.f32();
   if (!lp.shared.empty()) {
     Buffer dpart = act(NC_), dfc = act(int64_t(N) * F), d32;
     for (size_t i = 0; i < lp.shared.size(); i++) {
       const MlpParams& sh = lp.shared[i];
-      ops::matmul_bwd(p(dfc), g(sh.proj_w), g(sh.proj_b), dx, p(m.shared_h[i]), w(sh.proj_w), N, F, C, c_,
+      ops::matmul_bwd(p(dfc), gw(sh.proj_w), gw(sh.proj_b), dx, p(m.shared_h[i]), w(sh.proj_w), N, F, C, c_,
                       p(m.shared_pre[i]));
-      ops::matmul_bwd(p(dpart), g(sh.fc_w), g(sh.fc_b), p(dfc), ln2, w(sh.fc_w), N, C, F, c_);
+      ops::matmul_bwd(p(dpart), gw(sh.fc_w), gw(sh.fc_b), p(dfc), ln2, w(sh.fc_w), N, C, F, c_);
+      if (defer) {
+        defer->d_shared_fc.push_back(std::move(dfc));
+        if (i + 1 < lp.shared.size()) dfc = act(int64_t(N) * F);
+      }
       if constexpr (std::is_same_v<S, float>) {
         ops::add(acc, acc, p(dpart), NC_, c_);
       } else {
@@ -294,8 +315,53 @@ void Pass<S>::moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws) {
         ops::add(acc, acc, d32.f32(), NC_, c_);
       }
     }
+    if (defer) {
+      defer->d_x = act(NC_);
+      ar_.mem().move(defer->d_x.data(), dx, size_t(NC_) * sizeof(S));
+    }
   }
-  ops::moe_permute_bwd(p(ws.dln), p(din), acc, pv.row_of, N, K, C, c_);
+  ops::moe_permute_bwd(dln, p(din), acc, pv.row_of, N, K, C, c_);
+  if (defer) {
+    // W reads the experts' rows and hidden states, the router's input (ln2 or x32) and the shared
+    // experts' hidden states: the rest goes now.
+    defer->d_logits = std::move(dlogits);
+    m.probs.reset(), m.lse.reset(), m.gate.reset(), m.plan_arrays.reset(), m.assignment_of.reset();
+    m.balance_load.reset(), m.h_pre.reset(), m.out.reset();
+    m.shared_pre.clear();
+  }
+}
+
+// zb1's W of a mixture layer: the weight gradients moe_backward(defer) left out, each from the same
+// operands by the same operation (experts, router, shared experts), so the same bits. Under expert
+// parallelism this rank's experts take the rows they received in B_input: no communication.
+template <class S>
+void Pass<S>::moe_weight_backward(int l, const LayerActs& a, const MoeGrads& d) {
+  const LayerParams& lp = m_.layers_[size_t(l)];
+  const int N = Ns_, C = C_, F = 4 * C_, E = m_.cfg_.moe.experts;
+  MT_CHECK(a.moe != nullptr && d.d_logits, "mixture layer %d: W without its B_input", l);
+  const MoeActs& m = *a.moe;
+  const int e0 = m.ep ? m.ex.rank * m.ex.local : 0, e1 = m.ep ? (m.ex.rank + 1) * m.ex.local : E;
+  std::vector<moe::ExpertGrads> eg;
+  for (int e = e0; e < e1; e++) {
+    const MlpParams& x = lp.experts[size_t(e)];
+    eg.push_back({xg(x.fc_w), xg(x.fc_b), xg(x.proj_w), xg(x.proj_b)});
+  }
+  moe::experts_weight_backward(eg, p(d.d_out), p(d.d_h), p(m.rows), p(m.h), m.ep ? m.ex.experts : m.plan, C, F, c_);
+  const float* x32 = nullptr;
+  if constexpr (std::is_same_v<S, float>) {
+    x32 = p(a.ln2);
+  } else {
+    x32 = m.x32.f32();
+  }
+  moe::router_logits_backward(nullptr, g(lp.router_w), d.d_logits.f32(), x32, nullptr, N, C, E, c_);
+  const S* none = nullptr;  // the weights: not read without an input gradient
+  for (size_t i = 0; i < lp.shared.size(); i++) {
+    const MlpParams& sh = lp.shared[i];
+    ops::matmul_bwd(static_cast<S*>(nullptr), g(sh.proj_w), g(sh.proj_b), p(d.d_x), p(m.shared_h[i]), none, N, F, C,
+                    c_);
+    ops::matmul_bwd(static_cast<S*>(nullptr), g(sh.fc_w), g(sh.fc_b), p(d.d_shared_fc[i]), p(a.ln2), none, N, C, F,
+                    c_);
+  }
 }
 
 template void Pass<float>::route_and_plan(int, const float*, MoeActs&);
@@ -304,8 +370,11 @@ template void Pass<f16>::route_and_plan(int, const float*, MoeActs&);
 template void Pass<float>::moe_forward(int, float*, LayerActs&);
 template void Pass<bf16>::moe_forward(int, bf16*, LayerActs&);
 template void Pass<f16>::moe_forward(int, f16*, LayerActs&);
-template void Pass<float>::moe_backward(int, const float*, LayerActs&, Workspace&);
-template void Pass<bf16>::moe_backward(int, const bf16*, LayerActs&, Workspace&);
-template void Pass<f16>::moe_backward(int, const f16*, LayerActs&, Workspace&);
+template void Pass<float>::moe_backward(int, const float*, float*, LayerActs&, MoeGrads*);
+template void Pass<bf16>::moe_backward(int, const bf16*, bf16*, LayerActs&, MoeGrads*);
+template void Pass<f16>::moe_backward(int, const f16*, f16*, LayerActs&, MoeGrads*);
+template void Pass<float>::moe_weight_backward(int, const LayerActs&, const MoeGrads&);
+template void Pass<bf16>::moe_weight_backward(int, const LayerActs&, const MoeGrads&);
+template void Pass<f16>::moe_weight_backward(int, const LayerActs&, const MoeGrads&);
 
 }  // namespace mt::model

@@ -54,9 +54,19 @@ struct LayerActs {
 // gradient of every weighted op's output, whose product with that op's saved input is the weight
 // gradient. Row-parallel outputs (attention and MLP projections) as all N rows under sequence
 // parallelism, as their GEMMs read them.
+// A mixture layer (model/gpt_moe.cpp) keeps its own in `moe` instead of d_mlp_out and d_fc.
+struct MoeGrads {
+  Buffer d_out;  // (M,C) the experts' output gradient (c_proj's); under expert parallelism the (R,C) rows
+                 // this rank's experts received in B_input, so that W needs no exchange
+  Buffer d_h;    // like d_out, (.,4C): the experts' c_fc output gradient (GELU's derivative applied)
+  Buffer d_logits;                  // (Ns,E) fp32 the router's output gradient
+  Buffer d_x;                       // (Ns,C) the mixture's output gradient (the shared experts' c_proj)
+  std::vector<Buffer> d_shared_fc;  // (Ns,4C) each shared expert's c_fc output gradient
+};
 struct LayerGrads {
   Buffer d_mlp_out;   // (N,C) the MLP projection's output gradient
   Buffer d_fc;        // (N,4C/P) c_fc's output gradient (GELU's derivative applied)
+  MoeGrads moe;       // a mixture layer's
   Buffer d_ln2;       // (Ns,C) the second LayerNorm's output gradient
   Buffer d_attn_out;  // (N,C) the attention projection's output gradient
   Buffer d_qkv;       // (N,3Cl) c_attn's output gradient
@@ -184,14 +194,18 @@ class Pass {
   float* xg(int i) const { return xs_.grad(i); }
 
   // A mixture layer's MLP (model/gpt_moe.cpp): x_next = res2 + shared experts + the gate-weighted
-  // routed experts of ln2; its backward leaves dL/d ln2 in ws.dln and adds the weights' gradients,
+  // routed experts of ln2; its backward leaves dL/d ln2 in dln and adds the weights' gradients,
   // the router's including the load-balancing and z-losses.
   void moe_forward(int l, S* x_next, LayerActs& a);
   // The router's top-k on logits (N,E) and the dispatch plan into m, on the run's device, with the
   // plan's summary copied to the host once (m.routing's choices and loads, m.plan's offsets and rows).
   void route_and_plan(int l, const float* logits, MoeActs& m);
   void balance_over_tp(MoeActs& m, const double* sums, const int32_t* load);
-  void moe_backward(int l, const S* dx, LayerActs& a, Workspace& ws);
+  // dx: the mixture's output gradient; dln (Ns,C) assigned dL/d ln2. defer != nullptr (zb1's B_input):
+  // no weight gradient, the weighted ops' output gradients kept in it for moe_weight_backward, which
+  // makes the weight gradients from them with the same operations (the unsplit backward's bits).
+  void moe_backward(int l, const S* dx, S* dln, LayerActs& a, MoeGrads* defer = nullptr);
+  void moe_weight_backward(int l, const LayerActs& a, const MoeGrads& d);
   void layer_forward(int l, const S* x, S* x_next, LayerActs& a, Workspace& ws, const int32_t* doc);
   // defer != nullptr (zb1's B_input): the input gradient only, the op outputs' gradients kept in it.
   void layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& ws, const int32_t* doc,

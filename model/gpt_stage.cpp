@@ -240,8 +240,10 @@ void Pass<S>::backward(StageState& st, Buffer dy, bool split) {
     LayerActs& a = st.keep_layer || split ? st.acts[size_t(i)] : scratch;
     LayerGrads* defer = split ? &st.deferred[size_t(i)] : nullptr;
     if (defer) {
-      defer->d_mlp_out = act(all_rows_elems());
-      defer->d_fc = act(4 * NCl);
+      if (!m_.cfg_.is_moe_layer(l)) {  // a mixture layer keeps its own (MoeGrads)
+        defer->d_mlp_out = act(all_rows_elems());
+        defer->d_fc = act(4 * NCl);
+      }
       defer->d_ln2 = act(NC_);
       defer->d_attn_out = act(all_rows_elems());
       defer->d_qkv = act(3 * NCl);
@@ -251,7 +253,7 @@ void Pass<S>::backward(StageState& st, Buffer dy, bool split) {
     if (st.keep_layer) {
       layer_backward(l, p(dx), p(st.xs[size_t(i)]), a, ws, st.doc, defer);
     } else {  // full recompute: re-run this layer's forward from its saved input, then its backward
-      if (split) alloc_layer(a, false);
+      if (split) alloc_layer(a, false, !m_.cfg_.is_moe_layer(l));
       borrow_att(a);
       layer_forward(l, p(st.xs[size_t(i)]), p(ws.xnext), a, ws, st.doc);
       layer_backward(l, p(dx), p(st.xs[size_t(i)]), a, ws, st.doc, defer);

@@ -36,5 +36,12 @@ template <class S>
 void experts_backward(S* din, S* dh, const std::vector<ExpertGrads>& g, const S* dout, const S* in, const S* h_pre,
                       const S* h, const DispatchPlan& p, const std::vector<ExpertWeights<S>>& w, int C, int F,
                       const ops::Ctx& ctx);
+// zb1's split of experts_backward: called with gradients whose pointers are all nullptr it makes din
+// and dh only; experts_weight_backward then adds each expert's gradients from the kept dout and dh
+// and the forward's in and h, with the same GEMMs, so they are the unsplit backward's bits. It reads
+// no weight and moves nothing: under expert parallelism it runs where the rows were received.
+template <class S>
+void experts_weight_backward(const std::vector<ExpertGrads>& g, const S* dout, const S* dh, const S* in, const S* h,
+                             const DispatchPlan& p, int C, int F, const ops::Ctx& ctx);
 
 }  // namespace mt::moe

@@ -48,7 +48,8 @@ void route_backward(float* dlogits, const float* dgate, const Routing& r, double
 
 // The router as a whole: x (N, C) fp32, w (E, C) fp32. logits (N, E) assigned.
 void router_logits(float* logits, const float* x, const float* w, int N, int C, int E, const ops::Ctx& ctx);
-// dx (N, C) assigned (skipped if nullptr), dw (E, C) accumulated.
+// dx (N, C) assigned (skipped if nullptr; w is read for it only), dw (E, C) accumulated (skipped if
+// nullptr): zb1's split backward makes the two in separate calls, the same bits as one.
 void router_logits_backward(float* dx, float* dw, const float* dlogits, const float* x, const float* w, int N, int C,
                             int E, const ops::Ctx& ctx);
 

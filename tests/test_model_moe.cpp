@@ -1,12 +1,15 @@
 // A GPT with mixture-of-experts layers: parameters named per expert, the whole model's gradient
 // (cross-entropy plus the load-balancing and z-losses, with and without capacity drops, shared
 // experts, dense and mixture layers mixed) against finite differences, recompute modes bitwise equal
-// and counting each forward once, and 16-bit runs close to fp32.
+// and counting each forward once, zb1's split backward bitwise the unsplit one, and 16-bit runs close
+// to fp32.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "model/gpt.h"
@@ -199,6 +202,49 @@ TEST(MoeModel, RecomputeModesGiveBitwiseEqualGradientsAndCountEachForwardOnce) {
   }
   EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * 4));
   EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[2].data(), grads[0].size() * 4));
+}
+
+// zb1's split backward of mixture layers (GPT::stage_backward_input, then stage_backward_weight): the
+// input-gradient pass adds no gradient to the experts, routers or shared experts (they wait for W),
+// and after W every weight gradient -- theirs and the dense layers', LayerNorms and embeddings
+// included -- is bitwise the unsplit backward's, with the same loss, in fp32 and bf16, with and
+// without full recompute, dropless and with capacity drops; nothing is left in the arena.
+TEST(MoeModel, SplitBackwardGradientsAreBitwiseTheUnsplitBackwards) {
+  std::mt19937_64 rng(testing::test_seed());
+  GPTConfig mixed = small_moe(0, 0);
+  mixed.moe.every = 2;  // layer 1 only: dense layers around a mixture
+  for (const GPTConfig& cfg : {small_moe(0.75, 1), mixed}) {
+    Batch b(cfg.vocab_size, rng);
+    for (DType t : {DType::f32, DType::bf16})
+      for (Recompute r : {Recompute::none, Recompute::full}) {
+        const std::string what = std::string(dtype_name(t)) + " recompute=" + recompute_name(r) +
+                                 " capacity=" + std::to_string(cfg.moe.capacity);
+        Model whole(cfg, t), split(cfg, t);
+        whole.gpt.set_recompute(r);
+        split.gpt.set_recompute(r);
+        whole.store.zero_grads();
+        split.store.zero_grads();
+        const double want = whole.gpt.forward_backward(b.mb(), 1.f / 64);
+        std::unique_ptr<StageContext> ctx = split.gpt.stage_forward(0, b.mb(), Buffer(), 1.f / 64, true);
+        EXPECT_FALSE(split.gpt.stage_backward_input(*ctx, Buffer())) << "stage 0 has no input gradient";
+        int deferred = 0;
+        for (const ParamEntry& e : split.store.entries()) {
+          const bool moe = e.name.find("mlp.") != std::string::npos && e.name.find("mlp.c_") == std::string::npos;
+          if (!moe) continue;
+          deferred++;
+          for (int64_t i = 0; i < e.numel; i++)
+            ASSERT_EQ(split.store.grads()[e.offset + i], 0.f) << what << ": " << e.name << " before W";
+        }
+        EXPECT_GT(deferred, 0);
+        split.gpt.stage_backward_weight(*ctx);
+        EXPECT_EQ(split.gpt.stage_loss(*ctx), want) << what;
+        ctx.reset();
+        for (const ParamEntry& e : whole.store.entries())
+          EXPECT_EQ(0, std::memcmp(split.store.grads() + e.offset, whole.store.grads() + e.offset, size_t(e.numel) * 4))
+              << what << ": the gradient of " << e.name << " differs from the unsplit backward's";
+        EXPECT_EQ(split.arena.stats().live[size_t(MemCategory::activations)], 0u) << what << ": activations leaked";
+      }
+  }
 }
 
 TEST(MoeModel, SixteenBitRunsStayCloseToFp32) {

@@ -16,6 +16,7 @@
 #pragma once
 #include <cstdint>
 
+#include "runtime/device_wait.h"
 #include "runtime/dtype.h"
 #include "runtime/storage.h"
 #include "runtime/tensor.h"
@@ -31,6 +32,9 @@ struct Ctx {
   OpTimer* timer = nullptr;  // profiling runs: every op is timed (kernels/op_timer.h)
   Trace* trace = nullptr;    // trace=1 runs: every op is a span on lane trace_lane while recording
   int trace_lane = 0;
+  // How the host waits for this stream's work (an op that returns a value: sum_squares, all_finite):
+  // nullptr blocks; the trainer's polls under dist.timeout (runtime/device_wait.h).
+  const DeviceWait* wait = nullptr;
 };
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[pos[b,t],:]; pos == nullptr means pos[b,t] = t.

@@ -198,6 +198,17 @@ void Comm::wait_on_peers(const std::function<bool()>& done, const char* what, ui
   blocked_s_ += waited;
 }
 
+void Comm::wait_for_device(const std::function<bool()>& ready, const char* what) {
+  const uint64_t seq = record_issue(what, 0);
+  wait_on_peers(
+      [&] {
+        poll_failure();
+        return ready();
+      },
+      what, seq);
+  record_end(seq);
+}
+
 void Comm::time_out(const char* what, uint64_t seq, double waited) {
   std::string peers;
   for (const CommRecord& r : recorder_.records())

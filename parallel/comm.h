@@ -231,6 +231,14 @@ class Comm {
   // a step's time less these is its busy time (the straggler check, train/stragglers.h).
   double blocked_seconds() const { return blocked_s_; }
   const FlightRecorder& flight_recorder() const { return recorder_; }
+  // A host wait for device work that may sit behind this communicator's kernels (a stream ordered
+  // after one of its ops; parallel/mesh.h Mesh::until): polls `ready` and poll_failure under the wait
+  // policy, recorded as op `what` (a string literal) in the flight record; on expiry as any wait on
+  // peers: abandon (NCCL: ncclCommAbort), on_timeout, PeerTimeoutError naming `what`.
+  void wait_for_device(const std::function<bool()>& ready, const char* what);
+  // Throws when the backend knows that a peer failed (NCCL's async error). Host communicators find
+  // failures inside their own waits: nothing to poll.
+  virtual void poll_failure() {}
 
   // In place: buf (count) = op over ranks of buf.
   void all_reduce(void* buf, size_t count, DType t, ReduceOp op);

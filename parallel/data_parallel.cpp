@@ -216,7 +216,8 @@ void DataParallel::note_local_gradient(int u) {
 double DataParallel::local_grad_sq() const {
   if (!local_sq_noted_) return 0;
   double s = 0;
-  arena_.mem().sync();
+  // Written by kernels on the compute stream: the download waits for them (MemOps::download, under
+  // the arena's DeviceWait), not for the whole device.
   arena_.mem().download(&s, local_sq_buf_.data(), sizeof(s));
   return s;
 }

@@ -1,5 +1,7 @@
 #include "parallel/mesh.h"
 
+#include <limits>
+
 #include "parallel/nccl_comm.h"  // empty without NCCL
 #include "runtime/check.h"
 
@@ -230,6 +232,22 @@ DeviceCommUse device_comm_use(MeshGroup g, int rank, int size) {
   return u;
 }
 
+int device_comm_size(MeshGroup g, Device device, const MeshLayout& l, int zero, bool experts_apart) {
+  if (device != Device::cuda) return 0;
+  const int replicas = l.dp * l.cp;
+  switch (g) {
+    case MeshGroup::tp: return l.tp > 1 ? l.tp : 0;
+    case MeshGroup::ep: return l.ep > 1 ? l.ep : 0;
+    case MeshGroup::pp: return l.pp > 1 ? l.pp : 0;
+    case MeshGroup::dp: return l.dp > 1 || zero != 0 ? l.dp : 0;
+    case MeshGroup::expert_data:
+      return experts_apart && (replicas / l.ep > 1 || zero != 0) ? replicas / l.ep : 0;
+    case MeshGroup::cp:
+    case MeshGroup::cp_dp: return 0;
+  }
+  return 0;
+}
+
 std::string Mesh::warm_device_comms() {
   std::string what;
 #ifdef MT_HAVE_NCCL
@@ -247,6 +265,31 @@ std::string Mesh::warm_device_comms() {
   }
 #endif
   return what;
+}
+
+void Mesh::until(const std::function<bool()>& ready, const char* what) const {
+  std::vector<Comm*> device;
+  for (const auto& c : device_comms_)
+    if (c && c->size() > 1) device.push_back(c.get());
+  Comm* lead = device.empty() ? nullptr : device.front();
+  for (int i = 0; i < kNumMeshDims && !lead && has_comms(); i++)
+    if (comms_[size_t(i)]->size() > 1) lead = comms_[size_t(i)].get();
+  if (!lead) {
+    double waited = 0;
+    poll_with_backoff(ready, std::numeric_limits<double>::infinity(), &waited);
+    return;
+  }
+  try {
+    lead->wait_for_device(
+        [&] {
+          for (Comm* c : device) c->poll_failure();
+          return ready();
+        },
+        what);
+  } catch (const PeerTimeoutError&) {
+    for (Comm* c : device) c->abort_in_flight();  // the lead's already (Comm::time_out): the rest too
+    throw;
+  }
 }
 
 std::vector<Comm*> Mesh::comms() const {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "parallel/comm.h"
+#include "runtime/device_wait.h"
 
 namespace mt::parallel {
 
@@ -51,6 +52,17 @@ struct DeviceCommUse {
 };
 DeviceCommUse device_comm_use(MeshGroup g, int rank, int size);
 
+struct MeshLayout;
+
+// Which groups a rank gives a device (NCCL) communicator: the one rule the trainer builds them by and
+// the planner counts their connections by (plan/memory.cpp plan_nccl_connections). Only on a GPU
+// (`device` cuda): tp, ep and pp when they have more than one rank; dp when it has, or under ZeRO
+// (`zero` != 0: the sharded optimizer's collectives run on it even for one rank); expert_data on a rank
+// whose stage holds experts apart (`experts_apart`: ep > 1 and mixture layers on this stage), when it
+// has more than one rank or under ZeRO; never cp (ring attention's exchanges stay on the host) nor
+// cp_dp. Returns the communicator's size (its group's), 0 for none. `l`: resolved (dp filled in).
+int device_comm_size(MeshGroup g, Device device, const MeshLayout& l, int zero, bool experts_apart);
+
 // The --dp --pp --cp --tp flags. dp = 0 means "infer from the world size".
 struct MeshLayout {
   int dp = 0;
@@ -76,7 +88,9 @@ struct MeshCoord {
   bool operator==(const MeshCoord&) const = default;
 };
 
-class Mesh {
+// The Mesh is also how the host waits for this rank's device work (runtime/device_wait.h): the compute
+// stream may sit behind any of its device communicators' kernels.
+class Mesh : public DeviceWait {
  public:
   // Arithmetic only: no sub-communicators (comm() throws).
   Mesh(const MeshLayout& layout, int world_size, int rank);
@@ -147,6 +161,12 @@ class Mesh {
   // waits under the wait policy. Returns what it warmed ("pp.nccl: 1 peer; dp.nccl: collectives"), ""
   // when nothing.
   std::string warm_device_comms();
+  // DeviceWait: a host wait on this rank's device work, which may sit behind any device communicator's
+  // kernels. Polled under the wait policy of the first device communicator with peers, each one's
+  // async error polled too; past the deadline every device communicator is aborted (their waiting
+  // kernels end) and the PeerTimeoutError (exit status 4) naming `what` goes up. Without a device
+  // communicator with peers, under the first host one with peers; with no peers, without a deadline.
+  void until(const std::function<bool()>& ready, const char* what) const override;
   // Every communicator this rank holds: the host ones of each group, then the device ones built:
   // the one list walked for counters, their resets and trace lanes.
   std::vector<Comm*> comms() const;

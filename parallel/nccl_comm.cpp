@@ -276,10 +276,15 @@ bool NcclComm::fired(cudaEvent_t event) {
   (void)cudaGetLastError();  // "not ready" is no failure (see NcclOp::test)
   // The pattern NCCL documents for fault tolerance: poll the work and the communicator's async
   // error; the caller aborts the communicator when its deadline passes.
+  poll_failure();
+  return false;
+}
+
+void NcclComm::poll_failure() {
+  if (!comm_) return;  // aborted: nothing in flight any more
   ncclResult_t async = ncclSuccess;
   MT_NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
   MT_NCCL_CHECK(async);
-  return false;
 }
 
 void NcclComm::abandon() {

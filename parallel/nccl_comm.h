@@ -24,8 +24,9 @@
 // ncclCommGetAsyncError polled with a pause, and past dist.timeout ncclCommAbort and a
 // PeerTimeoutError (NCCL's documented fault-tolerance pattern); the destructor waits the same way and
 // aborts instead of finalising when the deadline passes. A device op's wait() orders the compute
-// stream and does not block the host; test() reports NCCL's async error. (A host synchronisation on
-// the compute stream outside parallel/, e.g. the trainer's memory syncs, has no deadline of its own.)
+// stream and does not block the host; test() reports NCCL's async error. A host wait on the compute
+// stream outside parallel/ (the trainer's syncs and downloads, which may sit behind these kernels)
+// polls the same way through Comm::wait_for_device (parallel/mesh.h Mesh::until).
 #pragma once
 #ifdef MT_HAVE_NCCL
 
@@ -62,6 +63,8 @@ class NcclComm final : public Comm {
   void warm_up(bool collectives, std::span<const int> peers);
   cudaStream_t comm_stream() const { return stream_; }
   cudaStream_t compute_stream() const { return compute_; }
+  // Throws NCCL's async error (a peer failed): ncclCommGetAsyncError.
+  void poll_failure() override;
 
  protected:
   CommHandle do_all_reduce(void* buf, size_t count, DType t, ReduceOp op) override;

@@ -291,19 +291,12 @@ uint64_t MemoryPlan::total() const {
 NcclConnections plan_nccl_connections(const config::TrainOptions& o, const parallel::MeshLayout& l, int pp_rank) {
   NcclConnections n;
   if (o.device != Device::cuda) return n;
-  const int D = l.dp * l.cp;
-  // The groups the trainer gives a device communicator, by their sizes (0: none).
-  std::array<int, parallel::kNumMeshGroups> size{};
-  auto group = [&](parallel::MeshGroup g) -> int& { return size[size_t(g)]; };
-  if (l.tp > 1) group(parallel::MeshGroup::tp) = l.tp;
-  if (l.ep > 1) group(parallel::MeshGroup::ep) = l.ep;
-  if (D > 1 || o.parallel.zero != 0) group(parallel::MeshGroup::dp) = l.dp;
-  // The experts' own data parallelism, on a stage that holds experts (one with mixture layers).
-  if (experts_apart(o, l) && (D / l.ep > 1 || o.parallel.zero != 0) && !stage_units(o, l, pp_rank).xsize.empty())
-    group(parallel::MeshGroup::expert_data) = D / l.ep;
-  if (l.pp > 1) group(parallel::MeshGroup::pp) = l.pp;
+  // The groups the trainer gives a device communicator, by the trainer's own rule (parallel/mesh.h);
+  // the experts' data parallelism only on a stage that holds experts (one with mixture layers).
+  const bool experts = experts_apart(o, l) && !stage_units(o, l, pp_rank).xsize.empty();
   for (int g = 0; g < parallel::kNumMeshGroups; g++) {
-    const parallel::DeviceCommUse use = parallel::device_comm_use(parallel::MeshGroup(g), 0, size[size_t(g)]);
+    const int size = parallel::device_comm_size(parallel::MeshGroup(g), o.device, l, o.parallel.zero, experts);
+    const parallel::DeviceCommUse use = parallel::device_comm_use(parallel::MeshGroup(g), 0, size);
     n.rings += use.collectives ? 1 : 0;
     n.peers += int(use.peers.size());
   }

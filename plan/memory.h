@@ -80,8 +80,9 @@ struct MemoryPlan {
 // (parallel/mesh.h device_comm_use; the trainer warms them all before step 1) holds `channels` x
 // `buff_bytes`: one for the collectives of each device communicator that runs them (the ring; the
 // tree and NVLink SHARP buffers, and the protocols' other buffers, are not counted) and one per
-// point-to-point peer. The device communicators are the trainer's (train/trainer.cpp): tp and ep when
-// they have two or more ranks, dp and the expert-data group under ZeRO or with two or more, pp. Zero on
+// point-to-point peer. The device communicators are the trainer's, by the one rule both use
+// (parallel/mesh.h device_comm_size): tp and ep when they have two or more ranks, dp and the
+// expert-data group under ZeRO or with two or more, pp. Zero on
 // the CPU (no NCCL) and for groups of one rank. For pipeline rank `pp_rank` (a stage without mixture
 // layers has no expert-data communicator).
 struct NcclAssumption {

@@ -75,8 +75,13 @@ void Arena::release(void* p, size_t bytes, MemCategory cat) {
 
 void Arena::upload(void* dst, const void* src, size_t bytes) {
   if (!mem_.make_upload_staging) return mem_.upload(dst, src, bytes);
-  if (!staging_) staging_ = mem_.make_upload_staging();
+  if (!staging_) staging_ = mem_.make_upload_staging(mem_.wait);
   staging_->upload(dst, src, bytes);
+}
+
+void Arena::set_device_wait(const DeviceWait* wait) {
+  MT_CHECK(!staging_, "Arena::set_device_wait after the first upload: the upload staging would keep the old wait");
+  mem_.wait = wait;
 }
 
 void Arena::reset_peaks() {

@@ -75,6 +75,9 @@ class Arena {
   Buffer alloc_uninitialized(MemCategory cat, size_t bytes);
   // How to zero, copy and round this arena's blocks; mem().device says where they live.
   const MemOps& mem() const { return mem_; }
+  // How mem().sync(), downloads and the upload staging wait for the device (MemOps::wait; nullptr:
+  // they block). Before the first upload.
+  void set_device_wait(const DeviceWait* wait);
   // Copies host bytes into one of this arena's blocks in the order of the device's work, without
   // waiting for it: the source may be reused at once (MemOps::make_upload_staging; on the host, a copy).
   void upload(void* dst, const void* src, size_t bytes);

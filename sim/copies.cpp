@@ -107,7 +107,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind 
     Op op = copy_op(d, "cudaMemcpy", dst, src, count, kind, s, {});
     const uint64_t seq = op.seq;
     push(d, d.legacy, std::move(op));
-    if (!s.dst_device || !s.src_device) run_until(d, d.legacy, seq);
+    if (!s.dst_device || !s.src_device) require_reached(d, run_until(d, d.legacy, seq), "cudaMemcpy");
     return d.sticky;
   });
 }
@@ -125,7 +125,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
     Op op = copy_op(d, "cudaMemcpyAsync", dst, src, count, kind, s, std::move(staged));
     const uint64_t seq = op.seq;
     push(d, st, std::move(op));
-    if (pageable(dst) || (!s.dst_device && !s.src_device)) run_until(d, st, seq);
+    if (pageable(dst) || (!s.dst_device && !s.src_device))
+      require_reached(d, run_until(d, st, seq), "cudaMemcpyAsync");
     return d.sticky;
   });
 }

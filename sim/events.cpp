@@ -74,17 +74,17 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   return api([&](Device& d) {
     auto e = event_of(d, event, "cudaEventSynchronize");
-    if (!complete(*e)) run_until(d, e->stream, e->seq);
+    if (!complete(*e)) require_reached(d, run_until(d, e->stream, e->seq), "cudaEventSynchronize");
     return d.sticky;
   });
 }
 
-// Runs the work in front of the event, so the answer is never "not ready": lazily run work has no
-// other moment at which it would finish.
+// Runs the work in front of the event, so the answer is "not ready" only behind a held op (sim.h
+// enqueue_held): lazily run work has no other moment at which it would finish.
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   return api([&](Device& d) {
     auto e = event_of(d, event, "cudaEventQuery");
-    if (!complete(*e)) run_until(d, e->stream, e->seq);
+    if (!complete(*e) && !run_until(d, e->stream, e->seq) && d.sticky == cudaSuccess) return cudaErrorNotReady;
     return d.sticky;
   });
 }

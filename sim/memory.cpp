@@ -220,7 +220,8 @@ cudaError_t cudaMalloc(void** devPtr, size_t size) {
 cudaError_t cudaFree(void* devPtr) {
   return api([&](Device& d) {
     if (!devPtr) return cudaSuccess;
-    run_all(d);
+    d.device_syncs++;
+    require_reached(d, run_all(d), "cudaFree");
     if (d.sticky != cudaSuccess) return d.sticky;
     const Block* b = live_block(devPtr);
     if (!b || b->kind != Kind::device || b->base != uintptr_t(devPtr))
@@ -254,7 +255,8 @@ cudaError_t cudaMallocHost(void** ptr, size_t size) { return host_alloc(ptr, siz
 cudaError_t cudaFreeHost(void* ptr) {
   return api([&](Device& d) {
     if (!ptr) return cudaSuccess;
-    run_all(d);
+    d.device_syncs++;
+    require_reached(d, run_all(d), "cudaFreeHost");
     if (d.sticky != cudaSuccess) return d.sticky;
     const Block* b = live_block(ptr);
     if (!b || b->kind != Kind::pinned || b->base != uintptr_t(ptr))

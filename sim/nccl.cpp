@@ -22,6 +22,7 @@
 #include <cstring>
 #include <optional>
 
+#include "sim/nccl_hold.h"
 #include "sim/nccl_state.h"
 #include "sim/sim.h"
 
@@ -172,14 +173,32 @@ const char* result_name(ncclResult_t r) {
   }
 }
 
+// True when this launch is the one a test holds (hold_launch); counts it either way.
+bool held_launch() {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return ++s.launches == s.hold;
+}
+
 // Runs calls (one, or a group's) at once, in their streams' order: every stream the calls use runs up
-// to now, then the last one runs the calls as its work.
+// to now, then the last one runs the calls as its work. A held launch communicates nothing and queues
+// work that stays held until one of its communicators is aborted.
 ncclResult_t run(const std::vector<Call>& calls) {
   const double timeout = timeout_seconds();
   std::vector<cudaStream_t> streams;
   for (const Call& c : calls)
     if (std::find(streams.begin(), streams.end(), c.stream) == streams.end()) streams.push_back(c.stream);
   const std::string what = calls.size() == 1 ? context(calls[0]) : format("ncclGroupEnd (%zu calls)", calls.size());
+  if (held_launch()) {
+    auto released = std::make_shared<std::atomic<bool>>(false);
+    for (const Call& c : calls) c.comm->held.push_back(released);
+    try {
+      enqueue_held(streams.back(), what + " (held: its peers never arrive)", [released] { return released->load(); });
+    } catch (const CudaError& e) {
+      throw Failure(ncclUnhandledCudaError, what + ": the simulated device failed: " + e.what());
+    }
+    return ncclSuccess;
+  }
   std::optional<ncclResult_t> failed;
   try {
     for (size_t i = 0; i + 1 < streams.size(); i++) run_now(streams[i], what + ": the group's other streams", [] {});
@@ -301,7 +320,9 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (!comm) return ncclSuccess;
   return guarded([&] {
-    existing(comm, "ncclCommAbort").life = ncclComm::Life::aborted;
+    ncclComm& c = existing(comm, "ncclCommAbort");
+    c.life = ncclComm::Life::aborted;
+    for (const auto& h : c.held) h->store(true);  // NCCL's abort ends the kernels that wait for peers
     return ncclSuccess;
   });
 }
@@ -427,3 +448,19 @@ ncclResult_t ncclGroupEnd() {
     return run(calls);
   });
 }
+
+namespace mt::sim::nccl {
+
+uint64_t launches() {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  return s.launches;
+}
+
+void hold_launch(uint64_t number) {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  s.hold = number;
+}
+
+}  // namespace mt::sim::nccl

@@ -22,6 +22,7 @@
 #include <mpi.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -180,6 +181,8 @@ struct ncclComm {
   // Buffers of MPI requests abandoned by a timeout: MPI may still write or read them, so they live as
   // long as the communicator's record does (for ever).
   std::vector<std::shared_ptr<void>> abandoned;
+  // Its launches held on the device (sim/nccl_hold.h): each released by ncclCommAbort.
+  std::vector<std::shared_ptr<std::atomic<bool>>> held;
 };
 
 namespace mt::sim::nccl {
@@ -189,6 +192,8 @@ struct State {
   uint64_t ids = 0;      // ncclGetUniqueId calls so far
   int next_number = 0;   // no communicator this process joins later has a smaller number
   std::map<const ncclComm*, std::unique_ptr<ncclComm>> comms;
+  uint64_t launches = 0;  // ungrouped calls and outermost groups run so far (sim/nccl_hold.h)
+  uint64_t hold = 0;      // the launch to hold (0: none)
 };
 State& state();  // the one State, never destroyed
 

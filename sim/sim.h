@@ -93,6 +93,15 @@ void enqueue(cudaStream_t s, std::string what, std::function<void()> work);
 // CudaError. With an empty `work` it only checks that s is live and the device has not failed.
 void run_now(cudaStream_t s, std::string what, std::function<void()> work);
 
+// Queues on s an op that is held, neither run nor complete, until `released()` returns true: device
+// work that waits for something that may never come (a collective whose peers hang; the NCCL stand-in
+// holds one on request, sim/nccl_hold.h). Work ordered after it waits too. cudaEventQuery behind it
+// answers cudaErrorNotReady; a call that would block the host behind it on a GPU (a synchronise, a
+// copy to pageable memory, cudaFree, an NCCL call's run_now) would wait forever there, so here it
+// fails at once with cudaErrorLaunchTimeout naming the op: a host wait that polls under a deadline is
+// the only way past it. `released` is asked under the device's lock.
+void enqueue_held(cudaStream_t s, std::string what, std::function<bool()> released);
+
 // Eager mode, a debugging aid: every call runs its work at once instead of when waited for, so a
 // result that changes with MT_SIM_EAGER=1 points at a missing synchronisation. The environment
 // variable MT_SIM_EAGER=1 turns it on for the process (read once, announced on stderr); set_eager
@@ -111,5 +120,10 @@ cudaError_t check_launch(const char* kernel, dim3 grid, dim3 block, size_t dyn_s
 // How many times the process has asked the simulated cuBLASLt's heuristic (cublasLtMatmulAlgoGetHeuristic),
 // successful or not: what a test of the project's plan cache counts.
 uint64_t lt_heuristic_calls();
+
+// How many calls of the process have waited for the whole device: cudaDeviceSynchronize, and
+// cudaFree and cudaFreeHost of a block (which synchronise the device implicitly, as on the hardware).
+// What a test that the training step waits on streams, never on the whole device, counts.
+uint64_t device_synchronizations();
 
 }  // namespace mt::sim

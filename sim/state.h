@@ -55,6 +55,9 @@ struct Op {
   std::function<void()> run;
   std::vector<Dep> deps;  // must have run first (cross-stream order)
   bool device = true;
+  // Empty: the op can run once its deps have. Otherwise it is held while this returns false (work
+  // that waits on the device for something that may never come: a collective whose peers hang).
+  std::function<bool()> ready;
 };
 
 }  // namespace mt::sim::detail
@@ -107,6 +110,8 @@ class Device {
   double clock_ms = 0;
   bool eager = false;
   const std::string* running = nullptr;  // the op running now (for the fault handler's message)
+  std::string held;                      // the held op that stopped the latest run (enqueue_held)
+  uint64_t device_syncs = 0;             // device-wide waits so far (device_synchronizations)
 
   // errors and launches (sim/errors.cpp, sim/device.cpp)
   cudaError_t sticky = cudaSuccess;
@@ -166,9 +171,13 @@ std::shared_ptr<CUstream_st> stream_of(Device& d, cudaStream_t s, const char* ca
 uint64_t next_seq(Device& d);
 void push(Device& d, const std::shared_ptr<CUstream_st>& s, Op op);  // op.seq from next_seq
 // Runs the work on s up to seq, and first whatever it depends on; run_all runs everything, in issue
-// order. Both stop at the first failure, which becomes the sticky error.
-void run_until(Device& d, const std::shared_ptr<CUstream_st>& s, uint64_t seq);
-void run_all(Device& d);
+// order. Both stop at the first failure, which becomes the sticky error, and at a held op (Op::ready):
+// then they return false and d.held names it.
+bool run_until(Device& d, const std::shared_ptr<CUstream_st>& s, uint64_t seq);
+bool run_all(Device& d);
+// For a call that blocks the host on the hardware, after its run: a run stopped by a held op would
+// block forever there, so the call fails instead (cudaErrorLaunchTimeout, naming itself and the op).
+void require_reached(Device& d, bool reached, const char* call);
 bool done(const Dep& dep);
 void drop_all_work(Device& d);
 

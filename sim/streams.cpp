@@ -11,6 +11,8 @@
 // Dependencies always point to earlier ops, so running them first terminates.
 // run_now queues work and at once runs its stream up to it, for the stand-ins whose work cannot wait to
 // be waited for (NCCL's: a peer process is waiting for it).
+// Held work (enqueue_held) stops a run where it stands: a query answers not ready, and a call that
+// would block the host there on a GPU fails naming it (require_reached) instead of hanging.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -64,8 +66,10 @@ void execute(Device& d, Op& op, std::optional<DeviceAccess>& access) {
   if (code != cudaSuccess) fail_device(d, op.what, code, why);
 }
 
-void run(Device& d, const std::shared_ptr<CUstream_st>& s, uint64_t seq, std::optional<DeviceAccess>& access) {
+// False when a held op (Op::ready) stopped it: that op and everything ordered after it wait.
+bool run(Device& d, const std::shared_ptr<CUstream_st>& s, uint64_t seq, std::optional<DeviceAccess>& access) {
   std::vector<Dep> todo{{s, seq}};
+  bool reached = true;
   while (!todo.empty() && d.sticky == cudaSuccess) {
     const Dep top = todo.back();
     auto& q = top.stream->pending;
@@ -82,11 +86,17 @@ void run(Device& d, const std::shared_ptr<CUstream_st>& s, uint64_t seq, std::op
       }
     }
     if (blocked) continue;
+    if (q.front().ready && !q.front().ready()) {
+      d.held = q.front().what;
+      reached = false;
+      break;
+    }
     Op op = std::move(q.front());
     q.pop_front();
     execute(d, op, access);
   }
   std::erase_if(d.retired, [](const auto& r) { return r->pending.empty(); });
+  return reached;
 }
 
 }  // namespace
@@ -126,12 +136,12 @@ void push(Device& d, const std::shared_ptr<CUstream_st>& s, Op op) {
   if (d.eager) run_until(d, s, seq);
 }
 
-void run_until(Device& d, const std::shared_ptr<CUstream_st>& s, uint64_t seq) {
+bool run_until(Device& d, const std::shared_ptr<CUstream_st>& s, uint64_t seq) {
   std::optional<DeviceAccess> access;  // opened once, at the first device work
-  run(d, s, seq, access);
+  return run(d, s, seq, access);
 }
 
-void run_all(Device& d) {
+bool run_all(Device& d) {
   std::optional<DeviceAccess> access;
   while (d.sticky == cudaSuccess) {
     std::shared_ptr<CUstream_st> first;  // the stream holding the earliest op
@@ -139,8 +149,17 @@ void run_all(Device& d) {
       if (!t->pending.empty() && (!first || t->pending.front().seq < first->pending.front().seq)) first = t;
     });
     if (!first) break;
-    run(d, first, first->pending.front().seq, access);
+    if (!run(d, first, first->pending.front().seq, access)) return false;
   }
+  return true;
+}
+
+void require_reached(Device& d, bool reached, const char* call) {
+  if (reached || d.sticky != cudaSuccess) return;
+  throw CudaError(cudaErrorLaunchTimeout,
+                  format("%s would block the host forever: queued work '%s' never completes (on a GPU the call "
+                         "hangs; poll an event with cudaEventQuery under a deadline instead)",
+                         call, d.held.c_str()));
 }
 
 void drop_all_work(Device& d) {
@@ -182,10 +201,32 @@ void run_now(cudaStream_t s, std::string what, std::function<void()> work) {
   detail::Device& d = detail::device();
   std::lock_guard lock(d.mutex);
   std::shared_ptr<CUstream_st> stream;
+  const std::string call = what;
   const uint64_t seq = queue(d, s, std::move(what), std::move(work), &stream);
   if (seq == 0) return;
-  detail::run_until(d, stream, seq);
+  const bool reached = detail::run_until(d, stream, seq);
   if (d.sticky != cudaSuccess) throw CudaError(d.sticky, last_message());
+  detail::require_reached(d, reached, call.c_str());
+}
+
+void enqueue_held(cudaStream_t s, std::string what, std::function<bool()> released) {
+  detail::Device& d = detail::device();
+  std::lock_guard lock(d.mutex);
+  std::shared_ptr<CUstream_st> stream;
+  queue(d, s, what, nullptr, &stream);  // the stream is live and the device has not failed
+  detail::Op op;
+  op.seq = detail::next_seq(d);
+  op.what = std::move(what);
+  op.device = false;
+  op.run = [] {};
+  op.ready = std::move(released);
+  detail::push(d, stream, std::move(op));
+}
+
+uint64_t device_synchronizations() {
+  detail::Device& d = detail::device();
+  std::lock_guard lock(d.mutex);
+  return d.device_syncs;
 }
 
 void set_eager(bool on) {
@@ -235,14 +276,16 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   return api([&](Device& d) {
-    run_until(d, stream_of(d, stream, "cudaStreamSynchronize"), UINT64_MAX);
+    require_reached(d, run_until(d, stream_of(d, stream, "cudaStreamSynchronize"), UINT64_MAX),
+                    "cudaStreamSynchronize");
     return d.sticky;
   });
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
   return api([](Device& d) {
-    run_all(d);
+    d.device_syncs++;
+    require_reached(d, run_all(d), "cudaDeviceSynchronize");
     return d.sticky;
   });
 }

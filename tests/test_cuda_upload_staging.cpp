@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/cuda_ops.h"
@@ -54,6 +56,43 @@ TEST(PinnedUploads, UploadRunsInOrderWithTheWorkQueuedBeforeAndAfterIt) {
   EXPECT_EQ(download(a, n), twos);
   device_free(a);
   device_free(b);
+}
+
+// A DeviceWait that polls until ready and counts its waits (runtime/device_wait.h).
+class CountingWait final : public DeviceWait {
+ public:
+  void until(const std::function<bool()>& ready, const char* what) const override {
+    waits++;
+    last = what;
+    while (!ready()) {
+    }
+  }
+  mutable int waits = 0;
+  mutable std::string last;
+};
+
+// Given a DeviceWait (the trainer's polls under dist.timeout), the ring waits for a region's earlier
+// copy through it, never in a blocking call that a hung collective ahead of the copy would hold forever.
+TEST(PinnedUploads, ReusingARegionWaitsThroughTheDeviceWait) {
+  if (device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  constexpr size_t kInts = 4, kUploads = 12;
+  const CountingWait wait;
+  PinnedUploads ring(4 * kInts * 4, &wait);  // room for four uploads
+  std::vector<void*> dst(kUploads);
+  std::vector<int32_t> src(kInts);
+  for (size_t u = 0; u < kUploads; u++) {
+    dst[u] = device_alloc(kInts * 4);
+    for (size_t i = 0; i < kInts; i++) src[i] = int32_t(7 * u + i);
+    ring.upload(dst[u], src.data(), kInts * 4);
+  }
+  EXPECT_EQ(wait.waits, int(kUploads - 4)) << "one wait per reused region";
+  EXPECT_EQ(wait.last, "upload staging");
+  synchronize();
+  for (size_t u = 0; u < kUploads; u++) {
+    const std::vector<int32_t> got = download(dst[u], kInts);
+    for (size_t i = 0; i < kInts; i++) ASSERT_EQ(got[i], int32_t(7 * u + i)) << "upload " << u << " element " << i;
+    device_free(dst[u]);
+  }
 }
 
 TEST(PinnedUploads, UploadLargerThanTheRingGrowsIt) {

@@ -115,6 +115,33 @@ TEST(PeerWait, HealthyWaitsCountAsBlockedTimeAndEndTheirRecords) {
   EXPECT_GT(c.flight_recorder().records().back().ended, 0.0);
 }
 
+// A host wait on the device (Comm::wait_for_device, what the Mesh's DeviceWait runs): recorded and
+// bounded like a wait on peers, the device's readiness polled with the backend's failure check.
+TEST(PeerWait, AHostWaitOnTheDeviceTimesOutLikeAWaitOnPeers) {
+  CountdownComm c("dp.nccl", 1);
+  int polls = 0;
+  c.wait_for_device([&] { return ++polls == 3; }, "device sync");
+  EXPECT_EQ(polls, 3);
+  EXPECT_STREQ(c.flight_recorder().records().back().op, "device sync");
+  EXPECT_EQ(c.flight_recorder().records().back().state, OpState::completed);
+  int called = 0;
+  c.set_wait_policy({0.02, [&] {
+                       called++;
+                       return std::string("records written");
+                     }});
+  try {
+    c.wait_for_device([] { return false; }, "device sync");  // the stream sits behind a hung collective
+    FAIL() << "a wait on device work that never completes returned";
+  } catch (const PeerTimeoutError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("hung: device sync #2 on group 'dp.nccl' (rank 0 of 2 there)"), std::string::npos) << what;
+    EXPECT_NE(what.find("; records written"), std::string::npos) << what;
+    EXPECT_EQ(e.exit_status(), kExitHung);
+  }
+  EXPECT_EQ(called, 1);
+  EXPECT_EQ(c.flight_recorder().records().back().state, OpState::timed_out);
+}
+
 TEST(FlightRecorder, KeepsTheLastRecordsOldestFirst) {
   FlightRecorder f;
   const size_t n = FlightRecorder::kCapacity + 5;

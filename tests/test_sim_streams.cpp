@@ -303,4 +303,43 @@ TEST_F(Sim, DestroyingAnEventWithItsRecordQueuedIsSafe) {
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
+// Held work (sim.h enqueue_held): device work waiting for something that may never come, as a
+// collective whose peers hang. Only a polled query gets past it; a blocking wait fails naming it
+// instead of hanging; work behind it, on its stream and across an event, waits too.
+TEST_F(Sim, HeldWorkIsNotReadyAndBlockingWaitsBehindItFailNamingIt) {
+  const size_t n = random_size();
+  const unsigned char value = random_byte() | 1;
+  cudaStream_t s = stream(), other = stream();
+  cudaEvent_t after = event(cudaEventDisableTiming), behind = event(cudaEventDisableTiming);
+  unsigned char* d = device(n);
+  unsigned char* h = pinned(n, 0);
+  bool released = false;
+  mt::sim::enqueue_held(s, "a collective whose peers hang", [&] { return released; });
+  ASSERT_EQ(cudaMemsetAsync(d, value, n, s), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(after, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(other, after, 0), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(h, d, n, cudaMemcpyDeviceToHost, other), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(behind, other), cudaSuccess);
+  EXPECT_EQ(cudaEventQuery(after), cudaErrorNotReady);
+  EXPECT_EQ(cudaEventQuery(behind), cudaErrorNotReady) << "ordered after the held work by an event";
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "not ready is an answer, not an error";
+  EXPECT_TRUE(all_equal(h, n, 0));
+  EXPECT_EQ(cudaStreamSynchronize(other), cudaErrorLaunchTimeout);
+  EXPECT_TRUE(has(mt::sim::last_message(), "cudaStreamSynchronize")) << mt::sim::last_message();
+  EXPECT_TRUE(has(mt::sim::last_message(), "a collective whose peers hang")) << mt::sim::last_message();
+  const uint64_t syncs = mt::sim::device_synchronizations();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaErrorLaunchTimeout);
+  EXPECT_EQ(mt::sim::device_synchronizations(), syncs + 1) << "every call counted";
+  EXPECT_EQ(cudaEventSynchronize(behind), cudaErrorLaunchTimeout);
+  std::vector<unsigned char> pageable(n);
+  EXPECT_EQ(cudaMemcpy(pageable.data(), d, n, cudaMemcpyDeviceToHost), cudaErrorLaunchTimeout)
+      << "a blocking copy on the legacy stream waits for the blocking stream s";
+  (void)cudaGetLastError();
+  released = true;
+  EXPECT_EQ(cudaEventQuery(behind), cudaSuccess) << "released: everything behind it runs";
+  EXPECT_TRUE(all_equal(h, n, value));
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "the blocking copy left queued runs now, into `pageable`";
+  EXPECT_TRUE(all_equal(pageable.data(), n, value));
+}
+
 }  // namespace

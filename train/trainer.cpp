@@ -114,6 +114,12 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
                  "divisible by --tp %d (or set tp.sp=false)", o_.batch_size, o_.seq_len, o_.parallel.tp), kExitRefused);
   }
   ctx_.device = o_.device;
+  if (world_.size() > 1) {
+    // The host's waits on the device (syncs, downloads, the loss) may sit behind a collective whose
+    // peer hung: they poll under dist.timeout like every wait on peers (parallel/mesh.h Mesh::until).
+    ctx_.wait = mesh_.get();
+    arena_.set_device_wait(mesh_.get());
+  }
   if (o_.profile_ops) {
 #ifdef MT_HAVE_CUDA
     op_timer_ = o_.device == Device::cuda ? cuda::make_event_timer(ctx_.stream) : ops::make_host_timer();
@@ -152,9 +158,8 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
     // group's host communicator (which keeps the scalar reductions), on its own stream; 16-bit
     // activations are summed in fp32 (parallel/nccl_comm.h).
     parallel::Comm* tp_data = nullptr;
-    if (o_.device == Device::cuda) {
+    if (device_comm(parallel::MeshGroup::tp))
       tp_data = &mesh_->add_device_comm(parallel::MeshGroup::tp, ctx_.stream, /*wide_sums=*/true);
-    }
     tp_ = parallel::TensorParallel(mesh_->tp_comm(), o_.sequence_parallel(), tp_data);
   }
   // Pipeline parallelism: this rank registers and runs only its stages' layers (train/pipeline.h).
@@ -177,9 +182,7 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
   if (mesh_->ep() > 1) {
     // On the GPU the rows travel over NCCL (the counts stay on the host communicator).
     parallel::Comm* rows = nullptr;
-    if (o_.device == Device::cuda) {
-      rows = &mesh_->add_device_comm(parallel::MeshGroup::ep, ctx_.stream);
-    }
+    if (device_comm(parallel::MeshGroup::ep)) rows = &mesh_->add_device_comm(parallel::MeshGroup::ep, ctx_.stream);
     gpt_->set_expert_parallel(&mesh_->ep_comm(), rows);
   }
   // Every rank initialises the same full weights, then keeps its shard.
@@ -197,8 +200,7 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
   // communicator, on a communication stream ordered after the compute stream.
   parallel::Comm* dp_device = nullptr;
 #ifdef MT_HAVE_NCCL
-  if (o_.device == Device::cuda && (dp.size() > 1 || o_.parallel.zero != 0))
-    dp_device = &mesh_->add_device_comm(parallel::MeshGroup::dp, ctx_.stream);
+  if (device_comm(parallel::MeshGroup::dp)) dp_device = &mesh_->add_device_comm(parallel::MeshGroup::dp, ctx_.stream);
 #endif
   dp_ = std::make_unique<parallel::DataParallel>(store_, reps, arena_, dpo, ctx_, dp_device);
   if (tp_.active()) {
@@ -218,9 +220,7 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
     // pairs each step's sends and receives (parallel/pipeline_exchange.h) and its bubble is timed with
     // CUDA events on the compute stream.
     parallel::Comm* messages = &mesh_->pp_comm();
-    if (o_.device == Device::cuda) {
-      messages = &mesh_->add_device_comm(parallel::MeshGroup::pp, ctx_.stream);
-    }
+    if (device_comm(parallel::MeshGroup::pp)) messages = &mesh_->add_device_comm(parallel::MeshGroup::pp, ctx_.stream);
     pipeline_ = std::make_unique<Pipeline>(o_, mesh_->pp_comm(), *messages, *gpt_, store_, *dp_, arena_, ctx_);
     pipeline_->set_expert_data_parallel(expert_dp_.get());
 #ifdef MT_HAVE_CUDA
@@ -289,6 +289,10 @@ parallel::CommCounters Trainer::group_counters(parallel::MeshDim d) const {
 }
 
 std::vector<parallel::Comm*> Trainer::comms() const { return mesh_->comms(); }
+
+bool Trainer::device_comm(parallel::MeshGroup g, bool experts_apart) const {
+  return parallel::device_comm_size(g, o_.device, mesh_->layout(), o_.parallel.zero, experts_apart) > 0;
+}
 
 parallel::CommCounters Trainer::ep_counters() const {
   parallel::CommCounters c;

@@ -147,6 +147,9 @@ class Trainer {
   bool expert_grads_finite();
   // Whether --ep holds the routed experts apart (the same answer on every rank).
   bool experts_held_apart() const;
+  // Whether group g gets a device (NCCL) communicator: parallel::device_comm_size, the rule the planner
+  // counts by too. `experts_apart`: this rank's stage holds experts apart (for expert_data).
+  bool device_comm(parallel::MeshGroup g, bool experts_apart = false) const;
   // The replica check of one store's compute parameters across `group` (its world ranks in order).
   void check_replicas_of(const ParamStore& store, parallel::Comm& group, const std::vector<int>& ranks, bool flip);
   // The expert store's counted entries (a replica over tp on tp rank 0 only).

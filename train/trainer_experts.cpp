@@ -22,7 +22,7 @@ void Trainer::build_expert_state(const parallel::DataParallelOptions& dense) {
   xo.embedding_rows = false;  // no embedding here
   parallel::Comm* xdata_device = nullptr;
 #ifdef MT_HAVE_NCCL
-  if (o_.device == Device::cuda && (xdata.size() > 1 || o_.parallel.zero != 0))
+  if (device_comm(parallel::MeshGroup::expert_data, /*experts_apart=*/true))  // called only when they are
     xdata_device = &mesh_->add_device_comm(parallel::MeshGroup::expert_data, ctx_.stream);
 #endif
   expert_dp_ = std::make_unique<parallel::DataParallel>(expert_store_, xdata, arena_, xo, ctx_, xdata_device);

@@ -131,7 +131,14 @@ void use_device(int index);
 // Page-locked host memory (cudaHostAlloc), for staging buffers that device-to-host copies fill.
 void* pinned_alloc(size_t bytes);
 void pinned_free(void* p);  // does not throw (used from destructors)
-void synchronize();
+void synchronize();  // the whole device (tests and tools; the trainer waits on streams)
+// Returns when the work queued so far on `stream` (a cudaStream_t; nullptr: the default stream) is
+// done: an event recorded there and waited for, polled by `wait` under its deadline (runtime/
+// device_wait.h) or, without one, with cudaEventSynchronize. Never device-wide: another stream's work
+// (NCCL's) is waited for only as far as this stream depends on it. `what`: a string literal.
+void wait_for_stream(void* stream, const DeviceWait* wait, const char* what);
+// Returns when `event` (a cudaEvent_t, recorded) has fired, waited for as wait_for_stream does.
+void wait_for_event(void* event, const DeviceWait* wait, const char* what);
 // Memory in use on the current device as the driver sees it (cudaMemGetInfo: every allocation of
 // this process and others, the context, the pool's cached blocks), and the device's total.
 struct DeviceMemoryInfo {

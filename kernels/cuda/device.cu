@@ -58,6 +58,37 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 
 void synchronize() { MT_CUDA_CHECK(cudaDeviceSynchronize()); }
 
+void wait_for_event(void* event, const DeviceWait* wait, const char* what) {
+  const auto done = static_cast<cudaEvent_t>(event);
+  if (!wait) {
+    MT_CUDA_CHECK(cudaEventSynchronize(done));
+    return;
+  }
+  wait->until(
+      [done] {
+        const cudaError_t e = cudaEventQuery(done);
+        if (e == cudaErrorNotReady) {
+          (void)cudaGetLastError();  // an answer, not a failure: it must not surface at the next launch check
+          return false;
+        }
+        MT_CUDA_CHECK(e);
+        return true;
+      },
+      what);
+}
+
+void wait_for_stream(void* stream, const DeviceWait* wait, const char* what) {
+  cudaEvent_t done = nullptr;
+  MT_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  // Destroying an event whose record is still queued is allowed: it is released when it fires.
+  struct Destroy {
+    cudaEvent_t e;
+    ~Destroy() { (void)cudaEventDestroy(e); }
+  } const destroy{done};
+  MT_CUDA_CHECK(cudaEventRecord(done, static_cast<cudaStream_t>(stream)));
+  wait_for_event(done, wait, what);
+}
+
 int current_device() {
   int d = 0;
   MT_CUDA_CHECK(cudaGetDevice(&d));
@@ -159,8 +190,11 @@ void mem_narrow(void* dst, const float* src, int64_t n, DType t) {
   }
 }
 
+// The memory's work (copies, zeroing, frees, and the ops of a null ctx.stream) is on the default stream.
+void wait_idle(const DeviceWait* wait) { wait_for_stream(nullptr, wait, "device sync"); }
+
 constexpr MemOps kDevice{Device::cuda, pool_alloc,  pool_free,         device_memset_zero, mem_copy,
-                         mem_narrow,   synchronize, pool_alloc_uninit, make_pinned_uploads};
+                         mem_narrow,   wait_idle,   pool_alloc_uninit, make_pinned_uploads};
 
 }  // namespace
 

@@ -1,5 +1,6 @@
 // Reductions: the sum of squares (gradient norm, clipping) and the finiteness check (fp16 loss
-// scaling). sum_squares and all_finite return their value, so they wait for their stream;
+// scaling). sum_squares and all_finite return their value, so they wait for their stream (under
+// ctx.wait, kernels/cuda/cuda_ops.h wait_for_stream);
 // sum_squares_into leaves the sum in device memory and does not wait.
 //
 // sum_squares is deterministic by construction: a fixed grid of kSumBlocks x kSumThreads threads
@@ -37,9 +38,11 @@ double sum_squares(const float* x, int64_t N, const ops::Ctx& ctx) {
   {
     const StreamTemp<double> result(1, stream);
     cuda::sum_squares_into(result.get(), x, N, false, ctx);
+    // A copy into pageable memory returns once done, so it would block the host until the stream
+    // reaches it: wait (under ctx.wait) first, then it finds the stream idle.
+    wait_for_stream(stream, ctx.wait, "sum_squares");
     MT_CUDA_CHECK(cudaMemcpyAsync(&host, result.get(), sizeof(double), cudaMemcpyDeviceToHost, stream));
   }
-  MT_CUDA_CHECK(cudaStreamSynchronize(stream));
   return host;
 }
 
@@ -53,9 +56,9 @@ bool all_finite(const float* x, int64_t N, const ops::Ctx& ctx) {
     const LaunchShape l = all_finite_shape(N);
     MT_LAUNCH(l, stream, all_finite_kernel)(flag.get(), x, N);
     MT_CUDA_CHECK_LAUNCH();
+    wait_for_stream(stream, ctx.wait, "all_finite");  // as in sum_squares
     MT_CUDA_CHECK(cudaMemcpyAsync(&any_bad, flag.get(), sizeof(int), cudaMemcpyDeviceToHost, stream));
   }
-  MT_CUDA_CHECK(cudaStreamSynchronize(stream));
   return any_bad == 0;
 }
 

@@ -2,11 +2,12 @@
 #include <cstring>
 
 #include "kernels/cuda/cuda_check.cuh"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/upload_staging.h"
 
 namespace mt::cuda {
 
-PinnedUploads::PinnedUploads(size_t capacity) : capacity_(capacity) {
+PinnedUploads::PinnedUploads(size_t capacity, const DeviceWait* wait) : capacity_(capacity), wait_(wait) {
   MT_CHECK(capacity_ > 0, "upload staging: capacity must be positive");
   MT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&ring_), capacity_, cudaHostAllocDefault));
 }
@@ -19,13 +20,14 @@ PinnedUploads::~PinnedUploads() {
   }
   for (void* e : spare_events_) (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
   if (ring_) (void)cudaFreeHost(ring_);
+  for (char* r : outgrown_) (void)cudaFreeHost(r);
 }
 
 void PinnedUploads::retire_front() {
   const InFlight f = in_flight_.front();
   in_flight_.pop_front();
   cudaEvent_t done = static_cast<cudaEvent_t>(f.done);
-  MT_CUDA_CHECK(cudaEventSynchronize(done));  // at once when done (the usual case: a lap ago)
+  wait_for_event(done, wait_, "upload staging");  // at once when done (the usual case: a lap ago)
   spare_events_.push_back(f.done);
 }
 
@@ -35,7 +37,7 @@ void PinnedUploads::grow(size_t bytes) {
   while (cap < bytes) cap *= 2;
   char* ring = nullptr;
   MT_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&ring), cap, cudaHostAllocDefault));
-  MT_CUDA_CHECK(cudaFreeHost(ring_));
+  outgrown_.push_back(ring_);
   ring_ = ring;
   capacity_ = cap;
   head_ = 0;
@@ -73,6 +75,8 @@ void PinnedUploads::upload(void* dst, const void* src, size_t bytes) {
   head_ += bytes;
 }
 
-std::unique_ptr<UploadStaging> make_pinned_uploads() { return std::make_unique<PinnedUploads>(); }
+std::unique_ptr<UploadStaging> make_pinned_uploads(const DeviceWait* wait) {
+  return std::make_unique<PinnedUploads>(size_t(4) << 20, wait);
+}
 
 }  // namespace mt::cuda

@@ -20,7 +20,8 @@ namespace mt::cuda {
 class PinnedUploads : public UploadStaging {
  public:
   // `capacity`: bytes of pinned memory in the ring (an upload larger than that gets a larger ring).
-  explicit PinnedUploads(size_t capacity = size_t(4) << 20);
+  // `wait`: how the host waits for a region's earlier copy (runtime/device_wait.h; nullptr: it blocks).
+  explicit PinnedUploads(size_t capacity = size_t(4) << 20, const DeviceWait* wait = nullptr);
   ~PinnedUploads() override;
   PinnedUploads(const PinnedUploads&) = delete;
   PinnedUploads& operator=(const PinnedUploads&) = delete;
@@ -40,11 +41,15 @@ class PinnedUploads : public UploadStaging {
 
   char* ring_ = nullptr;
   size_t capacity_ = 0, head_ = 0;
+  const DeviceWait* wait_ = nullptr;
+  // Rings outgrown, freed with this one: cudaFreeHost waits for the whole device, which inside a step
+  // could mean waiting behind a collective whose peer hung, with no deadline.
+  std::vector<char*> outgrown_;
   std::deque<InFlight> in_flight_;  // oldest first, in ring order
   std::vector<void*> spare_events_;
 };
 
 // The UploadStaging for device memory (MemOps::make_upload_staging).
-std::unique_ptr<UploadStaging> make_pinned_uploads();
+std::unique_ptr<UploadStaging> make_pinned_uploads(const DeviceWait* wait);
 
 }  // namespace mt::cuda

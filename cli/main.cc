@@ -68,6 +68,9 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "train") {
       // Under mpirun every rank runs this; an error on any rank ends the whole job (run_main).
+      // A stop asked for while MPI starts (mpirun passes SIGUSR1 on as soon as the ranks exist) is
+      // kept for the first step boundary instead of killing the rank: handlers first, deadline later.
+      mt::install_preemption_handlers(0);
       mt::parallel::World world(&argc, &argv);
       mt::stop_with_launcher();  // a rank whose mpirun died ends at once, not training on as an orphan
       return mt::parallel::run_main(world, [&](mt::parallel::World& w) {

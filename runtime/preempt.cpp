@@ -37,6 +37,13 @@ void install(int deadline_s) {
   sa.sa_flags = SA_RESTART;  // blocking calls the signal interrupts go on; the loop looks at the flag
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGUSR1, &sa, nullptr);
+  if (g_signal.load() != 0) {
+    // Asked for before this install (during start-up, under the early one): as after any first
+    // signal, a second one ends the process at once, and the deadline runs from now.
+    std::signal(SIGTERM, SIG_DFL);
+    std::signal(SIGUSR1, SIG_DFL);
+    if (deadline_s > 0) alarm(unsigned(deadline_s));
+  }
 }
 
 }  // namespace

@@ -19,7 +19,9 @@
 namespace mt {
 
 // Installs the SIGTERM and SIGUSR1 handlers. `deadline_s` > 0: the first signal also schedules
-// SIGALRM that many seconds later; 0: no deadline.
+// SIGALRM that many seconds later; 0: no deadline. May be called again (main installs them before
+// MPI starts, then with the options' deadline): a request recorded in between is kept, and its
+// deadline starts at the second call.
 void install_preemption_handlers(int deadline_s);
 
 // The signal that requested preemption (SIGTERM or SIGUSR1), or 0 when none arrived.

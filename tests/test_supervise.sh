@@ -14,7 +14,7 @@
 #              checkpoints: relaunched with resume=own and the same run_id, and the other run's
 #              checkpoints (and new ones it commits meanwhile) never count as progress;
 #   stop:      SIGTERM to supervise passes SIGUSR1 (--stop-signal) to the command, waits for it and
-#              exits with its status (5), relaunching nothing;
+#              exits with its status (5), relaunching nothing; also when it comes as supervise starts;
 #   usage:     no command: exit 2; --help prints the description, exit 0.
 # Usage: tests/test_supervise.sh [path/to/supervise]
 set -uo pipefail
@@ -182,6 +182,27 @@ for i in $(seq 1 100); do [[ -f $s/started ]] && break; sleep 0.05; done
 kill -INT $sup
 wait $sup
 check "stop: --stop-signal TERM passes SIGTERM (on SIGINT)" test "$(cat "$s/signals" 2>/dev/null)" = "term"
+
+# stop early: SIGTERM within the first moments of supervise (before, while and just after it starts
+# the command) never leaves the command running unstopped: each trial ends within 3 s.
+s=$work/stopearly
+unstopped=0
+for d in 0 0.01 0.02 0.03 0.04 0.05 0.06 0.08 0.1 0.12 0.15 0.2; do
+  rm -rf "$s" && mkdir -p "$s"
+  "$supervise" --ckpt-dir "$s/ckpt" -- "$work/fake_train" "$s" stop 2>"$s/stderr" &
+  sup=$!
+  sleep "$d"
+  kill -TERM $sup 2>/dev/null
+  for i in $(seq 1 60); do kill -0 $sup 2>/dev/null || break; sleep 0.05; done
+  if kill -0 $sup 2>/dev/null; then
+    unstopped=$((unstopped + 1))
+    echo "  stop early: SIGTERM after $d s left the command running"
+    pkill -KILL -f "$work/fake_train $s stop" 2>/dev/null
+    kill -KILL $sup 2>/dev/null
+  fi
+  wait $sup 2>/dev/null
+done
+check "stop early: a SIGTERM at any moment of the start stops the command" test $unstopped -eq 0
 
 # beside: alone 1.0 1.2 0.8 1.0 (median 1.0); beside 3.0 2.5 0.9 -> 2.0 + 1.5 - 0.1 = 3.4 s of
 # slowdown, so of 9.4 s of step time 6.0 s are useful.

@@ -2,6 +2,8 @@
 // (train/preflight.h) and the options of both and of the run's identity.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <csignal>
 
 #include "config/options.h"
@@ -32,6 +34,19 @@ TEST(Preempt, FirstSignalIsRecordedAndRestoresTheDefaultActions) {
   reset_preemption_for_tests(0);
   std::raise(SIGTERM);
   EXPECT_EQ(preemption_signal(), SIGTERM);
+  reset_preemption_for_tests(0);
+}
+
+// main installs the handlers before MPI starts, then again with the options' deadline: a signal in
+// between is kept (not forgotten, not re-armed for a second one), and its deadline starts then.
+TEST(Preempt, ASignalBeforeTheSecondInstallIsKept) {
+  reset_preemption_for_tests(0);
+  std::raise(SIGUSR1);
+  install_preemption_handlers(3600);
+  EXPECT_EQ(preemption_signal(), SIGUSR1);
+  EXPECT_EQ(current_handler(SIGTERM), SIG_DFL) << "a second signal still ends the process at once";
+  EXPECT_EQ(current_handler(SIGUSR1), SIG_DFL);
+  EXPECT_GT(alarm(0), 0u) << "the deadline is armed by the second install";
   reset_preemption_for_tests(0);
 }
 

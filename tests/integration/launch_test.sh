@@ -111,12 +111,20 @@ if [[ "$("$mt" --version)" == *"MPI on"* ]]; then
   env "${job_env[@]}" PATH="$fakepath" bash "$sbatch_script" "${tiny[@]}" steps=100000 out_dir="$run" \
     >"$work/job.log" 2>&1 &
   job=$!
-  for _ in $(seq 1 300); do
+  # Signalled once training runs (a loaded machine may take long to start 2 ranks); never waited on
+  # without a bound: a job that does not end is reported and killed.
+  for _ in $(seq 1 1200); do
     grep -q '"step": *[3-9]' "$run/metrics.jsonl" 2>/dev/null && break
     sleep 0.1
   done
+  check "job body: training reached step 3 (within 120 s)" "grep -q '\"step\": *[3-9]' '$run/metrics.jsonl'"
   t0=$(date +%s)
   kill -USR1 "$job"
+  for _ in $(seq 1 600); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$job" 2>/dev/null; then
+    pkill -KILL -f "out_dir=$run" 2>/dev/null
+    kill -KILL "$job" 2>/dev/null
+  fi
   wait "$job"
   rc=$?
   took=$(($(date +%s) - t0))

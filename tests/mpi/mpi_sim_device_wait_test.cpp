@@ -28,24 +28,12 @@ namespace {
 namespace nccl = mt::sim::nccl;
 
 config::TrainOptions options(const std::string& data, std::vector<std::string> args) {
-  for (const char* a : {"model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
-                        "model.block_size=16", "seq_len=16", "batch_size=2", "steps=3", "threads=1", "data.prefetch=0"})
-    args.push_back(a);
-  args.push_back("data.path=" + data);
-  config::TrainOptions o = config::parse_train_options(args);
-  o.device = Device::cuda;
-  return o;
-}
-
-// The world of two ranks with one simulated GPU each, and the test corpus; empty if this cannot run.
-std::string corpus(parallel::Comm& world) {
-  if (world.size() != 2) return "";
-  return gpus_missing(world.size()).empty() ? shared_corpus(world) : "";
+  return tiny_on_device(data, std::move(args), 3);
 }
 
 TEST(DeviceWaits, StepsOfEveryLayoutWaitOnStreamsNotTheDevice) {
   parallel::Comm& world = mpi_world().comm();
-  const std::string data = corpus(world);
+  const std::string data = two_gpu_corpus(world);
   if (data.empty()) GTEST_SKIP() << "needs 2 ranks with a (simulated) GPU each";
   const std::vector<std::vector<std::string>> layouts = {
       {"parallel.dp=2", "parallel.zero=1"},
@@ -64,7 +52,7 @@ TEST(DeviceWaits, StepsOfEveryLayoutWaitOnStreamsNotTheDevice) {
 // Last in this program: the held collective's communicators are aborted on the way out.
 TEST(DeviceWaits, HostWaitBehindAHungCollectiveEndsAtTheDeadline) {
   parallel::Comm& world = mpi_world().comm();
-  const std::string data = corpus(world);
+  const std::string data = two_gpu_corpus(world);
   if (data.empty()) GTEST_SKIP() << "needs 2 ranks with a (simulated) GPU each";
   const std::string out = std::filesystem::path(data).parent_path().string() + "/device_wait";
   train::Trainer t(options(data, {"parallel.dp=2", "dist.timeout=1", "out_dir=" + out}), &world, world.rank());

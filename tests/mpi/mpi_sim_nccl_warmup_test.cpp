@@ -43,25 +43,13 @@ void expect_warm(const config::TrainOptions& o, parallel::Comm& world, const std
 }
 
 config::TrainOptions options(const std::string& data, std::vector<std::string> args) {
-  for (const char* a : {"model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
-                        "model.block_size=16", "seq_len=16", "batch_size=2", "steps=2", "threads=1", "data.prefetch=0"})
-    args.push_back(a);
-  args.push_back("data.path=" + data);
-  config::TrainOptions o = config::parse_train_options(args);
-  o.device = Device::cuda;
-  return o;
-}
-
-// The world of two ranks with one simulated GPU each, and the test corpus; empty if this cannot run.
-std::string corpus(parallel::Comm& world) {
-  if (world.size() != 2) return "";
-  return gpus_missing(world.size()).empty() ? shared_corpus(world) : "";
+  return tiny_on_device(data, std::move(args), 2);
 }
 
 // pp 2: the stages' exchanges and the tied embedding's between the first and the last stage.
 TEST(NcclWarmUp, PipelineStagesConnectAtStartUp) {
   parallel::Comm& world = mpi_world().comm();
-  const std::string data = corpus(world);
+  const std::string data = two_gpu_corpus(world);
   if (data.empty()) GTEST_SKIP() << "needs 2 ranks with a (simulated) GPU each";
   expect_warm(options(data, {"model=tiny", "parallel.pp=2", "parallel.dp=1", "grad_accum=2"}), world, "pp 2");
 }
@@ -69,7 +57,7 @@ TEST(NcclWarmUp, PipelineStagesConnectAtStartUp) {
 // dp 2 with ep 2: dp's all-reduce (ZeRO-1: reduce-scatter and all-gather too), ep's all-to-all.
 TEST(NcclWarmUp, DataAndExpertParallelConnectAtStartUp) {
   parallel::Comm& world = mpi_world().comm();
-  const std::string data = corpus(world);
+  const std::string data = two_gpu_corpus(world);
   if (data.empty()) GTEST_SKIP() << "needs 2 ranks with a (simulated) GPU each";
   expect_warm(options(data, {"model=tiny-moe", "moe.every=1", "parallel.dp=2", "parallel.ep=2", "parallel.zero=1"}),
               world, "dp 2 ep 2 zero 1");

@@ -66,6 +66,25 @@ inline std::string gpus_missing(int ranks) {
 #endif
 }
 
+// A tiny model (vocabulary 64, 2 layers of width 32) on the device over `data`, `steps` steps, with
+// `args` added: the simulated device's layout tests.
+inline config::TrainOptions tiny_on_device(const std::string& data, std::vector<std::string> args, int steps) {
+  for (const char* a : {"model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
+                        "model.block_size=16", "seq_len=16", "batch_size=2", "threads=1", "data.prefetch=0"})
+    args.push_back(a);
+  args.push_back("steps=" + std::to_string(steps));
+  args.push_back("data.path=" + data);
+  config::TrainOptions o = config::parse_train_options(args);
+  o.device = Device::cuda;
+  return o;
+}
+
+// The test corpus for a world of two ranks with a (simulated) GPU each; "" when this world is not one.
+inline std::string two_gpu_corpus(parallel::Comm& world) {
+  if (world.size() != 2) return "";
+  return gpus_missing(world.size()).empty() ? shared_corpus(world) : "";
+}
+
 // How close an fp32 run on the device must follow the same layout on the CPU (losses: max relative
 // error; weights: weight_err). On a GPU, reduction orders and FMA contraction differ from the CPU's.
 // On the simulated device the products are the CPU's own GEMM, so the loss keeps the project's fp32

@@ -21,17 +21,21 @@ tiny=(model=tiny model.vocab_size=64 model.n_layer=1 model.n_embd=32 model.n_hea
 mpi=(/usr/bin/mpiexec --oversubscribe --mca btl self,vader --mca pml ob1)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 error_lines() { grep 'error:\|^\[error' "$1"; }  # the launcher's lines and the loggers' error lines
+# one_error_line <description> <exit status> <pattern>: the run exited 1 and $work/err holds exactly
+# one error line, which matches the pattern.
+one_error_line() {
+  if [[ $2 -eq 1 && $(error_lines "$work/err" | wc -l) -eq 1 ]] && grep -q "$3" "$work/err"; then
+    pass "$1"
+  else
+    fail "$1 (rc=$2: $(error_lines "$work/err"))"
+  fi
+}
 
 timeout 60 "${mpi[@]}" -n 2 "$mt" train "${tiny[@]}" steps=8 save_every=4 sdc_every=2 parallel.sdc_flip_step=6 \
   parallel.sdc_flip_rank=1 ckpt.fault_phase=slow_write ckpt.fault_step=4 ckpt.fault_rank=0 out_dir="$work/sdc" \
   >/dev/null 2>"$work/err"
-rc=$?
-if [[ $rc -eq 1 && $(error_lines "$work/err" | wc -l) -eq 1 ]] &&
-   grep -q '^minitrain: error: silent data corruption check failed after step 6: the parameters of data-parallel rank 1' "$work/err"; then
-  pass "replica mismatch, rank 0's writer stalled: one error line, from rank 0"
-else
-  fail "replica mismatch, rank 0's writer stalled: one error line, from rank 0 (rc=$rc: $(error_lines "$work/err"))"
-fi
+one_error_line "replica mismatch, rank 0's writer stalled: one error line, from rank 0" $? \
+  '^minitrain: error: silent data corruption check failed after step 6: the parameters of data-parallel rank 1'
 if grep -q 'failed\|cancelled' <(grep -v 'silent data corruption check failed' "$work/err"); then
   fail "no save reported failed or cancelled ($(grep 'failed\|cancelled' "$work/err"))"
 else
@@ -47,13 +51,8 @@ fi
 
 timeout 60 "${mpi[@]}" -n 4 "$mt" train "${tiny[@]}" steps=8 save_every=4 ckpt.fault_phase=enospc ckpt.fault_step=4 \
   ckpt.fault_rank=-1 out_dir="$work/full" >/dev/null 2>"$work/err"
-rc=$?
-if [[ $rc -eq 1 && $(error_lines "$work/err" | wc -l) -eq 1 ]] &&
-   grep -q '^minitrain: \[rank 0\] error: checkpoint save of step 4 .* failed on rank 0: .*No space left on device' "$work/err"; then
-  pass "ENOSPC on every rank: one error line, from rank 0"
-else
-  fail "ENOSPC on every rank: one error line, from rank 0 (rc=$rc: $(error_lines "$work/err"))"
-fi
+one_error_line "ENOSPC on every rank: one error line, from rank 0" $? \
+  '^minitrain: \[rank 0\] error: checkpoint save of step 4 .* failed on rank 0: .*No space left on device'
 if [[ ! -e "$work/full/checkpoints/step_000004" && ! -e "$work/full/checkpoints/step_000004.tmp" ]]; then
   pass "the failed save left no step_000004 and no step_000004.tmp"
 else

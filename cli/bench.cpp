@@ -34,26 +34,28 @@ double roofline_seconds(const ops::OpTotal& t, const plan::Peak& peak) {
 
 // Where the measured steps' time went, op by op (profile_ops=1), the most expensive first. On a GPU
 // the op times are the device's, and "of roofline" is the roofline time over the measured time: how
-// close the op came to the device's FLOP peak or memory bandwidth, whichever bounds it. The last row
-// is what no op accounts for (host work, communication, waiting).
+// close the op came to the device's FLOP peak or memory bandwidth, whichever bounds it. Rows marked
+// "host:" are the step's named host work between ops (runtime/regions.h), each its own time; the last
+// row is what neither an op nor a region accounts for.
 void print_op_table(ops::OpTimer& timer, double step_seconds, int steps, const plan::Peak& peak) {
   std::vector<ops::OpTotal> ts = timer.totals();
   std::sort(ts.begin(), ts.end(), [](const ops::OpTotal& a, const ops::OpTotal& b) { return a.seconds > b.seconds; });
-  double in_ops = 0;
-  for (const ops::OpTotal& t : ts) in_ops += t.seconds;
+  double accounted = 0;
+  for (const ops::OpTotal& t : ts) accounted += t.seconds;
   std::printf("\n| %-22s | calls/step | ms/step | share of step | rate | memory | of roofline |\n",
               "op (profile_ops=1)");
   std::printf("|------------------------|-----------:|--------:|--------------:|------|-------:|------------:|\n");
   for (const ops::OpTotal& t : ts) {
     const double roof = roofline_seconds(t, peak);
-    std::printf("| %-22s | %10.1f | %7.2f | %12.1f%% | %s | %s | %s |\n", t.op.c_str(), double(t.calls) / steps,
+    const std::string name = t.region ? "host: " + t.op : t.op;
+    std::printf("| %-22s | %10.1f | %7.2f | %12.1f%% | %s | %s | %s |\n", name.c_str(), double(t.calls) / steps,
                 1e3 * t.seconds / steps, 100.0 * t.seconds / steps / step_seconds,
                 flop_rate(t.flops, t.seconds).c_str(),
-                t.seconds > 0 ? strfmt("%.0f GB/s", t.bytes / t.seconds / 1e9).c_str() : "-",
+                t.seconds > 0 && t.bytes > 0 ? strfmt("%.0f GB/s", t.bytes / t.seconds / 1e9).c_str() : "-",
                 roof > 0 && t.seconds > 0 ? strfmt("%.0f%%", 100.0 * roof / t.seconds).c_str() : "-");
   }
-  const double rest = step_seconds - in_ops / steps;
-  std::printf("| %-22s | %10s | %7.2f | %12.1f%% | %s | %s | %s |\n", "(outside the ops)", "", 1e3 * rest,
+  const double rest = step_seconds - accounted / steps;
+  std::printf("| %-22s | %10s | %7.2f | %12.1f%% | %s | %s | %s |\n", "(unaccounted)", "", 1e3 * rest,
               100.0 * rest / step_seconds, "-", "-", "-");
   if (peak.bytes_per_s > 0)
     std::printf("(roofline: %.0f TFLOP/s, %.2f TB/s; memory = least bytes moved / time)\n", peak.flops / 1e12,

@@ -134,13 +134,14 @@ void check_pipeline_options(const TrainOptions& o) {
     fail("pp.exchange=ahead with --device cuda: NCCL's sends wait for their receives, so receives posted ahead "
          "would hold up the sends queued behind them; use pp.exchange=auto or paired");
   if (pipeline_pairing(o) == parallel::Pairing::paired) {
-    // The executor pairs each compute action's messages into one exchange, which some schedules
-    // cannot run without deadlock when sends wait for their receives (parallel/pipeline_exchange.h).
+    // Every schedule these options build runs as paired exchanges under NCCL's rendezvous sends
+    // (parallel/pipeline_exchange.h, proven on the whole grid); checked here so that a schedule that
+    // did not would fail before any work, in one line, rather than hang.
     try {
       parallel::check_exchanges(parallel::build_schedule(pipeline_spec(o)));
     } catch (const Error& e) {
-      fail("pp.schedule=%s with %s (--pp %d, grad_accum %d, pp.virtual %d): its messages cannot run as paired "
-           "exchanges without deadlock under NCCL (%s); use gpipe, 1f1b or zb1",
+      fail("pp.schedule=%s with %s (--pp %d, grad_accum %d, pp.virtual %d): internal error: its paired exchanges "
+           "would deadlock (%s)",
            o.parallel.pp_schedule.c_str(), o.device == Device::cuda ? "--device cuda" : "pp.exchange=paired", p,
            o.grad_accum, v, e.what());
     }

@@ -15,9 +15,9 @@ namespace mt::config {
 // Fails with one line naming the option unless the pipeline options fit the model: pp.schedule and
 // pp.virtual (parallel/pipeline_schedule.h's rules, with grad_accum micro-batches), every stage at
 // least one layer (pp x pp.virtual <= n_layer), pp.layers with one positive count per stage summing
-// to n_layer, interleaved with n_layer divisible by pp x pp.virtual unless pp.layers is given; with
-// paired exchanges (cuda, or pp.exchange=paired) a schedule check_exchanges accepts, and on cuda not
-// pp.exchange=ahead. (With --device cuda, context parallelism and mixtures of experts are refused where
+// to n_layer, interleaved with n_layer divisible by pp x pp.virtual unless pp.layers is given; on cuda
+// not pp.exchange=ahead. (With paired exchanges, cuda or pp.exchange=paired, check_exchanges runs as an
+// internal check: every schedule passes it.) (With --device cuda, context parallelism and mixtures of experts are refused where
 // their own options are checked.) Nothing to check with pp = 1 beyond pp.virtual = 1 and no pp.layers.
 void check_pipeline_options(const TrainOptions& o);
 parallel::ScheduleSpec pipeline_spec(const TrainOptions& o);

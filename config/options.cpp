@@ -105,7 +105,7 @@ const std::vector<OptionEntry>& option_table() {
       {"parallel.tp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.tp = parse_int(k, v); }, "parallel", "tensor-parallel ranks; also tp=, --tp"},
       {"parallel.pp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.pp = parse_int(k, v); }, "parallel", "pipeline stages; also pp=, --pp"},
       {"parallel.ep", [](TrainOptions& o, auto& k, auto& v) { o.parallel.ep = parse_int(k, v); }, "parallel", "expert-parallel ranks, carved from dp x cp: each holds moe.experts / ep experts of every mixture layer and the tokens travel to them by all-to-all; also ep=, --ep"},
-      {"parallel.cp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.cp = parse_int(k, v); }, "parallel", "context-parallel ranks: ring attention over zigzag chunks of each sequence (seq_len % 2 cp == 0; CPU, attention=flash); also cp=, --cp"},
+      {"parallel.cp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.cp = parse_int(k, v); }, "parallel", "context-parallel ranks: ring attention over zigzag chunks of each sequence (seq_len % 2 cp == 0; attention=flash; on a GPU the blocks travel over NCCL); also cp=, --cp"},
       {"parallel.sp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sp = v == "auto" ? -1 : int(to_bool(k, v)); }, "parallel", "sequence parallelism with tp: auto | true | false"},
       {"tp.sp", [](TrainOptions& o, auto& k, auto& v) { o.parallel.sp = v == "auto" ? -1 : int(to_bool(k, v)); }, "parallel", "same as parallel.sp"},
       {"parallel.zero", [](TrainOptions& o, auto& k, auto& v) { o.parallel.zero = parse_int(k, v); }, "parallel", "ZeRO stage 0-3 (shard optimizer, gradients, parameters); also zero="},
@@ -361,9 +361,8 @@ void TrainOptions::validate() const {
     if (parallel.dp > 0 && (int64_t(parallel.dp) * parallel.cp) % parallel.ep != 0)
       fail("--ep %d does not divide --dp %d x --cp %d = %d: expert parallelism is carved from the data-parallel ranks",
            parallel.ep, parallel.dp, parallel.cp, parallel.dp * parallel.cp);
-    // The routing statistics are summed over dp; under cp each replica's tokens are spread over cp too.
-    if (parallel.cp > 1) fail("moe.experts=%d with --cp %d: context parallelism of mixture layers is not implemented yet",
-                              model.moe.experts, parallel.cp);
+    // Under --cp a micro-batch's tokens are spread over the cp ranks: the balance term and the drops are
+    // decided over all of them (moe/token_group.h), the routing statistics summed over dp x cp.
   }
   if (parallel.ep > 1 && !model.moe.enabled())
     fail("--ep %d needs a mixture of experts (moe.experts > 0, e.g. model=tiny-moe): a dense model has no experts "
@@ -381,9 +380,6 @@ void TrainOptions::validate() const {
     if (attention_kind() != model::Attention::flash)
       fail("--cp %d needs attention=flash (or auto): ring attention merges flash blocks by their log-sum-exp, and "
            "attention=materialized would keep the whole T x T probabilities on every rank", parallel.cp);
-    if (device == Device::cuda)
-      fail("--cp %d runs on the CPU backend only so far (ring attention's block kernels have no CUDA twin): drop "
-           "--device cuda", parallel.cp);
   }
   check_pipeline_options(*this);
   if (parallel.tp == 1 && parallel.sp == 1)

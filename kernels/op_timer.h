@@ -7,6 +7,10 @@
 // must move to and from memory (each input read once, each output written once), so a table can set
 // its time against the device's memory bandwidth as well as its FLOP rate.
 //
+// Host regions (runtime/regions.h) are timed by the same marks: the work a step does between its ops,
+// named. Regions nest and may hold ops; a region's time is its own, what the ops and regions inside it
+// took left out, so that ops and regions together add up to the time they cover.
+//
 // Marks cost little but not nothing (an event record per mark on a GPU): timed runs are for finding
 // the expensive ops, and the untimed run's tokens/s stay the figure to quote.
 #pragma once
@@ -22,6 +26,7 @@ struct OpTotal {
   double seconds = 0;
   double flops = 0;  // summed over the calls (0 for ops without a count)
   double bytes = 0;  // least memory traffic, summed over the calls
+  bool region = false;  // a host region: its own time, without the ops and regions inside it
 };
 
 class OpTimer {
@@ -30,7 +35,10 @@ class OpTimer {
   // Brackets one op (op: a string that outlives the timer, e.g. __func__). Not nested.
   void begin(const char* op, double flops, double bytes = 0);
   void end();
-  // Totals per op since the last reset, in order of first appearance.
+  // Brackets a host region (name: as op). A region begun inside an op is part of the op: not recorded.
+  void begin_region(const char* name);
+  void end_region();
+  // Totals per op and per region since the last reset, in order of first appearance.
   std::vector<OpTotal> totals();
   void reset();
 
@@ -44,8 +52,13 @@ class OpTimer {
     const char* op;
     double flops, bytes;
     size_t begin, end;
+    long parent;  // the innermost region open when it began (an index into records_), or -1
+    bool region;
   };
+  long innermost() const { return open_regions_.empty() ? -1 : open_regions_.back(); }
   std::vector<Record> records_;
+  std::vector<long> open_regions_;  // indices into records_, outermost first
+  int regions_in_op_ = 0;           // regions begun inside the open op, not recorded
   const char* open_op_ = nullptr;
   double open_flops_ = 0, open_bytes_ = 0;
   size_t open_mark_ = 0;

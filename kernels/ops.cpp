@@ -41,6 +41,29 @@ class OpScope {
   Trace::Clock::time_point begin_;
 };
 
+}  // namespace
+
+Regions::Regions(OpTimer* timer, Trace* trace, int lane)
+    : timer_(timer), trace_(trace), lane_(lane), owner_(std::this_thread::get_id()) {}
+
+void Regions::begin_region(const char* name) {
+  if (std::this_thread::get_id() != owner_) return;
+  const bool traced = trace_ && trace_->recording();
+  open_.push_back(Open{name, traced, traced ? Trace::Clock::now() : Trace::Clock::time_point()});
+  if (timer_) timer_->begin_region(name);
+}
+
+void Regions::end_region() {
+  if (std::this_thread::get_id() != owner_) return;
+  MT_CHECK(!open_.empty(), "regions: end_region() without begin_region()");
+  const Open o = open_.back();
+  open_.pop_back();
+  if (timer_) timer_->end_region();
+  if (o.traced) trace_->add(o.name, "host", lane_, o.begin, Trace::Clock::now());
+}
+
+namespace {
+
 // Model FLOPs of causal attention over (B, NH, T) with head size hs: 2 products (Q K^T, P V) of
 // T (T + 1) / 2 visible pairs each, 2 FLOPs per multiply-add; the backward has 4 such products.
 double attention_flops(int B, int T, int C, int NH) {
@@ -223,8 +246,8 @@ void convert(D* out, const S* in, int64_t N, const Ctx& ctx) {
                    (cuda::convert<D, S>(out, in, N, ctx)));
 }
 
-// Ring attention's block kernels exist on the CPU backend only, so far; the FLOPs booked are those of
-// every (query, key) pair of the block (the masked ones included).
+// Ring attention's block kernels: the FLOPs booked are those of every (query, key) pair of the block
+// (the masked ones included). attention_block_hidden reads host arrays on either backend.
 bool attention_block_hidden(const int32_t* q_pos, const int32_t* k_pos, const int32_t* q_doc, const int32_t* k_doc,
                             int B, int Tq, int Tk) {
   return cpu::attention_block_hidden(q_pos, k_pos, q_doc, k_doc, B, Tq, Tk);
@@ -266,6 +289,13 @@ void flash_block_bwd(float* dq, float* dk, float* dv, int lddkv, const S* dout, 
                                             q_doc, k_doc, B, Tq, Tk, C, NH, ctx));
 }
 
+template <class T>
+void copy_columns(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t cols, const Ctx& ctx) {
+  MT_DISPATCH_COST(0.0, 2.0 * double(rows) * double(cols) * sizeof(T),
+                   cpu::copy_columns<T>(dst, ld_dst, src, ld_src, rows, cols),
+                   cuda::copy_columns<T>(dst, ld_dst, src, ld_src, rows, cols, ctx));
+}
+
 #define MT_BLOCK_OPS_INSTANTIATE(S)                                                                              \
   template void flash_block_fwd<S>(float*, float*, const S*, int, const S*, const S*, int, const int32_t*,       \
                                    const int32_t*, const int32_t*, const int32_t*, int, int, int, int, int,      \
@@ -273,7 +303,8 @@ void flash_block_bwd(float* dq, float* dk, float* dv, int lddkv, const S* dout, 
   template void attention_delta<S>(float*, const S*, const S*, int, int, int, int, const Ctx&);                 \
   template void flash_block_bwd<S>(float*, float*, float*, int, const S*, const S*, int, const S*, const S*, int, \
                                    const float*, const float*, const int32_t*, const int32_t*, const int32_t*,   \
-                                   const int32_t*, int, int, int, int, int, const Ctx&);
+                                   const int32_t*, int, int, int, int, int, const Ctx&);                         \
+  template void copy_columns<S>(S*, int64_t, const S*, int64_t, int64_t, int64_t, const Ctx&);
 MT_BLOCK_OPS_INSTANTIATE(float)
 MT_BLOCK_OPS_INSTANTIATE(bf16)
 MT_BLOCK_OPS_INSTANTIATE(f16)

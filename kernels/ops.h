@@ -15,9 +15,12 @@
 //    fixed device and shape (no floating-point atomics).
 #pragma once
 #include <cstdint>
+#include <thread>
+#include <vector>
 
 #include "runtime/device_wait.h"
 #include "runtime/dtype.h"
+#include "runtime/regions.h"
 #include "runtime/storage.h"
 #include "runtime/tensor.h"
 #include "runtime/trace.h"
@@ -35,6 +38,37 @@ struct Ctx {
   // How the host waits for this stream's work (an op that returns a value: sum_squares, all_finite):
   // nullptr blocks; the trainer's polls under dist.timeout (runtime/device_wait.h).
   const DeviceWait* wait = nullptr;
+  // Profiling and traced runs: where host work between ops is named (runtime/regions.h; ops::Regions).
+  RegionSink* regions = nullptr;
+};
+
+// A timer and a trace as a RegionSink: each region the step names becomes a row of the op profile
+// (its own time; kernels/op_timer.h) and, while the trace records, a span on `lane`. Either may be
+// null. Only the thread that made it is heard (a checkpoint writer allocating from the same arena is
+// not a region of the step).
+class Regions final : public RegionSink {
+ public:
+  Regions(OpTimer* timer, Trace* trace, int lane);
+  void begin_region(const char* name) override;
+  void end_region() override;
+
+ private:
+  struct Open {
+    const char* name;
+    bool traced;
+    Trace::Clock::time_point begin;
+  };
+  OpTimer* timer_;
+  Trace* trace_;
+  int lane_;
+  std::thread::id owner_;
+  std::vector<Open> open_;
+};
+
+// One region of the Ctx's sink (if any) over a scope: ops::Region r(ctx, "loss").
+class Region : public RegionScope {
+ public:
+  Region(const Ctx& ctx, const char* name) : RegionScope(ctx.regions, name) {}
 };
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[pos[b,t],:]; pos == nullptr means pos[b,t] = t.
@@ -117,8 +151,8 @@ void flash_attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, c
 // Key j is visible to query i iff k_pos[j] <= q_pos[i] and the document ids are equal. q and k, v are
 // head-major rows of stride ldq and ldkv (head h at column h hs): q may be the Q part of a (B,T,3C)
 // qkv (ldq = 3C), k and v a travelling (B,T,2C) block. Both backends: on CUDA (kernels/cuda/flash_block.cu,
-// proven on the warp emulator) positions and ids are device arrays; ring attention does not run on
-// GPUs yet (--cp with --device cuda is refused), so only the kernels are there.
+// proven on the warp emulator) positions and ids are device arrays, and ring attention keeps host
+// copies of them for attention_block_hidden (its document ids travel the host ring beside the blocks).
 //
 // True when no query of the block can see any key of the other in any batch row (exact, by positions
 // and document ids, O(Tq + Tk) per row): ring attention skips the pair. Host arrays.
@@ -144,6 +178,11 @@ void flash_block_bwd(float* dq, float* dk, float* dv, int lddkv, const S* dout, 
                      const S* v, int ldkv, const float* lse, const float* delta, const int32_t* q_pos,
                      const int32_t* k_pos, const int32_t* q_doc, const int32_t* k_doc, int B, int Tq, int Tk, int C,
                      int NH, const Ctx& ctx);
+// dst[r, 0:cols] = src[r, 0:cols] for rows r < rows, the rows ld_dst and ld_src elements apart: a column
+// slice between row-major arrays (ring attention's key/value block out of qkv, dqkv put together from
+// its parts). T: float, bf16 or f16.
+template <class T>
+void copy_columns(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t cols, const Ctx& ctx);
 
 // out = a + b (out may alias a or b).
 template <class S>

@@ -215,8 +215,9 @@ class GPT {
   int embedding_unit() const { return emb_unit_; }
   int position_unit() const { return pos_unit_; }
 
-  // Wall time spent in forward (including the fused classifier) and backward since the last reset.
-  // On a device the host waits only once, for the losses after backward: there `forward` is the time
+  // Wall time spent in forward and backward since the last reset. The classifier runs its backward
+  // inside the forward (its logits are never kept); its weight and input gradient products are booked
+  // to backward, where their FLOPs belong (the fused softmax's gradient stays in forward). On a device the host waits only once, for the losses after backward: there `forward` is the time
   // to queue the forward and `backward` the rest of the micro-batch.
   struct PhaseTimes {
     double forward = 0, backward = 0;

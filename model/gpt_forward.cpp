@@ -70,7 +70,8 @@ void Pass<S>::layer_forward(int l, const S* x, S* x_next, LayerActs& a, Workspac
   ops::layernorm_fwd(p(a.ln1), a.ln1_mean.f32(), a.ln1_rstd.f32(), x, w(lp.ln1_w), w(lp.ln1_b), Ns, C, c_);
   const S* ln1 = gathered(ws.ln_all, p(a.ln1));
   ops::matmul_fwd(p(a.qkv), ln1, w(lp.qkv_w), w(lp.qkv_b), N, C, 3 * Cl, c_);
-  if (cp_.active()) cp_.forward(p(a.atty), a.lse.f32(), p(a.qkv), doc, B_, T_, Cl, NHl_, c_);
+  if (cp_.active())  // the host's copy of the ids decides which blocks to skip (ring_attention.h)
+    cp_.forward(p(a.atty), a.lse.f32(), p(a.qkv), doc, doc ? mb_.doc_ids : nullptr, B_, T_, Cl, NHl_, c_);
   else if (flash_) ops::flash_attention_fwd(p(a.atty), a.lse.f32(), p(a.qkv), doc, B_, T_, Cl, NHl_, c_);
   else ops::attention_fwd(p(a.atty), p(a.att), p(a.qkv), doc, B_, T_, Cl, NHl_, c_);
   ops::matmul_fwd(partial_out(ws, x_next), p(a.atty), w(lp.proj_w), bias_once(lp.proj_b), N, Cl, C, c_);
@@ -133,7 +134,8 @@ void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& 
   if (defer) keep(defer->d_attn_out, dx_all, all_rows_elems());
   ops::matmul_bwd(p(ws.datty), gw(lp.proj_w), gw(lp.proj_b), dx_all, p(a.atty), w(lp.proj_w), N, Cl, C, c_);
   if (cp_.active()) {
-    cp_.backward(dqkv, p(ws.datty), p(a.qkv), p(a.atty), a.lse.f32(), doc, B_, T_, Cl, NHl_, c_);
+    cp_.backward(dqkv, p(ws.datty), p(a.qkv), p(a.atty), a.lse.f32(), doc, doc ? mb_.doc_ids : nullptr, B_, T_, Cl,
+                 NHl_, c_);
   } else if (flash_) {
     ops::flash_attention_bwd(dqkv, ws.att_scratch.f32(), p(ws.datty), p(a.qkv), p(a.atty), a.lse.f32(), doc, B_, T_,
                              Cl, NHl_, c_);
@@ -225,8 +227,13 @@ void Pass<S>::classifier(float* losses, const S* lnf, S* dlnf, const int32_t* ta
                              Vl, c_);
     }
     if (grads) {
+      const auto t0 = std::chrono::steady_clock::now();
       ops::matmul_bwd(dlnf + int64_t(r0) * C, g(m_.wte_), nullptr, p(logits), lnf + int64_t(r0) * C, w(m_.wte_), n,
                       C, Vl, c_);
+      // Backward's work inside the forward (GPT::PhaseTimes): the forward's clock is running around it.
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      m_.times_.forward -= dt;
+      m_.times_.backward += dt;
     }
   }
 }
@@ -235,6 +242,7 @@ void Pass<S>::classifier(float* losses, const S* lnf, S* dlnf, const int32_t* ta
 // queued: on a device the step's one synchronisation, which the logged loss needs anyway.
 template <class S>
 double Pass<S>::sum_losses(const Buffer& losses) {
+  const ops::Region region(c_, "loss");
   std::vector<float> host(static_cast<size_t>(N_));
   ar_.mem().download(host.data(), losses.f32(), size_t(N_) * 4);
   double sum = 0;  // fixed order: deterministic

@@ -29,10 +29,18 @@
 // 1/tp of them under sequence parallelism, whose weight gradients are then partial sums over tp,
 // like a LayerNorm's; all of them, computed alike on every tp rank, without). The balance term A is
 // taken over the whole micro-batch either way: under sp from the loads and probability sums of every
-// tp rank (balance_over_tp).
+// tp rank (balance_over_group).
 //
-// Expert parallelism (GPT::set_expert_parallel, moe/ep_exchange.h): routing, the plan (capacity, drops)
-// and the combine stay with the tokens' rank; only the permuted rows travel, to the ranks holding their
+// Context parallelism: each cp rank runs the mixture on its zigzag chunks' rows. The micro-batch's
+// tokens are then spread over its token group (cp, and tp under sp; moe/token_group.h), and both of
+// the layer's decisions that are not per token are taken over the whole group, as the single-rank run
+// of the micro-batch takes them: the balance term from the loads and probability sums of every rank
+// of the group; the capacity (ceil(factor N K / E), N the micro-batch's tokens) and the drops from
+// every rank's choices in the micro-batch's token order, so that the same assignments are dropped as
+// on one rank. The z-loss and the gates are per token and need nothing.
+//
+// Expert parallelism (GPT::set_expert_parallel, moe/ep_exchange.h; the ep group is carved from dp x cp):
+// routing, the plan (capacity, drops, decided as above) and the combine stay with the tokens' rank; only the permuted rows travel, to the ranks holding their
 // experts and back, in forward and again (as gradients) in backward. A rank holds its own experts only
 // (GPT::expert_store, ExpertPlacement): their gradients are summed over the expert-data group.
 #include <type_traits>
@@ -81,7 +89,11 @@ template <class S>
 void Pass<S>::route_and_plan(int l, const float* logits, MoeActs& m) {
   const MoeConfig& mc = m_.cfg_.moe;
   const int N = Ns_, E = mc.experts, K = mc.top_k;
-  const int64_t A = int64_t(N) * K, cap = moe::expert_capacity(mc.capacity, N, K, E);
+  // A micro-batch spread over ranks (cp, or tp under sp) decides its drops over all of its tokens
+  // (moe/token_group.h): the op plans this rank's rows dropless, the whole plan then replaces it.
+  const moe::TokenGroup group = token_group();
+  const bool drops_over_group = group.size() > 1 && mc.capacity > 0;
+  const int64_t A = int64_t(N) * K, cap = drops_over_group ? -1 : moe::expert_capacity(mc.capacity, N, K, E);
   Buffer bias, lse_sq = f32(2 * int64_t(N));  // (N) doubles
   if (mc.balance == MoeBalance::bias) {
     bias = f32(E);
@@ -107,28 +119,48 @@ void Pass<S>::route_and_plan(int l, const float* logits, MoeActs& m) {
   r.expert.assign(h.expert, h.expert + A);
   r.load.assign(h.load, h.load + E);
   moe::route_summary(r, h.sums);
-  if (tp_.splits_sequence()) balance_over_tp(m, h.sums, h.load);
+  if (group.size() > 1) balance_over_group(m, group, h.sums, h.load);
   moe::DispatchPlan& plan = m.plan;
+  if (drops_over_group) {
+    // The plan of the whole micro-batch's capacity, this rank's rows laid out as the op lays them out:
+    // its offsets, rows and assignments replace the op's in the run's memory (i32, as the op writes them).
+    plan = moe::plan_over_group(group, r.expert.data(), N, K, E, mc.capacity);
+    const std::vector<int32_t> offset(plan.offset.begin(), plan.offset.end());
+    ar_.upload(v.offset, offset.data(), offset.size() * 4);
+    ar_.upload(v.row_of, plan.row_of.data(), plan.row_of.size() * 4);
+    if (plan.rows() > 0) ar_.upload(m.assignment_of.data(), plan.assignment_of.data(), size_t(plan.rows()) * 4);
+    return;
+  }
   plan.N = N, plan.K = K, plan.E = E, plan.capacity = cap;
   plan.offset.assign(h.offset, h.offset + E + 1);
   plan.row_of.assign(h.row_of, h.row_of + A);
   plan.dropped = A - plan.rows();
 }
 
-// Under sequence parallelism a micro-batch's tokens are spread over the tp ranks, and the balance term
-// A = E sum f_i P_i takes f and P over all of them: each rank's loads and probability sums, gathered
-// bit for bit and added in rank order, so every rank has the same A, the single rank's up to the
-// order of that sum. Backward reads the summed loads (MoeActs::balance_load).
+// The ranks holding one micro-batch's rows: its cp ranks, and its tp ranks under sequence parallelism
+// (each holds its own rows; without sp every tp rank holds all of them).
 template <class S>
-void Pass<S>::balance_over_tp(MoeActs& m, const double* sums, const int32_t* load) {
+moe::TokenGroup Pass<S>::token_group() const {
+  moe::TokenGroup g;
+  if (tp_.splits_sequence()) g.tp = &tp_.comm();
+  if (cp_.active()) g.cp = &cp_.comm();
+  g.B = B_;
+  g.T = T_ * g.cp_size();
+  return g;
+}
+
+// When a micro-batch's tokens are spread over ranks (cp, or tp under sp), the balance term
+// A = E sum f_i P_i takes f and P over all of them: each rank's loads and probability sums, gathered
+// bit for bit and added in rank order (moe/token_group.h), so every rank has the same A, the single
+// rank's up to the order of that sum. Backward reads the summed loads (MoeActs::balance_load).
+template <class S>
+void Pass<S>::balance_over_group(MoeActs& m, const moe::TokenGroup& group, const double* sums, const int32_t* load) {
   moe::Routing& r = m.routing;
   const int E = r.E, K = r.K;
-  std::vector<double> mine(size_t(2 * E)), all(size_t(2 * E) * size_t(P_)), total(size_t(2 * E), 0.0);
+  std::vector<double> mine(size_t(2 * E));
   for (int i = 0; i < E; i++) mine[size_t(i)] = sums[i], mine[size_t(E + i)] = double(load[i]);
-  tp_.comm().all_gather(mine.data(), all.data(), size_t(2 * E) * 4, DType::u16);  // doubles as bits
-  for (int q = 0; q < P_; q++)
-    for (size_t i = 0; i < total.size(); i++) total[i] += all[size_t(q) * total.size() + i];
-  const double N = double(r.N) * P_;
+  const std::vector<double> total = group.sum(mine);
+  const double N = double(r.N) * group.size();
   double a = 0;
   std::vector<int32_t> summed(static_cast<size_t>(E));
   for (int i = 0; i < E; i++) {
@@ -272,15 +304,16 @@ void Pass<S>::moe_backward(int l, const S* dx, S* dln, LayerActs& a, MoeGrads* d
   }
   // The router: the gates' gradient plus the extra losses, weighted like the micro-batch's tokens.
   const double scale = double(dloss_) * N;
-  // Under sequence parallelism the balance term's f comes from the loads summed over tp; the op takes
-  // f_i = load_i / (N K) and P's 1/N with this rank's N, so the weight carries N / N_total = 1 / tp
-  // (d(N_total alpha A)/dp_{t,i} = alpha E f_i for every token, wherever it lives).
-  const bool over_tp = bool(m.balance_load);
-  const double aux_w = mc.balance == MoeBalance::aux ? scale * mc.aux_coef / (over_tp ? P_ : 1) : 0.0;
+  // A micro-batch spread over G ranks (cp, or tp under sp) takes the balance term's f from the loads
+  // summed over them; the op takes f_i = load_i / (N K) and P's 1/N with this rank's N, so the weight
+  // carries N / N_total = 1 / G (d(N_total alpha A)/dp_{t,i} = alpha E f_i for every token, wherever it
+  // lives).
+  const bool over_group = bool(m.balance_load);
+  const double aux_w = mc.balance == MoeBalance::aux ? scale * mc.aux_coef / (over_group ? token_group().size() : 1) : 0.0;
   const double z_w = scale * mc.z_coef;
   Buffer dlogits = f32(int64_t(N) * E), dx32 = f32(int64_t(N) * C);
   ops::moe_route_bwd(dlogits.f32(), dgate.f32(), m.probs.f32(), m.lse.f32(), pv.expert, m.gate.f32(),
-                     over_tp ? m.balance_load.i32() : pv.load, N, E, K, aux_w, z_w, c_);
+                     over_group ? m.balance_load.i32() : pv.load, N, E, K, aux_w, z_w, c_);
   const float* x32 = nullptr;
   const float* wr = nullptr;
   Buffer w32;

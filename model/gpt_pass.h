@@ -10,6 +10,7 @@
 #include "moe/dispatch.h"
 #include "moe/ep_exchange.h"
 #include "moe/router.h"
+#include "moe/token_group.h"
 #include "runtime/check.h"
 
 namespace mt::model {
@@ -25,7 +26,7 @@ struct MoeActs {
   Buffer probs, lse, gate;                 // (N,E), (N), (A) fp32
   Buffer plan_arrays;                      // sums (E+1) f64, load (E), offset (E+1), expert (A), row_of (A) i32
   Buffer assignment_of;                    // (A) i32, the first M meaningful
-  Buffer balance_load;                     // (E) i32 under sequence parallelism: the loads summed over tp
+  Buffer balance_load;                     // (E) i32, a micro-batch over ranks (cp, sp): the summed loads
   Buffer x32;                              // (N,C) fp32 router input (empty when S is float)
   Buffer rows, h_pre, h, out;              // (M,C), (M,4C), (M,4C), (M,C)
   // Expert parallelism: the exchange of this layer's rows, and the rows this rank's experts received
@@ -200,7 +201,9 @@ class Pass {
   // The router's top-k on logits (N,E) and the dispatch plan into m, on the run's device, with the
   // plan's summary copied to the host once (m.routing's choices and loads, m.plan's offsets and rows).
   void route_and_plan(int l, const float* logits, MoeActs& m);
-  void balance_over_tp(MoeActs& m, const double* sums, const int32_t* load);
+  // The ranks holding this micro-batch's rows (moe/token_group.h): cp, and tp under sp.
+  moe::TokenGroup token_group() const;
+  void balance_over_group(MoeActs& m, const moe::TokenGroup& group, const double* sums, const int32_t* load);
   // dx: the mixture's output gradient; dln (Ns,C) assigned dL/d ln2. defer != nullptr (zb1's B_input):
   // no weight gradient, the weighted ops' output gradients kept in it for moe_weight_backward, which
   // makes the weight gradients from them with the same operations (the unsplit backward's bits).

@@ -32,6 +32,30 @@ DispatchPlan plan_dispatch(const int32_t* expert, int N, int K, int E, int64_t c
   return p;
 }
 
+DispatchPlan plan_kept(const int32_t* expert, const uint8_t* keep, int N, int K, int E, int64_t capacity) {
+  const int64_t A = int64_t(N) * K;
+  DispatchPlan p;
+  p.N = N, p.K = K, p.E = E, p.capacity = capacity;
+  p.offset.assign(size_t(E) + 1, 0);
+  for (int64_t a = 0; a < A; a++) {
+    MT_CHECK(expert[a] >= 0 && expert[a] < E, "plan_kept: assignment %lld goes to expert %d of %d", (long long)a,
+             expert[a], E);
+    if (keep[a]) p.offset[size_t(expert[a]) + 1]++;
+  }
+  for (int e = 0; e < E; e++) p.offset[size_t(e) + 1] += p.offset[size_t(e)];
+  std::vector<int64_t> next(p.offset.begin(), p.offset.end() - 1);
+  p.row_of.assign(size_t(A), -1);
+  p.assignment_of.assign(size_t(p.rows()), 0);
+  for (int64_t a = 0; a < A; a++) {
+    if (!keep[a]) continue;
+    const int64_t r = next[size_t(expert[a])]++;
+    p.row_of[size_t(a)] = int32_t(r);
+    p.assignment_of[size_t(r)] = int32_t(a);
+  }
+  p.dropped = A - p.rows();
+  return p;
+}
+
 template <class S>
 void permute(S* out, const S* x, const DispatchPlan& p, int C) {
   cpu::moe_permute(out, x, p.assignment_of.data(), p.rows(), p.K, C);

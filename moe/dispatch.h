@@ -41,6 +41,9 @@ int64_t expert_capacity(double factor, int N, int K, int E);
 
 // expert (N K): each assignment's expert.
 DispatchPlan plan_dispatch(const int32_t* expert, int N, int K, int E, int64_t capacity);
+// The same layout (within an expert, increasing a) with the drops decided elsewhere: assignment a is
+// kept where keep[a] != 0 (moe/token_group.h: a micro-batch spread over ranks). `capacity` is recorded.
+DispatchPlan plan_kept(const int32_t* expert, const uint8_t* keep, int N, int K, int E, int64_t capacity);
 
 // out (M, C): row r = x[token_of(r)] (x (N, C)).
 template <class S>

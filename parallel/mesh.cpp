@@ -217,15 +217,14 @@ DeviceCommUse device_comm_use(MeshGroup g, int rank, int size) {
   DeviceCommUse u;
   if (size < 2) return u;
   switch (g) {
-    case MeshGroup::pp:
+    case MeshGroup::pp:  // the stages' neighbours (and the first with the last: the tied embedding)
+    case MeshGroup::cp:  // ring attention: blocks to rank + 1, from rank - 1
       u.peers.push_back((rank + 1) % size);
       if (size > 2) u.peers.push_back((rank + size - 1) % size);
       break;
     case MeshGroup::ep:
       for (int r = 0; r < size; r++)
         if (r != rank) u.peers.push_back(r);
-      break;
-    case MeshGroup::cp:  // ring attention's exchanges stay on the host communicator (CPU only so far)
       break;
     default: u.collectives = true; break;
   }
@@ -239,11 +238,12 @@ int device_comm_size(MeshGroup g, Device device, const MeshLayout& l, int zero, 
     case MeshGroup::tp: return l.tp > 1 ? l.tp : 0;
     case MeshGroup::ep: return l.ep > 1 ? l.ep : 0;
     case MeshGroup::pp: return l.pp > 1 ? l.pp : 0;
-    case MeshGroup::dp: return l.dp > 1 || zero != 0 ? l.dp : 0;
+    case MeshGroup::cp: return l.cp > 1 ? l.cp : 0;
+    // The gradients' group: dp, or cp x dp under context parallelism (its replicas reduce together).
+    case MeshGroup::dp: return l.cp == 1 && (l.dp > 1 || zero != 0) ? l.dp : 0;
+    case MeshGroup::cp_dp: return l.cp > 1 ? replicas : 0;
     case MeshGroup::expert_data:
       return experts_apart && (replicas / l.ep > 1 || zero != 0) ? replicas / l.ep : 0;
-    case MeshGroup::cp:
-    case MeshGroup::cp_dp: return 0;
   }
   return 0;
 }

@@ -44,7 +44,8 @@ const char* mesh_dim_name(MeshDim d);  // "tp", "cp", "pp", "dp"
 // connections, set up by the first collective) and point-to-point connections, one per peer (set up
 // by the first send or receive to that peer). tp, dp and expert_data run all-reduce, reduce-scatter
 // and all-gather; pp only exchanges with its neighbours, stage 0 with the last (the tied embedding),
-// so its peers are the ring neighbours (rank +-1 mod size); ep's all-to-all reaches every other rank.
+// so its peers are the ring neighbours (rank +-1 mod size), and so are cp's (ring attention sends to
+// rank + 1 and receives from rank - 1); ep's all-to-all reaches every other rank.
 // `rank` and `peers` are ranks of the group. A group of one rank uses nothing (NCCL connects no one).
 struct DeviceCommUse {
   bool collectives = false;
@@ -56,11 +57,12 @@ struct MeshLayout;
 
 // Which groups a rank gives a device (NCCL) communicator: the one rule the trainer builds them by and
 // the planner counts their connections by (plan/memory.cpp plan_nccl_connections). Only on a GPU
-// (`device` cuda): tp, ep and pp when they have more than one rank; dp when it has, or under ZeRO
-// (`zero` != 0: the sharded optimizer's collectives run on it even for one rank); expert_data on a rank
+// (`device` cuda): tp, ep, pp and cp when they have more than one rank; the gradients' group, dp
+// without context parallelism when it has more than one rank or under ZeRO (`zero` != 0: the sharded
+// optimizer's collectives run on it even for one rank), cp x dp (cp_dp) with it; expert_data on a rank
 // whose stage holds experts apart (`experts_apart`: ep > 1 and mixture layers on this stage), when it
-// has more than one rank or under ZeRO; never cp (ring attention's exchanges stay on the host) nor
-// cp_dp. Returns the communicator's size (its group's), 0 for none. `l`: resolved (dp filled in).
+// has more than one rank or under ZeRO. Returns the communicator's size (its group's), 0 for none.
+// `l`: resolved (dp filled in).
 int device_comm_size(MeshGroup g, Device device, const MeshLayout& l, int zero, bool experts_apart);
 
 // The --dp --pp --cp --tp flags. dp = 0 means "infer from the world size".

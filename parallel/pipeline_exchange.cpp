@@ -10,32 +10,83 @@ namespace mt::parallel {
 
 namespace {
 bool is_send(ActionKind k) { return k == ActionKind::send_activation || k == ActionKind::send_gradient; }
+bool is_gradient(ActionKind k) { return k == ActionKind::send_gradient || k == ActionKind::recv_gradient; }
+bool is_backward(ActionKind k) { return k == ActionKind::backward || k == ActionKind::backward_input; }
+
+// The messages one exchange point holds (indices into the list, in list order) as exchanges of at
+// most one send and one receive: one exchange when that is all there is; otherwise, where points are
+// merged, one per direction, the gradients first.
+void split_point(const std::vector<Action>& list, int rank, size_t before, const std::vector<long>& msgs,
+                 bool merged, std::vector<Exchange>& out) {
+  int sends = 0;
+  for (long i : msgs) sends += is_send(list[size_t(i)].kind);
+  const bool split = merged && (sends > 1 || msgs.size() - size_t(sends) > 1);
+  for (int pass = 0; pass < (split ? 2 : 1); pass++) {
+    Exchange x;
+    x.before = before;
+    for (long i : msgs) {
+      const Action& a = list[size_t(i)];
+      if (split && is_gradient(a.kind) != (pass == 0)) continue;
+      long& slot = is_send(a.kind) ? x.send : x.recv;
+      if (slot >= 0)
+        fail("pipeline schedule: rank %d, action %ld, %s: a second %s %s (an exchange holds one send and one "
+             "receive%s)",
+             rank, i, describe(a).c_str(), is_send(a.kind) ? "send" : "receive",
+             merged ? "in one direction at one exchange point" : "between two compute actions",
+             merged ? " per direction" : "");
+      slot = i;
+    }
+    if (x.send >= 0 || x.recv >= 0) out.push_back(x);
+  }
+}
 }  // namespace
 
-std::vector<Exchange> paired_exchanges(const std::vector<Action>& list, int rank) {
-  std::vector<Exchange> out;
-  Exchange cur;
-  for (size_t i = 0; i <= list.size(); i++) {
-    if (i == list.size() || is_compute(list[i].kind)) {
-      cur.before = i;
-      if (cur.send >= 0 || cur.recv >= 0) out.push_back(cur);
-      cur = Exchange();
+std::vector<Exchange> paired_exchanges(const Schedule& s, int rank) {
+  const std::vector<Action>& list = s.ranks[size_t(rank)];
+  const bool merged = s.spec.kind == ScheduleKind::interleaved;
+  // The exchange points (list indices of the compute actions they precede, then the list's end), and
+  // for each compute action the last point at or before it.
+  std::vector<size_t> points;
+  std::vector<size_t> point_of(list.size(), 0);
+  long prev = -1;  // the previous compute action
+  for (size_t i = 0; i < list.size(); i++) {
+    if (!is_compute(list[i].kind)) continue;
+    const bool joined =
+        merged && prev >= 0 && list[i].kind == ActionKind::forward && is_backward(list[size_t(prev)].kind);
+    if (!joined) points.push_back(i);
+    point_of[i] = points.size() - 1;
+    prev = long(i);
+  }
+  points.push_back(list.size());
+  // Each message at its point: a receive at its consumer's, a send at the one after its producer's.
+  std::vector<std::vector<long>> at(points.size());
+  prev = -1;
+  for (size_t i = 0; i < list.size(); i++) {
+    if (is_compute(list[i].kind)) {
+      prev = long(i);
       continue;
     }
-    long& slot = is_send(list[i].kind) ? cur.send : cur.recv;
-    if (slot >= 0)
-      fail("pipeline schedule: rank %d, action %zu, %s: a second %s between two compute actions (a paired exchange "
-           "holds one send and one receive)",
-           rank, i, describe(list[i]).c_str(), is_send(list[i].kind) ? "send" : "receive");
-    slot = long(i);
+    if (is_send(list[i].kind)) {
+      MT_CHECK(prev >= 0, "pipeline schedule: rank %d, action %zu, %s: no compute action before it", rank, i,
+               describe(list[i]).c_str());
+      at[point_of[size_t(prev)] + 1].push_back(long(i));
+      continue;
+    }
+    size_t consumer = i + 1;
+    while (consumer < list.size() && !is_compute(list[consumer].kind)) consumer++;
+    MT_CHECK(consumer < list.size(), "pipeline schedule: rank %d, action %zu, %s: no compute action after it", rank,
+             i, describe(list[i]).c_str());
+    at[point_of[consumer]].push_back(long(i));
   }
+  std::vector<Exchange> out;
+  for (size_t k = 0; k < points.size(); k++) split_point(list, rank, points[k], at[k], merged, out);
   return out;
 }
 
 void check_exchanges(const Schedule& s) {
   const int p = s.p();
   std::vector<std::vector<Exchange>> ex(static_cast<size_t>(p));
-  for (int r = 0; r < p; r++) ex[size_t(r)] = paired_exchanges(s.ranks[size_t(r)], r);
+  for (int r = 0; r < p; r++) ex[size_t(r)] = paired_exchanges(s, r);
   // The other end of each message: (rank, exchange) of the k-th send a -> b and the k-th receive on b
   // from a, keyed by (a, b, k).
   using Key = std::tuple<int, int, int>;

@@ -34,7 +34,7 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, Comm& pp, Pairing pairing)
            schedule_.p(), pp.size());
   if (pairing_ == Pairing::paired) {
     check_exchanges(schedule_);
-    exchanges_ = paired_exchanges(actions(), pp.rank());
+    exchanges_ = paired_exchanges(schedule_, pp.rank());
   }
   last_forward_.assign(size_t(schedule_.v()), 0);
   last_backward_.assign(size_t(schedule_.v()), 0);
@@ -218,7 +218,7 @@ void PipelineExecutor::run(PipelineStages& stages) {
         break;
       }
       case ActionKind::backward_weight: {
-        if (paired) exchange_through(i, stages);  // W consumes nothing; its exchange sends B_input's output
+        if (paired) exchange_through(i, stages);  // W consumes nothing; its exchanges send B_input's output
         stages.before(a, i == last_weight_[size_t(a.chunk)]);
         const auto t0 = clock_type::now();
         const Trace::Span span(trace_, trace_lane_, "pipeline", action_name(a));

@@ -21,13 +21,16 @@
 //
 // paired (device communicators: NCCL's sends wait for their receives, and its operations run in
 // issue order on one stream, so a receive posted ahead would hold up the sends queued behind it).
-// Before each compute action the executor issues one exchange, the send listed since the previous
-// compute action and the receive listed before this one, as one send_recv (grouped: its halves
-// progress together), and orders the compute action after it; a send after the last compute action
-// goes at the end. Nothing is posted ahead, so both sides issue their messages in list order, which
-// is how NCCL matches them (it has no tags). check_exchanges (parallel/pipeline_exchange.h) proves at
+// Before each compute action the executor issues the exchanges due there (parallel/pipeline_exchange.h:
+// for gpipe, 1f1b and zb1 the send listed since the previous compute action and the receive listed
+// before this one; interleaved has no exchange between a backward and the forward after it, so the
+// one before the backward carries the outputs since the previous exchange and the inputs of both, as
+// two exchanges, one per direction), each one send_recv (grouped: its halves progress together),
+// and orders each compute action after the exchange that carries its input; sends after
+// the last compute action go at the end. Nothing is posted otherwise, so both sides issue their
+// messages in list order, which is how NCCL matches them (it has no tags). check_exchanges proves at
 // construction that the schedule cannot deadlock this way even though every send waits for its
-// receive: gpipe, 1f1b and zb1 always pass; many interleaved schedules do not, and are refused. On a
+// receive: every schedule of the grid passes, and one that did not would be refused there. On a
 // device "ordered after" costs no host wait (CommHandle::wait orders the compute stream after the
 // exchange's event).
 //
@@ -108,7 +111,7 @@ Pairing pairing_for(const Comm& pp);
 class PipelineExecutor {
  public:
   // `schedule` must pass validate_schedule; `pp` is the pipeline communicator (rank = pipeline rank).
-  // Paired: throws unless check_exchanges accepts the schedule.
+  // Paired: throws (one line) unless check_exchanges accepts the schedule.
   PipelineExecutor(Schedule schedule, Comm& pp, Pairing pairing);
 
   // Runs this rank's actions of one step; every send and receive is complete when it returns (on a

@@ -23,11 +23,22 @@
 // with the final lse and D = rowsum(dO * O)) before passing it on; after C steps and C sends each
 // accumulator is back with the block's owner. dQ stays at home. All sums are fp32; dqkv is rounded once.
 //
+// On a GPU the key/value blocks and the dK/dV accumulators travel over the cp group's NCCL communicator
+// (device buffers from the run's arena, on the communicator's stream: each step one grouped send to
+// rank + 1 and receive from rank - 1, ordered after the compute stream's work and before its next by
+// events, no host wait), and the block kernels are ops::flash_block_fwd/bwd's CUDA twins. The document
+// ids travel the same ring over the host communicator: the host decides which pairs to skip from its
+// own copies (its rows' ids come with the batch) and never downloads them; each received block of ids
+// is uploaded in stream order for the kernels, and every rank's positions once per call. Deadlock: all
+// ranks issue the same exchanges in the same order and each pairs its send with its receive, so the
+// k-th exchange of every rank meets the k-th of its two neighbours (parallel/pipeline_exchange.h's
+// model, one exchange per step); the backward's two per step (blocks, then gradients) likewise.
+//
 // Bytes this rank sends per layer (b = the storage type's bytes, N_l = B T/C local rows, W = model
-// width of the rank's heads), as the cp communicator's counters book them:
+// width of the rank's heads), as the cp group's counters book them (on a GPU the host and the NCCL
+// communicator's together):
 //   forward   (C-1) N_l 2W b          + (C-1) N_l 4 (document ids, when masked)
 //   backward  (C-1) N_l 2W b + C N_l 2W 4 + (C-1) N_l 4
-// CPU backend only so far (the block kernels have no CUDA twin yet).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -63,9 +74,13 @@ struct RingStats {
 class RingAttention {
  public:
   RingAttention() = default;  // no context parallelism
-  // `scratch`: the arena the ring's buffers come from (counted as activations while a call runs: two
-  // key/value blocks and the fp32 accumulators); nullptr: an arena of the call's own.
-  explicit RingAttention(Comm& cp, Arena* scratch = nullptr) : comm_(&cp), arena_(scratch) {}
+  // `cp`: the cp group's host communicator (the document ids travel over it). `scratch`: the arena the
+  // ring's buffers come from (counted as activations while a call runs: two key/value blocks and the
+  // fp32 accumulators); nullptr: an arena of the call's own (host memory: the CPU backend only).
+  // `blocks`: the communicator of the key/value blocks and their gradients, the cp group's NCCL one on
+  // a GPU; nullptr: cp.
+  explicit RingAttention(Comm& cp, Arena* scratch = nullptr, Comm* blocks = nullptr)
+      : comm_(&cp), blocks_(blocks ? blocks : &cp), arena_(scratch) {}
   bool active() const { return comm_ && comm_->size() > 1; }
   int size() const { return comm_ ? comm_->size() : 1; }
   int rank() const { return comm_ ? comm_->rank() : 0; }
@@ -73,17 +88,19 @@ class RingAttention {
 
   // Causal (and, with doc, document-masked) attention of this rank's Tl = T/cp zigzag rows against the
   // whole sequence. qkv (B,Tl,3C) [q | k | v], doc (B,Tl) or nullptr, out (B,Tl,C), lse (B,NH,Tl): the
-  // same as ops::flash_attention_fwd on the whole sequence, these rows taken.
+  // same as ops::flash_attention_fwd on the whole sequence, these rows taken. Arrays in ctx's memory;
+  // doc_host: the same ids on the host (doc itself on the CPU), nullptr with doc.
   template <class S>
-  RingStats forward(S* out, float* lse, const S* qkv, const int32_t* doc, int B, int Tl, int C, int NH,
-                    const ops::Ctx& ctx) const;
+  RingStats forward(S* out, float* lse, const S* qkv, const int32_t* doc, const int32_t* doc_host, int B, int Tl,
+                    int C, int NH, const ops::Ctx& ctx) const;
   // dqkv (B,Tl,3C) from dout, qkv, out and lse of the forward (assigned).
   template <class S>
-  RingStats backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, const int32_t* doc, int B,
-                     int Tl, int C, int NH, const ops::Ctx& ctx) const;
+  RingStats backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, const int32_t* doc,
+                     const int32_t* doc_host, int B, int Tl, int C, int NH, const ops::Ctx& ctx) const;
 
  private:
   Comm* comm_ = nullptr;
+  Comm* blocks_ = nullptr;
   Arena* arena_ = nullptr;
 };
 

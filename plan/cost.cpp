@@ -109,6 +109,27 @@ CommCounters dp_traffic(const config::TrainOptions& o, const parallel::MeshLayou
   return c;
 }
 
+// A mixture layer whose micro-batch is spread over ranks (moe/token_group.h: cp, and tp under sp)
+// gathers every rank's loads and probability sums (2E doubles) over that token group, over tp first
+// and then the tp block over cp; with a capacity, every rank's expert choices (N_s K i32, N_s its rows)
+// the same way. Once per mixture layer of this stage, micro-batch and forward (full recompute runs the
+// forward again in backward). `cp`: the cp group's gathers, else the tp group's.
+void moe_group_gathers(CommCounters& c, const config::TrainOptions& o, const parallel::MeshLayout& l, int pp_rank,
+                       bool cp) {
+  const uint64_t Pt = o.sequence_parallel() ? uint64_t(l.tp) : 1, Pc = uint64_t(l.cp);
+  if (!o.model.moe.enabled() || (cp ? Pc : Pt) == 1) return;
+  const model::StagePlan plan = l.pp > 1 ? config::stage_plan(o, pp_rank) : model::StagePlan::whole(o.model.n_layer);
+  uint64_t layers = 0;
+  for (const auto& k : plan.chunks)
+    for (int layer = k.begin; layer < k.end; layer++) layers += o.model.is_moe_layer(layer);
+  const uint64_t Ns = uint64_t(rows_per_micro(o, l)) / Pt, K = uint64_t(o.model.moe.top_k);
+  const uint64_t E = uint64_t(o.model.moe.experts), drops = o.model.moe.capacity > 0 ? 1 : 0;
+  const uint64_t times = uint64_t(o.grad_accum) * layers * (o.recompute == model::Recompute::full ? 2 : 1);
+  // Each gather sends (n - 1) copies of what it holds: its own block over tp, tp's block over cp.
+  const uint64_t held = cp ? Pt : 1, others = (cp ? Pc : Pt) - 1;
+  add(c, CommOp::all_gather, times * (1 + drops), times * others * held * (2 * E * 8 + drops * Ns * K * 4));
+}
+
 CommCounters tp_traffic(const config::TrainOptions& o, const parallel::MeshLayout& l, int pp_rank, CommCounters& scalars) {
   CommCounters c;
   const int P = l.tp;
@@ -145,6 +166,7 @@ CommCounters tp_traffic(const config::TrainOptions& o, const parallel::MeshLayou
   const uint64_t doubles = 1 + uint64_t(noise_from_ranks(o, l)) * (l.pp > 1 ? 2 : 1);
   add_scalars(c, scalars, CommOp::all_gather, doubles, doubles * p1 * 8);
   if (o.precision == DType::f16) add_scalars(c, scalars, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, P, 0));
+  moe_group_gathers(c, o, l, pp_rank, false);
   return c;
 }
 
@@ -162,6 +184,7 @@ CommCounters cp_traffic(const config::TrainOptions& o, const parallel::MeshLayou
   const uint64_t passes = o.recompute == model::Recompute::full ? 2 : 1;
   add(c, CommOp::send, uint64_t(o.grad_accum) * L * ((P - 1) * (passes + 1) + P),
       uint64_t(o.grad_accum) * uint64_t(L) * (passes * fwd + bwd));
+  moe_group_gathers(c, o, l, pp_rank, true);
   return c;
 }
 

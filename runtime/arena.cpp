@@ -1,6 +1,7 @@
 #include "runtime/arena.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "runtime/check.h"
 
@@ -39,17 +40,47 @@ Arena::Arena(const MemOps& mem) : alloc_(mem.alloc), free_(mem.free), mem_(mem) 
 Arena::Arena(AllocFn alloc, FreeFn free)
     : alloc_(std::move(alloc)), free_(std::move(free)), mem_(host_memory()), custom_alloc_(true) {}
 
-Arena::~Arena() = default;
+Arena::~Arena() { free_cache(); }
 
 Buffer Arena::alloc(MemCategory cat, size_t bytes) {
   if (bytes == 0) return Buffer();
+  const RegionScope region(regions_, "allocation");
+  if (void* p = reuse(bytes, true)) return take(cat, bytes, p);
   return take(cat, bytes, alloc_(bytes));
 }
 
 Buffer Arena::alloc_uninitialized(MemCategory cat, size_t bytes) {
   if (bytes == 0) return Buffer();
+  const RegionScope region(regions_, "allocation");
+  if (void* p = reuse(bytes, false)) return take(cat, bytes, p);
   // A custom allocator (the third constructor) has no uninitialised variant: it zero-fills.
   return take(cat, bytes, mem_.alloc_uninit && !custom_alloc_ ? mem_.alloc_uninit(bytes) : alloc_(bytes));
+}
+
+void* Arena::reuse(size_t bytes, bool zero) {
+  auto it = kept_.find(bytes);
+  if (it == kept_.end()) return nullptr;
+  void* p = it->second;
+  kept_.erase(it);
+  kept_bytes_ -= bytes;
+  // The same contents a fresh block has: zeros, or the poison of MemOps::alloc_uninit (NaN bytes).
+  std::memset(p, zero || !mem_.alloc_uninit ? 0 : 0xFF, bytes);
+  return p;
+}
+
+void Arena::trim_cache() {
+  while (!kept_.empty() && stats_.live_total + kept_bytes_ > most_live_) {
+    auto largest = std::prev(kept_.end());
+    kept_bytes_ -= largest->first;
+    free_(largest->second);
+    kept_.erase(largest);
+  }
+}
+
+void Arena::free_cache() {
+  for (const auto& [bytes, p] : kept_) free_(p);
+  kept_.clear();
+  kept_bytes_ = 0;
 }
 
 Buffer Arena::take(MemCategory cat, size_t bytes, void* p) {
@@ -64,11 +95,19 @@ Buffer Arena::take(MemCategory cat, size_t bytes, void* p) {
   stats_.live_total += bytes;
   stats_.peak[i] = std::max(stats_.peak[i], stats_.live[i]);
   stats_.peak_total = std::max(stats_.peak_total, stats_.live_total);
+  most_live_ = std::max(most_live_, stats_.live_total);
+  trim_cache();
   return b;
 }
 
 void Arena::release(void* p, size_t bytes, MemCategory cat) {
-  free_(p);
+  const RegionScope region(regions_, "allocation");
+  if (caches_blocks()) {
+    kept_.emplace(bytes, p);
+    kept_bytes_ += bytes;
+  } else {
+    free_(p);
+  }
   stats_.live[size_t(cat)] -= bytes;
   stats_.live_total -= bytes;
 }

@@ -10,10 +10,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "runtime/memory.h"
+#include "runtime/regions.h"
 
 namespace mt {
 
@@ -85,11 +87,30 @@ class Arena {
   const MemStats& stats() const { return stats_; }
   // Sets every peak to the current live value, so the next phase measures its own peak.
   void reset_peaks();
+  // Profiling and traced runs: every allocation and release is an "allocation" region of `sink`
+  // (runtime/regions.h); nullptr: none.
+  void set_region_sink(RegionSink* sink) { regions_ = sink; }
+  // Bytes of freed host blocks kept for reuse (below): held, not live, and not in stats().
+  size_t kept_bytes() const { return kept_bytes_; }
 
  private:
   friend class Buffer;
   Buffer take(MemCategory cat, size_t bytes, void* p);  // accounts a fresh block (p: nullptr = out of memory)
   void release(void* p, size_t bytes, MemCategory cat);
+  // Host blocks. A step asks for the same sizes every time, so a block its owner frees is kept for the
+  // next request of exactly its size instead of going back to the C library, which hands large blocks
+  // back to the system and takes them again as fresh pages, each faulted in and cleared by the kernel
+  // before the fill even starts. Never more is held than the most the arena has had live: a request
+  // the cache cannot serve first frees kept blocks, largest first, until the live blocks and the kept
+  // ones together are within that figure again.
+  bool caches_blocks() const { return mem_.device == Device::cpu && !custom_alloc_; }
+  void* reuse(size_t bytes, bool zero);  // a kept block of this size, zeroed or poisoned; nullptr if none
+  void trim_cache();
+  void free_cache();
+  std::multimap<size_t, void*> kept_;
+  size_t kept_bytes_ = 0;
+  size_t most_live_ = 0;  // the most ever live at once (reset_peaks leaves it)
+  RegionSink* regions_ = nullptr;
   AllocFn alloc_;
   FreeFn free_;
   MemOps mem_;

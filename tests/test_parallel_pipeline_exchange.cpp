@@ -1,8 +1,10 @@
-// Paired exchanges (parallel/pipeline_exchange.h): gpipe, 1f1b and zb1 run to the end on the whole
-// schedule grid when sends wait for their receives (NCCL) and each rank pairs the messages between two
-// compute actions into one exchange; a schedule where two ranks each send before they receive (some
-// interleaved ones among them) is caught, naming both. And the executor, in paired mode, issues
-// exactly those exchanges, one call each, each before its compute action: the order the check proved.
+// Paired exchanges (parallel/pipeline_exchange.h): every schedule of the grid (gpipe, 1f1b, zb1,
+// interleaved) runs to the end when sends wait for their receives (NCCL): gpipe, 1f1b and zb1 with the
+// messages between two compute actions paired into one exchange, interleaved with the exchange points
+// between a backward and the forward after it merged and split by direction. A schedule where two ranks
+// each send before they receive is caught, naming both, and so are the interleaved schedules paired as
+// the others are. And the executor, in paired mode, issues exactly those exchanges, one call each,
+// each before its compute action: the order the check proved.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,11 +38,9 @@ std::string rejection(const Schedule& s) {
 }
 
 // The grid of the schedule tests: p 1-8, m 1-32, v 2-4 for interleaved (m % p == 0), v 1 otherwise.
-// gpipe, 1f1b and zb1 finish everywhere. Interleaved does not always: its rounds make two ranks each
-// send a gradient the other receives only after its own send (p = 2, m = 4, v = 2 is the smallest),
-// which eager sends survive and rendezvous sends do not; the trainer refuses those on GPUs.
-TEST(PipelineExchange, EveryScheduleButSomeInterleavedRunsUnderRendezvousSends) {
-  int checked = 0, interleaved_ok = 0, interleaved_bad = 0;
+// Every schedule finishes.
+TEST(PipelineExchange, EveryScheduleOfTheGridRunsUnderRendezvousSends) {
+  int checked = 0;
   for (ScheduleKind k : kKinds)
     for (int p = 1; p <= 8; p++)
       for (int m = 1; m <= 32; m++)
@@ -48,21 +48,59 @@ TEST(PipelineExchange, EveryScheduleButSomeInterleavedRunsUnderRendezvousSends) 
           if ((k == ScheduleKind::interleaved) != (v > 1) || (k == ScheduleKind::interleaved && m % p != 0)) continue;
           const Schedule s = build_schedule({k, p, m, v});
           validate_schedule(s);
-          const std::string why = rejection(s);
-          if (k == ScheduleKind::interleaved) {
-            (why.empty() ? interleaved_ok : interleaved_bad)++;
-            continue;
-          }
-          ASSERT_EQ(why, "") << schedule_kind_name(k) << " p=" << p << " m=" << m << " v=" << v;
+          ASSERT_EQ(rejection(s), "") << schedule_kind_name(k) << " p=" << p << " m=" << m << " v=" << v;
           checked++;
         }
-  EXPECT_EQ(checked, 3 * 8 * 32);
-  EXPECT_GT(interleaved_ok, 0) << "p = 1 has no messages at all";
-  EXPECT_GT(interleaved_bad, 0);
-  const std::string why = rejection(build_schedule({ScheduleKind::interleaved, 2, 4, 2}));
-  EXPECT_NE(why.find("pipeline schedule interleaved (p=2, m=4, v=2) under rendezvous sends: deadlock; rank 0 waits"),
-            std::string::npos)
-      << why;
+  EXPECT_EQ(checked, 3 * 8 * 32 + 255);
+}
+
+// Why interleaved merges its exchange points: its lists exchanged as 1f1b's are (a point before every
+// compute action, one send and one receive each) deadlock in 138 of the grid's 255 cases, the smallest
+// p = 2, m = 4, v = 2, where both ranks wait to send a gradient.
+TEST(PipelineExchange, InterleavedPairedPerComputeActionDeadlocks) {
+  int bad = 0;
+  for (int p = 1; p <= 8; p++)
+    for (int m = p; m <= 32; m += p)
+      for (int v = 2; v <= 4; v++) {
+        Schedule s = build_schedule({ScheduleKind::interleaved, p, m, v});
+        s.spec.kind = ScheduleKind::one_f_one_b;  // the same lists, paired per compute action
+        bad += !rejection(s).empty();
+      }
+  EXPECT_EQ(bad, 138);
+  Schedule s = build_schedule({ScheduleKind::interleaved, 2, 4, 2});
+  s.spec.kind = ScheduleKind::one_f_one_b;
+  const std::string why = rejection(s);
+  EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+  for (const char* part : {"pipeline schedule 1f1b (p=2, m=4, v=2) under rendezvous sends: deadlock; rank 0 waits",
+                           "rank 1 waits in exchange 4 on send_gradient(chunk 1, micro 1) to rank 0"})
+    EXPECT_NE(why.find(part), std::string::npos) << "'" << part << "' not in: " << why;
+}
+
+// Interleaved, p = 2, m = 4, v = 2, rank 0: ... B(1,0) | send g(1,0), F(0,3) | send a(0,3), B(1,1) ...
+// has one exchange point before B(1,1) holding two sends and two receives: the gradients (B(1,0)'s out,
+// B(1,1)'s in) go first, then the activations (F(0,3)'s out, F(1,2)'s in, received ahead of B(1,1)).
+TEST(PipelineExchange, InterleavedSplitsAMergedPointByDirectionGradientsFirst) {
+  const Schedule s = build_schedule({ScheduleKind::interleaved, 2, 4, 2});
+  const std::vector<Action>& l = s.ranks[0];
+  const size_t b11 = size_t(std::find(l.begin(), l.end(), B(1, 1)) - l.begin());
+  std::vector<Exchange> there;
+  for (const Exchange& x : paired_exchanges(s, 0))
+    if (x.before == b11) there.push_back(x);
+  ASSERT_EQ(there.size(), 2u);
+  auto at = [&](long i) { return l[size_t(i)]; };
+  EXPECT_EQ(at(there[0].send), (Action{ActionKind::send_gradient, 1, 0, 1}));
+  EXPECT_EQ(at(there[0].recv), (Action{ActionKind::recv_gradient, 1, 1, 1}));
+  EXPECT_EQ(at(there[1].send), (Action{ActionKind::send_activation, 0, 3, 1}));
+  EXPECT_EQ(at(there[1].recv), (Action{ActionKind::recv_activation, 1, 2, 1}));
+  // No exchange point between a backward and the forward right after it.
+  for (int r = 0; r < 2; r++)
+    for (const Exchange& x : paired_exchanges(s, r)) {
+      const std::vector<Action>& list = s.ranks[size_t(r)];
+      if (x.before == list.size() || list[x.before].kind != ActionKind::forward) continue;
+      size_t prev = x.before;
+      while (prev > 0 && !is_compute(list[--prev].kind)) {}
+      EXPECT_NE(list[prev].kind, ActionKind::backward) << "rank " << r << " exchange before " << x.before;
+    }
 }
 
 // 1f1b, p = 2, m = 2, rank 0: F0 | send a0, F1 | send a1 + recv g0, B0 | recv g1, B1: the steady
@@ -70,7 +108,7 @@ TEST(PipelineExchange, EveryScheduleButSomeInterleavedRunsUnderRendezvousSends) 
 TEST(PipelineExchange, PairsTheMessagesBetweenTwoComputeActions) {
   const Schedule s = build_schedule({ScheduleKind::one_f_one_b, 2, 2, 1});
   const std::vector<Action>& l = s.ranks[0];
-  const std::vector<Exchange> ex = paired_exchanges(l, 0);
+  const std::vector<Exchange> ex = paired_exchanges(s, 0);
   ASSERT_EQ(ex.size(), 3u);
   EXPECT_EQ(l[ex[0].before], F(0, 1));
   EXPECT_EQ(l[size_t(ex[0].send)], msg(ActionKind::send_activation, 0, 1));
@@ -83,7 +121,7 @@ TEST(PipelineExchange, PairsTheMessagesBetweenTwoComputeActions) {
   EXPECT_EQ(l[size_t(ex[2].recv)], msg(ActionKind::recv_gradient, 1, 1));
   // The last rank's final send comes after its last compute action: an exchange at the list's end.
   const std::vector<Action>& last = s.ranks[1];
-  const std::vector<Exchange> lx = paired_exchanges(last, 1);
+  const std::vector<Exchange> lx = paired_exchanges(s, 1);
   EXPECT_EQ(lx.back().before, last.size());
   EXPECT_EQ(last[size_t(lx.back().send)], msg(ActionKind::send_gradient, 1, 0));
 }
@@ -107,15 +145,33 @@ TEST(PipelineExchange, SendingBeforeReceivingOnBothRanksDeadlocks) {
 }
 
 TEST(PipelineExchange, TwoSendsBetweenComputeActionsAreRefused) {
-  const std::vector<Action> l = {F(0, 0), msg(ActionKind::send_activation, 0, 1),
-                                 msg(ActionKind::send_activation, 1, 1), F(0, 1)};
+  Schedule s;
+  s.spec = {ScheduleKind::one_f_one_b, 4, 2, 1};
+  s.ranks.resize(4);
+  s.ranks[3] = {F(0, 0), msg(ActionKind::send_activation, 0, 1), msg(ActionKind::send_activation, 1, 1), F(0, 1)};
   try {
-    paired_exchanges(l, 3);
+    paired_exchanges(s, 3);
     FAIL() << "accepted";
   } catch (const Error& e) {
     const std::string w = e.what();
     EXPECT_NE(w.find("rank 3, action 2"), std::string::npos) << w;
-    EXPECT_NE(w.find("a second send"), std::string::npos) << w;
+    EXPECT_NE(w.find("a second send between two compute actions"), std::string::npos) << w;
+  }
+  // Interleaved splits a point's messages by direction, but two in one direction stay refused.
+  s.spec = {ScheduleKind::interleaved, 4, 4, 2};
+  s.ranks[3] = {F(0, 0), msg(ActionKind::send_activation, 0, 1), msg(ActionKind::send_gradient, 0, 2), F(0, 1)};
+  EXPECT_EQ(paired_exchanges(s, 3).size(), 2u);  // one send each way: an exchange each
+  s.ranks[3].push_back(msg(ActionKind::send_activation, 1, 1));
+  s.ranks[3].push_back(msg(ActionKind::recv_gradient, 0, 1));
+  s.ranks[3].push_back(msg(ActionKind::recv_gradient, 1, 1));
+  s.ranks[3].push_back(B(0, 0));
+  try {
+    paired_exchanges(s, 3);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("rank 3, action 6, recv_gradient(chunk 0, micro 1) from rank 1: a second receive in one "
+                     "direction"), std::string::npos) << w;
   }
 }
 
@@ -181,14 +237,16 @@ class RecordingStages final : public PipelineStages {
 TEST(PipelineExchange, ThePairedExecutorIssuesExactlyTheCheckedExchanges) {
   Arena arena(host_memory());
   int runs = 0;
-  for (ScheduleKind k : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::zb1})
+  for (ScheduleKind k : kKinds)
     for (int p = 2; p <= 4; p++)
       for (int m : {1, 2, p + 1, 2 * p}) {
-        const Schedule s = build_schedule({k, p, m, 1});
+        const bool interleaved = k == ScheduleKind::interleaved;
+        if (interleaved && m % p != 0) continue;
+        const Schedule s = build_schedule({k, p, m, interleaved ? 1 + m / p : 1});  // v 2 and 3
         for (int r = 0; r < p; r++) {
           const std::vector<Action>& l = s.ranks[size_t(r)];
           std::vector<std::string> want;
-          const std::vector<Exchange> ex = paired_exchanges(l, r);
+          const std::vector<Exchange> ex = paired_exchanges(s, r);
           size_t e = 0;
           for (size_t i = 0; i <= l.size(); i++) {
             for (; e < ex.size() && ex[e].before == i; e++)
@@ -205,7 +263,7 @@ TEST(PipelineExchange, ThePairedExecutorIssuesExactlyTheCheckedExchanges) {
           runs++;
         }
       }
-  EXPECT_EQ(runs, 3 * (2 + 3 + 4) * 4);
+  EXPECT_EQ(runs, 3 * (2 + 3 + 4) * 4 + 2 * 2 + 3 + 4);  // interleaved: m = 2p, and m = p for p = 2
 }
 
 }  // namespace

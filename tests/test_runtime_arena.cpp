@@ -2,7 +2,9 @@
 //
 // Arena promises: live bytes per category follow Buffer lifetimes exactly (RAII, moves transfer
 // ownership), peaks are the maxima of live bytes since the last reset_peaks(), host blocks are
-// 64-byte aligned and zero-filled, a failed allocation throws naming the category.
+// 64-byte aligned and zero-filled (poisoned when uninitialised), a freed host block serves the next
+// request of its size refilled as a fresh one, the blocks kept for that never make the arena hold more
+// than the most it has had live, a failed allocation throws naming the category.
 // ParamStore promises: every entry starts at a multiple of 16 elements (64 bytes) inside its unit,
 // entries do not overlap, units tile the flat range and are padded to whole 64-byte shard chunks,
 // counts exclude the padding, the buffers are charged to params/grads, and refresh_compute() makes
@@ -11,6 +13,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -96,6 +99,44 @@ TEST(Arena, MovingABufferTransfersOwnershipAndAssignmentReleasesTheOldBlock) {
   c = Buffer();
   EXPECT_EQ(live(a, MemCategory::comm), 0u);
   EXPECT_EQ(peak(a, MemCategory::comm), 320u);  // both existed for a moment
+}
+
+TEST(Arena, AFreedHostBlockServesTheNextRequestOfItsSizeFilledAsAFreshOne) {
+  Arena a;
+  Buffer b = a.alloc(MemCategory::activations, 4096);
+  void* p = b.data();
+  std::memset(p, 0x12, 4096);
+  b.reset();
+  EXPECT_EQ(a.kept_bytes(), 4096u);
+  EXPECT_EQ(a.stats().live_total, 0u);
+  Buffer c = a.alloc_uninitialized(MemCategory::activations, 4096);
+  EXPECT_EQ(c.data(), p);
+  EXPECT_EQ(a.kept_bytes(), 0u);
+  const auto* bytes = static_cast<const unsigned char*>(c.data());
+  for (size_t k = 0; k < 4096; k++) ASSERT_EQ(bytes[k], 0xFF) << "byte " << k << ": not poisoned";
+  std::memset(c.data(), 0x34, 4096);
+  c.reset();
+  Buffer d = a.alloc(MemCategory::grads, 4096);
+  EXPECT_EQ(d.data(), p);
+  bytes = static_cast<const unsigned char*>(d.data());
+  for (size_t k = 0; k < 4096; k++) ASSERT_EQ(bytes[k], 0) << "byte " << k << ": not zeroed";
+  EXPECT_EQ(live(a, MemCategory::grads), 4096u);
+}
+
+TEST(Arena, KeptBlocksNeverHoldMoreThanTheMostEverLive) {
+  Arena a;
+  {
+    Buffer x = a.alloc(MemCategory::activations, 1000), y = a.alloc(MemCategory::activations, 2000),
+           z = a.alloc(MemCategory::activations, 3000);
+  }
+  EXPECT_EQ(a.kept_bytes(), 6000u);
+  a.reset_peaks();  // the bound is the most ever live, not this phase's peak
+  // A size the cache does not hold: kept blocks go, largest first, until live + kept <= 6000.
+  Buffer w = a.alloc(MemCategory::activations, 5000);
+  EXPECT_EQ(a.kept_bytes(), 1000u);
+  Buffer v = a.alloc(MemCategory::activations, 1000);  // served from the cache
+  EXPECT_EQ(a.kept_bytes(), 0u);
+  EXPECT_EQ(a.stats().live_total, 6000u);
 }
 
 TEST(Arena, CustomAllocatorIsUsedAndFailureNamesTheCategory) {

@@ -97,10 +97,9 @@ TEST(LayoutRules, EachBadPipelineOptionNamesItself) {
   // What fits: uneven stages, interleaving with whole rounds, m < p for 1f1b.
   EXPECT_NO_THROW(config::parse_train_options(four({"--pp", "2", "pp.layers=1,3"})));
   EXPECT_NO_THROW(config::parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "pp.virtual=2", "grad_accum=4"})));
-  // pp.exchange: paired on the CPU takes the same check; ahead on cuda is refused; a bad value names itself.
-  expect_error([&] { config::parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "pp.virtual=2",
-                                               "grad_accum=4", "pp.exchange=paired"})); },
-               "pp.schedule=interleaved with pp.exchange=paired", "without deadlock");
+  // pp.exchange: paired on the CPU runs every schedule; ahead on cuda is refused; a bad value names itself.
+  EXPECT_NO_THROW(config::parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "pp.virtual=2",
+                                                    "grad_accum=4", "pp.exchange=paired"})));
   EXPECT_NO_THROW(config::parse_train_options(four({"--pp", "2", "pp.schedule=zb1", "pp.exchange=paired"})));
   expect_error([&] { config::parse_train_options(four({"--pp", "2", "device=cuda", "pp.exchange=ahead"})); },
                "pp.exchange=ahead with --device cuda");
@@ -112,20 +111,12 @@ TEST(LayoutRules, EachBadPipelineOptionNamesItself) {
   EXPECT_NO_THROW(config::parse_train_options(four({"--pp", "2", "device=cuda"})));
   EXPECT_NO_THROW(config::parse_train_options(four({"--pp", "2", "pp.schedule=zb1", "device=cuda", "precision=bf16"})));
   EXPECT_NO_THROW(config::parse_train_options(four({"--pp", "4", "pp.schedule=gpipe", "grad_accum=3", "device=cuda"})));
-  // Interleaved rounds that deadlock when every send waits for its receive (NCCL) are refused there.
-  expect_error([&] { config::parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "pp.virtual=2",
-                                               "grad_accum=4", "device=cuda"})); },
-               "pp.schedule=interleaved with --device cuda", "without deadlock");
-  EXPECT_NO_THROW(config::parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "pp.virtual=2", "grad_accum=4"})));
-  // pp.exchange: paired on the CPU takes the same check; ahead on cuda is refused; a bad value names itself.
-  expect_error([&] { config::parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "pp.virtual=2",
-                                               "grad_accum=4", "pp.exchange=paired"})); },
-               "pp.schedule=interleaved with pp.exchange=paired", "without deadlock");
-  EXPECT_NO_THROW(config::parse_train_options(four({"--pp", "2", "pp.schedule=zb1", "pp.exchange=paired"})));
-  expect_error([&] { config::parse_train_options(four({"--pp", "2", "device=cuda", "pp.exchange=ahead"})); },
-               "pp.exchange=ahead with --device cuda");
-  expect_error([&] { config::parse_train_options(four({"--pp", "2", "pp.exchange=eager"})); }, "pp.exchange=eager");
-  EXPECT_EQ(config::parse_train_options(four({"--pp", "2"})).to_json()["pp"]["exchange"], "auto");
+  // Interleaved on GPUs too, including the rounds that deadlocked when each compute action's messages
+  // were paired on their own (p 2, m 4, v 2; parallel/pipeline_exchange.h).
+  EXPECT_NO_THROW(config::parse_train_options(four({"--pp", "2", "pp.schedule=interleaved", "pp.virtual=2",
+                                                    "grad_accum=4", "device=cuda"})));
+  EXPECT_NO_THROW(config::parse_train_options(tiny({"model.n_layer=8", "--pp", "4", "pp.schedule=interleaved",
+                                                    "pp.virtual=2", "grad_accum=8", "device=cuda"})));
   const config::TrainOptions o = config::parse_train_options(four({"--pp", "4", "pp.schedule=gpipe"}));
   EXPECT_EQ(o.to_json()["pp"]["schedule"], "gpipe");
 }
@@ -217,12 +208,16 @@ TEST(LayoutRules, TheResolvedConfigRecordsSequenceParallelism) {
   EXPECT_EQ(a.to_json()["parallel"]["sp"], "auto");
 }
 
-// Context parallelism has no device path yet (ring attention runs on the CPU backend): --cp with
-// --device cuda is refused at parse time, naming both, in every build (README's status table cites it).
-TEST(LayoutRules, ContextParallelismOnTheDeviceIsRefused) {
-  expect_error([] { config::parse_train_options(tiny({"--cp", "2", "device=cuda"})); },
-               "--cp 2 runs on the CPU backend only", "--device cuda");
+// Context parallelism on the device: ring attention's blocks over the cp group's NCCL communicator
+// (parallel/ring_attention.h; tests/mpi/mpi_sim_cp_test.cpp), so --cp with --device cuda parses; its
+// other rules stay (attention=flash, seq_len divisible by 2 cp), on either device.
+TEST(LayoutRules, ContextParallelismRunsOnTheDeviceWithItsRules) {
+  EXPECT_NO_THROW(config::parse_train_options(tiny({"--cp", "2", "device=cuda"})));
   EXPECT_NO_THROW(config::parse_train_options(tiny({"--cp", "2"})));
+  for (const char* device : {"device=cpu", "device=cuda"}) {
+    expect_error([&] { config::parse_train_options(tiny({"--cp", "2", device, "attention=materialized"})); },
+                 "--cp 2 needs attention=flash");
+  }
 }
 
 }  // namespace

@@ -85,7 +85,12 @@ TEST(MoeOptions, BadInputFailsWithOneLineBeforeAnythingIsWritten) {
   // zb1's split backward of mixture layers, with expert parallelism too (tests/mpi/mpi_ep_test.cpp).
   EXPECT_NO_THROW(config::parse_train_options({"model=tiny-moe", "--pp", "2", "pp.schedule=zb1"}));
   EXPECT_NO_THROW(config::parse_train_options({"model=tiny-moe", "--pp", "2", "--dp", "2", "--ep", "2", "pp.schedule=zb1"}));
-  expect_error([] { config::parse_train_options({"model=tiny-moe", "--cp", "2", "attention=flash"}); }, "--cp 2");
+  // Context parallelism: each cp rank routes its chunks' tokens, the balance term and the drops decided
+  // over the whole micro-batch (moe/token_group.h; tests/mpi/mpi_moe_cp_test.cpp); ep carved from dp x cp.
+  EXPECT_NO_THROW(config::parse_train_options({"model=tiny-moe", "--cp", "2", "attention=flash"}));
+  EXPECT_NO_THROW(config::parse_train_options({"model=tiny-moe", "--cp", "2", "--dp", "1", "--ep", "2", "attention=flash"}));
+  expect_error([] { config::parse_train_options({"model=tiny-moe", "--cp", "2", "--dp", "1", "--ep", "4", "attention=flash"}); },
+               "--ep 4 does not divide --dp 1 x --cp 2 = 2: expert parallelism is carved from the data-parallel ranks");
   // Options assembled in code go through the same checks when the trainer is built, before any file.
   const std::string dir = testing::make_temp_dir("mt_moe_bad");
   config::TrainOptions o = config::parse_train_options({"model=tiny-moe", "data.path=synthetic", "out_dir=" + dir + "/run"});

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <optional>
 
 #include "config/layout_rules.h"
 #include "kernels/cuda_available.h"
@@ -139,6 +140,11 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
     ctx_.trace = trace_.get();
     ctx_.trace_lane = trace_->lane("ops");
   }
+  if (op_timer_ || trace_) {
+    regions_ = std::make_unique<ops::Regions>(op_timer_.get(), trace_.get(), ctx_.trace_lane);
+    ctx_.regions = regions_.get();
+    arena_.set_region_sink(regions_.get());
+  }
   // The cp ranks of a dp replica read the same rows and keep their zigzag chunks of them.
   const int cp_rank = mesh_->coord(parallel::MeshDim::cp);
   train_data_ = zigzag_batches(open_batches(o_, "train", dp.rank(), dp.size()), mesh_->cp(), cp_rank);
@@ -178,7 +184,12 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
   gpt_->set_ctx(ctx_);
   gpt_->set_recompute(o_.recompute);
   gpt_->set_attention(o_.attention_kind());
-  if (mesh_->cp() > 1) gpt_->set_context_parallel(parallel::RingAttention(mesh_->cp_comm(), &arena_));
+  if (mesh_->cp() > 1) {
+    // On the GPU the key/value blocks travel over NCCL; the document ids stay on the host communicator.
+    parallel::Comm* blocks = nullptr;
+    if (device_comm(parallel::MeshGroup::cp)) blocks = &mesh_->add_device_comm(parallel::MeshGroup::cp, ctx_.stream);
+    gpt_->set_context_parallel(parallel::RingAttention(mesh_->cp_comm(), &arena_, blocks));
+  }
   if (mesh_->ep() > 1) {
     // On the GPU the rows travel over NCCL (the counts stay on the host communicator).
     parallel::Comm* rows = nullptr;
@@ -200,7 +211,7 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
   // communicator, on a communication stream ordered after the compute stream.
   parallel::Comm* dp_device = nullptr;
 #ifdef MT_HAVE_NCCL
-  if (device_comm(parallel::MeshGroup::dp)) dp_device = &mesh_->add_device_comm(parallel::MeshGroup::dp, ctx_.stream);
+  if (device_comm(replica_group())) dp_device = &mesh_->add_device_comm(replica_group(), ctx_.stream);
 #endif
   dp_ = std::make_unique<parallel::DataParallel>(store_, reps, arena_, dpo, ctx_, dp_device);
   if (tp_.active()) {
@@ -269,6 +280,7 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
 // The world communicator is the caller's and outlives this trainer: it must not keep pointing at our
 // trace.
 Trainer::~Trainer() {
+  arena_.set_region_sink(nullptr);  // members released below must not reach the sink as it goes
   // Unwinding on an error, NCCL kernels may wait for peers that will never come, and the checkpoint
   // writer (destroyed before the mesh) may wait on the device behind them: end them first.
   if (std::uncaught_exceptions() > 0 && mesh_) mesh_->abort_device_comms();
@@ -277,7 +289,8 @@ Trainer::~Trainer() {
 }
 
 parallel::CommCounters Trainer::group_counters(parallel::MeshDim d) const {
-  const parallel::Comm* device = mesh_->device_comm(parallel::group_of(d));
+  const parallel::MeshGroup g = d == parallel::MeshDim::dp ? replica_group() : parallel::group_of(d);
+  const parallel::Comm* device = mesh_->device_comm(g);
   parallel::CommCounters c = d == parallel::MeshDim::dp ? replicas().counters() : mesh_->comm(d).counters();
   if (device) c += device->counters();
   // The experts' gradients and parameters travel over the expert-data group, a part of dp x cp.
@@ -381,24 +394,31 @@ StepResult Trainer::step() {
   const auto t0 = clock_type::now();
   const double wait0 = train_data_->wait_seconds();
   int32_t valid_local = 0;
-  for (size_t k = 0; k < micro_.size(); k++) {
-    HostBatch& b = micro_[k];
-    train_data_->next(b);
-    if (batch_hook_) batch_hook_(k, b);
-    valid_local += valid_targets(b);
-    r.tokens_per_rank += long(b.B) * b.T;
+  int32_t valid = 0;
+  {
+    const ops::Region region(ctx_, "data");
+    for (size_t k = 0; k < micro_.size(); k++) {
+      HostBatch& b = micro_[k];
+      train_data_->next(b);
+      if (batch_hook_) batch_hook_(k, b);
+      valid_local += valid_targets(b);
+      r.tokens_per_rank += long(b.B) * b.T;
+    }
+    r.t_data = train_data_->wait_seconds() - wait0;
+    valid = valid_local;
+    dp.all_reduce(&valid, 1, DType::i32, parallel::ReduceOp::sum);
   }
-  r.t_data = train_data_->wait_seconds() - wait0;
-  int32_t valid = valid_local;
-  dp.all_reduce(&valid, 1, DType::i32, parallel::ReduceOp::sum);
   MT_CHECK(valid > 0, "a global batch without any target token");
   r.tokens = r.tokens_per_rank * dp.size();
 
   // Loss is the mean over the valid targets of the whole global batch; fp16 scales it up. The
   // reductions sum, so every rank's gradient contributions are weighted by the global count.
   const float dloss = scaler_.scale() / float(valid);
-  dp_->begin_step();
-  if (expert_dp_) expert_dp_->begin_step();
+  {
+    const ops::Region region(ctx_, "zero grads");
+    dp_->begin_step();
+    if (expert_dp_) expert_dp_->begin_step();
+  }
   reset_group_counters();
   gpt_->reset_times();
   gpt_->reset_moe_stats();
@@ -418,23 +438,28 @@ StepResult Trainer::step() {
         ops::sum_squares_into(&dev->first_sum_sq, store_.grads(), store_.total_numel(), false, ctx_);
     }
   }
-  if (grad_wait_timer_) grad_wait_timer_->begin("grad_wait", 0);
-  dp_->finish_grads();
-  if (expert_dp_) expert_dp_->finish_grads();
-  if (grad_wait_timer_) grad_wait_timer_->end();
-  if (pipeline_) {
-    pipeline_->sum_tied_grads();
-    loss_sum = pipeline_->loss_sum();  // the step's one wait for the device, with the reductions queued
+  {
+    const ops::Region region(ctx_, "grad reduction");
+    if (grad_wait_timer_) grad_wait_timer_->begin("grad_wait", 0);
+    dp_->finish_grads();
+    if (expert_dp_) expert_dp_->finish_grads();
+    if (grad_wait_timer_) grad_wait_timer_->end();
+    if (pipeline_) pipeline_->sum_tied_grads();
   }
-  // Only the last pipeline stage has losses: the sum over pp is its sum, exactly.
-  double total = parallel::all_reduce_sum_double(dp, loss_sum);
-  if (pipeline_) total = parallel::all_reduce_sum_double(mesh_->pp_comm(), total);
-  r.loss = total / valid;
+  {
+    const ops::Region region(ctx_, "loss");
+    if (pipeline_) loss_sum = pipeline_->loss_sum();  // the step's one wait for the device, with the reductions queued
+    // Only the last pipeline stage has losses: the sum over pp is its sum, exactly.
+    double total = parallel::all_reduce_sum_double(dp, loss_sum);
+    if (pipeline_) total = parallel::all_reduce_sum_double(mesh_->pp_comm(), total);
+    r.loss = total / valid;
+  }
   r.t_forward = gpt_->times().forward;
   r.t_backward = gpt_->times().backward;
   r.t_grad_wait = dp_->stats().grad_wait_s + (expert_dp_ ? expert_dp_->stats().grad_wait_s : 0.0);
 
   const auto t_opt = clock_type::now();
+  std::optional<ops::Region> region(std::in_place, ctx_, "grad norm");
   if (ckpt_) ckpt_->snapshot_fence();
   fault("optimizer");
   bool finite = !scaler_.enabled() || (dp_->grads_finite() && expert_grads_finite());
@@ -465,6 +490,7 @@ StepResult Trainer::step() {
       arena_.upload(&dev->sum_sq, &sum_sq, sizeof(sum_sq));
     }
     ops::clip_coefficient(&dev->coef, &dev->sum_sq, inv_scale, o_.optim.grad_clip, ctx_);
+    region.emplace(ctx_, "optimizer");
     adam_->step(dp_->master_shard(), dp_->grad_shard(), r.lr, ++updates_, ctx_, &dev->coef);
     dp_->publish_params();
     if (expert_dp_) {
@@ -475,6 +501,7 @@ StepResult Trainer::step() {
     r.skipped = true;
     r.grad_norm = NAN;
   }
+  region.emplace(ctx_, "step scalars");
   scaler_.update(!finite);
   step_++;
   arena_.mem().sync();  // on a device the optimizer's kernels are still queued: time them, not their launch
@@ -491,6 +518,7 @@ StepResult Trainer::step() {
   }
   if (o_.model.moe.enabled()) r.moe = finish_moe_step();
   if (o_.parallel.sdc_every > 0 && step_ % o_.parallel.sdc_every == 0) check_replicas();
+  region.reset();
   r.t_total = since(t0);
   return r;
 }

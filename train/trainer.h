@@ -137,6 +137,10 @@ class Trainer {
   // The ranks holding replicas of this rank's parameters: the dp group, or the cp x dp group under
   // context parallelism (gradients, loss, token counts and ZeRO shards are over it).
   parallel::Comm& replicas() const { return mesh_->cp() > 1 ? mesh_->cp_dp_comm() : mesh_->dp_comm(); }
+  // Their group's name, whose device communicator (on a GPU) carries the gradients' collectives.
+  parallel::MeshGroup replica_group() const {
+    return mesh_->cp() > 1 ? parallel::MeshGroup::cp_dp : parallel::MeshGroup::dp;
+  }
   // Whole tensors of vectors in the optimizer's shard layouts (master weights or gradients: `shard` of
   // the model's store, `expert_shard` of the expert store).
   std::vector<std::vector<float>> global_tensors(const float* shard, const float* expert_shard);
@@ -226,6 +230,7 @@ class Trainer {
   config::TrainOptions o_;
   std::unique_ptr<Trace> trace_;            // trace=1; before everything that points at it
   std::unique_ptr<ops::OpTimer> op_timer_;  // before everything holding a Ctx that points at it
+  std::unique_ptr<ops::Regions> regions_;   // profile or trace: the step's host work, named
   std::unique_ptr<ops::OpTimer> grad_wait_timer_;  // device runs: the compute stream's wait for reductions
   std::unique_ptr<parallel::Comm> own_world_;
   parallel::Comm& world_;

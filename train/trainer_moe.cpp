@@ -1,5 +1,6 @@
 // The trainer's side of mixture-of-experts layers: the routing statistics of a step summed over the
-// data-parallel ranks (each routes its own micro-batches), the tensor-parallel ranks under sequence
+// data-parallel ranks (each routes its own micro-batches; with the cp ranks, each routing its own
+// chunks of them), the tensor-parallel ranks under sequence
 // parallelism (each routes its own rows) and the pipeline stages (each holds its own layers), the routing bias update of aux-loss-free balancing (DeepSeek-V3) from those sums, so
 // that every replica keeps the same bias, and the bias in checkpoints.
 #include <algorithm>
@@ -14,7 +15,7 @@ namespace mt::train {
 nlohmann::json Trainer::finish_moe_step() {
   const model::MoeConfig& mc = o_.model.moe;
   const int E = mc.experts;
-  parallel::Comm& dp = mesh_->dp_comm();
+  parallel::Comm& dp = replicas();  // dp, or dp x cp: each cp rank routes its own chunks' tokens
   const std::vector<model::MoeLayerStats>& stats = gpt_->moe_stats();
   // Per mixture layer: loads, assignments, drops, tokens (int32: a step's assignments per rank fit),
   // then the token-weighted sums; zero for a layer another pipeline stage holds, so that the sums over

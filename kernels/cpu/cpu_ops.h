@@ -70,6 +70,8 @@ void flash_block_bwd(acc_t<S>* dq, acc_t<S>* dk, acc_t<S>* dv, int lddkv, const 
                      const S* k, const S* v, int ldkv, const acc_t<S>* lse, const acc_t<S>* delta,
                      const int32_t* q_pos, const int32_t* k_pos, const int32_t* q_doc, const int32_t* k_doc, int B,
                      int Tq, int Tk, int C, int NH);
+template <class T>
+void copy_columns(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t cols);
 template <class S>
 void add(S* out, const S* a, const S* b, int64_t N);
 template <class S>

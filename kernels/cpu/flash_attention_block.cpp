@@ -249,13 +249,19 @@ void flash_block_bwd(acc_t<S>* dq, acc_t<S>* dk, acc_t<S>* dv, int lddkv, const 
   }
 }
 
+template <class T>
+void copy_columns(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; r++) std::copy_n(src + r * ld_src, cols, dst + r * ld_dst);
+}
+
 #define MT_FLASH_BLOCK_INSTANTIATE(S)                                                                          \
   template void flash_block_fwd<S>(acc_t<S>*, acc_t<S>*, const S*, int, const S*, const S*, int, const int32_t*, \
                                    const int32_t*, const int32_t*, const int32_t*, int, int, int, int, int);     \
   template void flash_block_bwd<S>(acc_t<S>*, acc_t<S>*, acc_t<S>*, int, const S*, const S*, int, const S*,      \
                                    const S*, int, const acc_t<S>*, const acc_t<S>*, const int32_t*,              \
                                    const int32_t*, const int32_t*, const int32_t*, int, int, int, int, int);     \
-  template void attention_delta<S>(acc_t<S>*, const S*, const S*, int, int, int, int);
+  template void attention_delta<S>(acc_t<S>*, const S*, const S*, int, int, int, int);                         \
+  template void copy_columns<S>(S*, int64_t, const S*, int64_t, int64_t, int64_t);
 MT_FLASH_BLOCK_INSTANTIATE(float)
 MT_FLASH_BLOCK_INSTANTIATE(double)
 MT_FLASH_BLOCK_INSTANTIATE(bf16)

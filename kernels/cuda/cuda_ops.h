@@ -65,6 +65,9 @@ void flash_block_bwd(float* dq, float* dk, float* dv, int lddkv, const S* dout, 
                      const S* v, int ldkv, const float* lse, const float* delta, const int32_t* q_pos,
                      const int32_t* k_pos, const int32_t* q_doc, const int32_t* k_doc, int B, int Tq, int Tk, int C,
                      int NH, const ops::Ctx& ctx);
+template <class T>
+void copy_columns(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t cols,
+                  const ops::Ctx& ctx);
 // Whether flash attention in storage type t at head size hs runs the tensor-core kernels on the
 // current device (for 16-byte aligned tensors), rather than the fp32 SIMT ones.
 bool flash_attention_on_tensor_cores(DType t, int hs, bool backward);

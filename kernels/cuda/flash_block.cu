@@ -1,6 +1,7 @@
 // Block attention for ring attention on the GPU (the launchers of flash_block_kernels.cuh): a query
 // block against a key/value block with global positions and document ids, the fp32 merge of two
-// partial results by their log-sum-exp, the delta rowsum(dO * O), and the accumulating backward.
+// partial results by their log-sum-exp, the delta rowsum(dO * O), the accumulating backward, and the
+// column-slice copy that takes a block out of qkv.
 // Positions and document ids are device arrays here (the host decides which block pairs to skip
 // with ops::attention_block_hidden on its own copies).
 #include <cmath>
@@ -119,6 +120,15 @@ void flash_block_bwd(float* dq, float* dk, float* dv, int lddkv, const S* dout, 
 #undef MT_BLOCK_BWD
 }
 
+template <class T>
+void copy_columns(T* dst, int64_t ld_dst, const T* src, int64_t ld_src, int64_t rows, int64_t cols,
+                  const ops::Ctx& ctx) {
+  if (rows <= 0 || cols <= 0) return;
+  const LaunchShape l = copy_columns_shape(rows * cols);
+  MT_LAUNCH(l, stream_of(ctx), copy_columns_kernel<dev_t<T>>)(dev_ptr(dst), ld_dst, dev_ptr(src), ld_src, rows, cols);
+  MT_CUDA_CHECK_LAUNCH();
+}
+
 #define MT_FLASH_BLOCK_INSTANTIATE(S)                                                                           \
   template void flash_block_fwd<S>(float*, float*, const S*, int, const S*, const S*, int, const int32_t*,      \
                                    const int32_t*, const int32_t*, const int32_t*, int, int, int, int, int,     \
@@ -126,7 +136,8 @@ void flash_block_bwd(float* dq, float* dk, float* dv, int lddkv, const S* dout, 
   template void attention_delta<S>(float*, const S*, const S*, int, int, int, int, const ops::Ctx&);           \
   template void flash_block_bwd<S>(float*, float*, float*, int, const S*, const S*, int, const S*, const S*,    \
                                    int, const float*, const float*, const int32_t*, const int32_t*,             \
-                                   const int32_t*, const int32_t*, int, int, int, int, int, const ops::Ctx&);
+                                   const int32_t*, const int32_t*, int, int, int, int, int, const ops::Ctx&);   \
+  template void copy_columns<S>(S*, int64_t, const S*, int64_t, int64_t, int64_t, const ops::Ctx&);
 MT_FLASH_BLOCK_INSTANTIATE(float)
 MT_FLASH_BLOCK_INSTANTIATE(bf16)
 MT_FLASH_BLOCK_INSTANTIATE(f16)

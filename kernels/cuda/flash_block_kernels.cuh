@@ -334,10 +334,20 @@ __global__ void merge_kernel(float* out, float* lse, const float* part_out, cons
   if (lane == 0) lse[row] = L;
 }
 
+// copy_columns: dst[r, c] = src[r, c] for c < cols, a grid-stride loop over the rows x cols elements.
+template <class D>
+__global__ void copy_columns_kernel(D* dst, int64_t ld_dst, const D* src, int64_t ld_src, int64_t rows,
+                                    int64_t cols) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * cols; i += stride)
+    dst[(i / cols) * ld_dst + i % cols] = src[(i / cols) * ld_src + i % cols];
+}
+
 // A block of kThreads per (64-row tile, head, batch row) over the tile kernel's rows (Tq or Tk).
 inline LaunchShape tile_shape(int B, int rows, int NH, size_t smem) {
   return {dim3(ceil_div(rows, kTile), unsigned(NH), unsigned(B)), dim3(kThreads), smem};
 }
 inline LaunchShape merge_shape(int64_t rows) { return {dim3(ceil_div(rows, kWarps)), dim3(kThreads)}; }
+inline LaunchShape copy_columns_shape(int64_t n) { return {dim3(grid_for(n)), dim3(kBlock)}; }
 
 }  // namespace mt::cuda::flash_block_kernels

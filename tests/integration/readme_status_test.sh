@@ -16,7 +16,8 @@ checker() {  # README -> exit 0 when the table holds
 import glob, os, re, sys
 readme, src = sys.argv[1], sys.argv[2]
 
-# ctest names: add_test(NAME x ...), mt_mpi_test(x ...), mt_mpi_fault_test(mode np ...), with the
+# ctest names: add_test(NAME x ...), mt_mpi_test(x ...), mt_mpi_fault_test(mode np ...),
+# mt_sim_trainer_test(x) (mpi_sim_x_np2), with the
 # variables of enclosing foreach loops expanded.
 ctest = set()
 for cm in glob.glob(os.path.join(src, "tests", "**", "CMakeLists.txt"), recursive=True):
@@ -37,6 +38,9 @@ for cm in glob.glob(os.path.join(src, "tests", "**", "CMakeLists.txt"), recursiv
         m = re.match(r"\s*mt_mpi_test\((\S+)", line)
         if m:
             names.append(m.group(1))
+        m = re.match(r"\s*mt_sim_trainer_test\((\w+)\)", line)
+        if m:
+            names.append("mpi_sim_%s_np2" % m.group(1))
         m = re.match(r"\s*mt_mpi_fault_test\((\w+)\s+(\w+)", line)
         if m:
             names.append("mpi_fault_%s_np%s" % (m.group(1), m.group(2)))

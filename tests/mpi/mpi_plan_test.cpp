@@ -19,6 +19,7 @@ namespace {
 
 using mt::testing::mpi_world;
 using mt::testing::shared_corpus;
+using mt::testing::expect_same_bytes;
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1, cp = 1, zero = 0, accum = 1;
@@ -68,12 +69,6 @@ std::vector<Layout> layouts(int W) {
   return out;
 }
 
-void expect_same_counters(const parallel::CommCounters& got, const parallel::CommCounters& want, const std::string& what) {
-  for (int op = 0; op < parallel::kNumCommOps; op++)
-    EXPECT_EQ(got.ops[size_t(op)].sent_bytes, want.ops[size_t(op)].sent_bytes)
-        << what << ": " << parallel::comm_op_name(parallel::CommOp(op));
-}
-
 TEST(Plan, PredictionsEqualTheTrainersMeasurements) {
   parallel::Comm& world = mpi_world().comm();
   const std::string data = shared_corpus(world);
@@ -109,10 +104,10 @@ TEST(Plan, PredictionsEqualTheTrainersMeasurements) {
     const double pred = double(mp.bytes[size_t(MemCategory::activations)]);
     EXPECT_NEAR(pred, act, 0.05 * act) << what << ": activations";
     const plan::CommPlan cp = plan::plan_comm(t.options(), pl, pp_rank);
-    if (l.dp * l.cp > 1) expect_same_counters(t.group_counters(parallel::MeshDim::dp), cp.dp, what + " dp");
-    if (l.tp > 1) expect_same_counters(t.group_counters(parallel::MeshDim::tp), cp.tp, what + " tp");
-    if (l.cp > 1) expect_same_counters(t.group_counters(parallel::MeshDim::cp), cp.cp, what + " cp");
-    if (l.pp > 1) expect_same_counters(t.group_counters(parallel::MeshDim::pp), cp.pp, what + " pp");
+    if (l.dp * l.cp > 1) expect_same_bytes(t.group_counters(parallel::MeshDim::dp), cp.dp, what + " dp");
+    if (l.tp > 1) expect_same_bytes(t.group_counters(parallel::MeshDim::tp), cp.tp, what + " tp");
+    if (l.cp > 1) expect_same_bytes(t.group_counters(parallel::MeshDim::cp), cp.cp, what + " cp");
+    if (l.pp > 1) expect_same_bytes(t.group_counters(parallel::MeshDim::pp), cp.pp, what + " pp");
     if (world.rank() == 0)
       std::printf("%s: params %zu grads %zu optimizer %zu activations %zu (planned %llu, %+.1f%%) comm %zu (planned %llu)\n",
                   l.str().c_str(), m.peak[0], m.peak[1], m.peak[2], m.peak[3],
@@ -158,7 +153,7 @@ TEST(Plan, ExpertParallelModelStateEqualsTheTrainers) {
         EXPECT_LE(g, mp.grads_bound) << what;
       }
       // The dp group's bytes: the dense weights' over dp x cp and the experts' over the expert-data group.
-      expect_same_counters(t.group_counters(parallel::MeshDim::dp), plan::plan_comm(t.options(), parallel::MeshLayout{.dp = W, .ep = ep}, 0, t.mesh().coord(parallel::MeshDim::dp)).dp,
+      expect_same_bytes(t.group_counters(parallel::MeshDim::dp), plan::plan_comm(t.options(), parallel::MeshLayout{.dp = W, .ep = ep}, 0, t.mesh().coord(parallel::MeshDim::dp)).dp,
                            what + " dp");
       if (ep > 1) {
         // The ep group's token exchange: its calls and the norm scalar exactly; its bytes follow the

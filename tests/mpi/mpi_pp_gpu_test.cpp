@@ -1,5 +1,5 @@
 // Pipeline parallelism on GPUs: activations, their gradients and the tied embedding's gradient travel
-// over an NCCL communicator of the pp group, paired into one exchange per compute action
+// over an NCCL communicator of the pp group, grouped into exchanges at each exchange point
 // (parallel/pipeline_exchange.h), the last stage's losses stay on the device until the step's end,
 // and the bubble is timed with CUDA events. Each layout's GPU run is held against the same layout on
 // the CPU (fp32: the backends differ by rounding only). One GPU per rank (a single node: rank r
@@ -57,7 +57,10 @@ TEST(PipelineParallelGpu, EveryScheduleMatchesTheCpuRun) {
   std::vector<Layout> ls = {{.pp = W, .schedule = "gpipe"},
                             {.pp = W, .schedule = "1f1b"},
                             {.pp = W, .schedule = "zb1"},
-                            {.pp = W, .accum = 2, .schedule = "1f1b", .attention = "flash"}};
+                            {.pp = W, .accum = 2, .schedule = "1f1b", .attention = "flash"},
+                            // The smallest interleaved schedule that deadlocked when each compute action's
+                            // messages were paired on their own (p 2, m 4, v 2).
+                            {.pp = W, .accum = W == 2 ? 4 : 2 * W, .virt = 2, .schedule = "interleaved"}};
   if (W == 4) ls.push_back({.pp = 2, .dp = 2, .zero = 1, .schedule = "1f1b"});  // with dp's NCCL communicator
   for (const Layout& l : ls) {
     Trainer cpu(options(data, l, steps, Device::cpu), &world);

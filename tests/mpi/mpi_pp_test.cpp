@@ -250,10 +250,11 @@ TEST(PipelineParallel, MetricsLogTheMeasuredBubbleAndPipelineBytes) {
   EXPECT_EQ(seen, steps);
 }
 
-// The paired exchanges GPUs use (one grouped send and receive per compute action, nothing posted
-// ahead: parallel/pipeline_exchange.h), here over MPI through the whole trainer: the same arithmetic in
-// the same order as posting receives ahead, so the same bits (losses, norms, final weights); only when
-// messages move differs.
+// The paired exchanges GPUs use (grouped sends and receives at exchange points, nothing posted ahead:
+// parallel/pipeline_exchange.h), here over MPI through the whole trainer: the same arithmetic in the
+// same order as posting receives ahead, so the same bits (losses, norms, final weights); only when
+// messages move differs. Interleaved p 2, m 4, v 2 is the smallest schedule that deadlocked when each
+// compute action's messages were paired on their own.
 TEST(PipelineParallel, PairedExchangesGiveTheBitsOfPostingAhead) {
   parallel::Comm& world = mpi_world().comm();
   const int W = world.size();
@@ -263,6 +264,7 @@ TEST(PipelineParallel, PairedExchangesGiveTheBitsOfPostingAhead) {
                             {.pp = W, .schedule = "1f1b"},
                             {.pp = W, .accum = 3, .schedule = "zb1", .recompute = "full"}};
   if (W == 4) ls.push_back({.pp = 2, .dp = 2, .zero = 1, .schedule = "1f1b"});
+  if (W == 2) ls.push_back({.pp = 2, .accum = 4, .virt = 2, .schedule = "interleaved"});
   for (const Layout& l : ls) {
     config::TrainOptions ahead = options(data, l, 2, steps), paired = ahead;
     ahead.parallel.pp_exchange = "ahead";
@@ -278,6 +280,26 @@ TEST(PipelineParallel, PairedExchangesGiveTheBitsOfPostingAhead) {
       EXPECT_EQ(std::memcmp(got.weights[i].data(), want.weights[i].data(), want.weights[i].size() * 4), 0)
           << l.str() << ": tensor " << i;
   }
+}
+
+// Interleaved p 2, m 4, v 2 with pp.exchange=paired (over MPI, the exchanges NCCL gets) against the
+// single-rank run of the same global batch, within the fp32 bounds every layout is held to.
+TEST(PipelineParallel, InterleavedPairedMatchesTheSingleRankRun) {
+  parallel::Comm& world = mpi_world().comm();
+  if (world.size() != 2) GTEST_SKIP() << "pp 2 only";
+  const std::string data = shared_corpus(world);
+  const int steps = 4;
+  const Layout l{.pp = 2, .accum = 4, .virt = 2, .schedule = "interleaved"};
+  Trainer ref(options(data, Layout{.accum = 4}, 2, steps));
+  const Curve want = train_curve(ref, steps);
+  config::TrainOptions o = options(data, l, 2, steps);
+  o.parallel.pp_exchange = "paired";
+  Trainer t(o, &world);
+  const Curve got = train_curve(t, steps);
+  const CurveErr e = curve_err(got, want);
+  if (world.rank() == 0) std::printf("%s paired: %s\n", l.str().c_str(), e.str().c_str());
+  expect_fp32_match(e, l.str() + " paired");
+  EXPECT_TRUE(tied_copies_equal(t)) << l.str() << ": the two copies of wte differ";
 }
 
 // The evaluation loss and the first step's loss are bitwise the single rank's: the stages run the same

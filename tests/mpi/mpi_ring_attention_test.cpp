@@ -80,9 +80,10 @@ RingRun run_ring(Comm& cp, const std::vector<float>& qkv, const std::vector<floa
   r.lse.resize(sz(c.B) * c.NH * Tl);
   r.dqkv.resize(lq.size());
   const ops::Ctx ctx;
-  r.fwd = ring.forward(r.out.data(), r.lse.data(), lq.data(), doc ? ldoc.data() : nullptr, c.B, Tl, c.C, c.NH, ctx);
-  r.bwd = ring.backward(r.dqkv.data(), ld.data(), lq.data(), r.out.data(), r.lse.data(), doc ? ldoc.data() : nullptr,
-                        c.B, Tl, c.C, c.NH, ctx);
+  const int32_t* ids = doc ? ldoc.data() : nullptr;  // on the CPU the host's copy is the array itself
+  r.fwd = ring.forward(r.out.data(), r.lse.data(), lq.data(), ids, ids, c.B, Tl, c.C, c.NH, ctx);
+  r.bwd = ring.backward(r.dqkv.data(), ld.data(), lq.data(), r.out.data(), r.lse.data(), ids, ids, c.B, Tl, c.C, c.NH,
+                        ctx);
   return r;
 }
 
@@ -183,9 +184,9 @@ TEST(RingAttention, Bf16WithinTheContextParallelBound) {
   std::vector<float> lse(sz(c.B) * c.NH * Tl);
   RingAttention ring(cp);
   const ops::Ctx ctx;
-  ring.forward(out16.data(), lse.data(), q16.data(), ldoc.data(), c.B, Tl, c.C, c.NH, ctx);
-  ring.backward(dqkv16.data(), d16.data(), q16.data(), out16.data(), lse.data(), ldoc.data(), c.B, Tl, c.C, c.NH,
-                ctx);
+  ring.forward(out16.data(), lse.data(), q16.data(), ldoc.data(), ldoc.data(), c.B, Tl, c.C, c.NH, ctx);
+  ring.backward(dqkv16.data(), d16.data(), q16.data(), out16.data(), lse.data(), ldoc.data(), ldoc.data(), c.B, Tl,
+                c.C, c.NH, ctx);
   double e_out = 0, e_d = 0;
   for (size_t i = 0; i < out16.size(); i++) e_out = std::max(e_out, std::fabs(double(load(out16[i])) - ref_out[i]));
   for (size_t i = 0; i < dqkv16.size(); i++) e_d = std::max(e_d, std::fabs(double(load(dqkv16[i])) - ref_d[i]));

@@ -164,6 +164,38 @@ inline double weight_err(const std::vector<std::vector<float>>& a, const std::ve
 }
 
 // A layout's fp32 run against the single-rank run of the same global batch.
+// A layout's trainer stepped beside its single-rank reference, both curves recorded (losses, norms).
+// With mixture layers the same assignments are routed and dropped (tokens per expert and the drop
+// fraction, exactly) and the balance term is the reference's, step by step. Returns the reference's
+// summed drop fraction (a test with a capacity checks that something was dropped).
+inline double step_beside(train::Trainer& ref, train::Trainer& t, int steps, Curve& want, Curve& got,
+                          const std::string& what) {
+  double dropped = 0;
+  for (int i = 0; i < steps; i++) {
+    const train::StepResult a = ref.step(), b = t.step();
+    want.loss.push_back(a.loss), want.norm.push_back(a.grad_norm);
+    got.loss.push_back(b.loss), got.norm.push_back(b.grad_norm);
+    if (a.moe.is_null()) continue;
+    EXPECT_EQ(b.moe["tokens_per_expert"], a.moe["tokens_per_expert"]) << what << " step " << i + 1;
+    EXPECT_EQ(b.moe["drop_fraction"], a.moe["drop_fraction"]) << what << " step " << i + 1;
+    const double balance = a.moe["balance"].get<double>();
+    EXPECT_NEAR(b.moe["balance"].get<double>(), balance, 1e-5 * std::fabs(balance))
+        << what << " step " << i + 1 << ": the balance term over the whole micro-batch";
+    dropped += a.moe["drop_fraction"].get<double>();
+  }
+  return dropped;
+}
+
+// The bytes each operation sent, against the planner's (plan::CommPlan's groups): the figure the
+// planner promises. Its call counts group messages differently (a send_recv is one send), so they
+// are not compared here.
+inline void expect_same_bytes(const parallel::CommCounters& got, const parallel::CommCounters& want,
+                              const std::string& what) {
+  for (int op = 0; op < parallel::kNumCommOps; op++)
+    EXPECT_EQ(got.ops[size_t(op)].sent_bytes, want.ops[size_t(op)].sent_bytes)
+        << what << ": " << parallel::comm_op_name(parallel::CommOp(op));
+}
+
 struct CurveErr {
   double loss = 0;        // max relative loss error over the steps
   double first_norm = 0;  // the first step's relative gradient-norm error: identical weights

@@ -35,6 +35,19 @@ bool noise_from_ranks(const config::TrainOptions& o, const parallel::MeshLayout&
   return l.dp * l.cp > 1 && (zero <= 1 || (zero == 2 && o.grad_accum == 1));
 }
 
+// The step's routing statistics (train/trainer_moe.cpp), summed over a group of `n` ranks: per
+// mixture layer of the whole model the loads, assignments, drops and tokens as one int32 all-reduce,
+// the balance and z sums as doubles. Over dp x cp, then tp under sp (each tp rank routed its own
+// rows), then pp.
+void moe_step_statistics(CommCounters& c, CommCounters& scalars, const config::TrainOptions& o, int n, int rank) {
+  if (!o.model.moe.enabled()) return;
+  int layers = 0;
+  for (int k = 0; k < o.model.n_layer; k++) layers += o.model.is_moe_layer(k);
+  add_scalars(c, scalars, CommOp::all_reduce, 1,
+              parallel::all_reduce_sent_bytes(size_t(layers) * size_t(o.model.moe.experts + 3), 4, n, rank));
+  add_scalars(c, scalars, CommOp::all_gather, uint64_t(2 * layers), uint64_t(2 * layers) * uint64_t(n - 1) * 8);
+}
+
 // Expert parallelism's routed experts held apart: their own data parallelism over the expert-data
 // group (E = D / ep ranks), counted with the dp group's traffic as Trainer::group_counters does. The
 // same rules as the dense units' (no embedding rows); its scalars: the sharded norm's double from
@@ -96,15 +109,7 @@ CommCounters dp_traffic(const config::TrainOptions& o, const parallel::MeshLayou
   add_scalars(c, scalars, CommOp::all_gather, uint64_t(doubles), uint64_t(doubles) * d1 * 8);
   if (o.precision == DType::f16 && zero >= 1)
     add_scalars(c, scalars, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, D, dp_rank));
-  if (o.model.moe.enabled()) {
-    // The step's routing statistics (train/trainer_moe.cpp): per mixture layer of the whole model the
-    // loads, assignments, drops and tokens as int32, summed; the balance and z sums as doubles.
-    int layers = 0;
-    for (int k = 0; k < o.model.n_layer; k++) layers += o.model.is_moe_layer(k);
-    add_scalars(c, scalars, CommOp::all_reduce, 1,
-                parallel::all_reduce_sent_bytes(size_t(layers) * size_t(o.model.moe.experts + 3), 4, D, dp_rank));
-    add_scalars(c, scalars, CommOp::all_gather, uint64_t(2 * layers), uint64_t(2 * layers) * d1 * 8);
-  }
+  moe_step_statistics(c, scalars, o, D, dp_rank);
   expert_data_traffic(c, scalars, o, l, pp_rank, dp_rank / std::max(l.ep, 1));
   return c;
 }
@@ -135,25 +140,39 @@ CommCounters tp_traffic(const config::TrainOptions& o, const parallel::MeshLayou
   const int P = l.tp;
   if (P == 1) return c;
   const model::StagePlan plan = l.pp > 1 ? config::stage_plan(o, pp_rank) : model::StagePlan::whole(o.model.n_layer);
-  int L = 0;
-  for (const auto& k : plan.chunks) L += k.end - k.begin;
+  int L = 0, Lm = 0;  // the stage's layers, and its mixture layers among them
+  for (const auto& k : plan.chunks)
+    for (int layer = k.begin; layer < k.end; layer++) L++, Lm += o.model.is_moe_layer(layer);
   const uint64_t m = uint64_t(o.grad_accum), N = uint64_t(rows_per_micro(o, l)), C = uint64_t(o.model.n_embd);
   const uint64_t cb = dtype_size(o.precision), p1 = uint64_t(P - 1);
   const uint64_t act = N * C * cb;
   const bool full = o.recompute == model::Recompute::full;
   // Per pass 4 per layer (a layer's forward again under full recompute), the embedding's and the
-  // classifier's; in backward the two LayerNorm outputs gathered again.
-  const uint64_t blocks = uint64_t(4 * L + (full ? 2 * L : 0) + plan.first + plan.last);
+  // classifier's; in backward the two LayerNorm outputs gathered again. A mixture layer is not split
+  // over tp (model/gpt_moe.cpp): its MLP has no collective, so 2 of its 4 blocks and 1 regather go.
+  const uint64_t blocks = uint64_t(4 * L - 2 * Lm + (full ? 2 * L - Lm : 0) + plan.first + plan.last);
   const uint64_t stats = plan.last ? p1 * N * 3 * 4 : 0;  // softmax statistics (3 floats per row)
   if (o.sequence_parallel()) {
-    const uint64_t regathers = uint64_t(2 * L);  // under full recompute the re-run forward's serve
+    const uint64_t regathers = uint64_t(2 * L - Lm);  // under full recompute the re-run forward's serve
     // (P - 1) / P of a block each, exact: n_embd, and so act, is a multiple of P. Divided first, the
     // product stays within 64 bits at the bounds of config/limits.h.
     const uint64_t sent = p1 * (act / uint64_t(P));
     add(c, CommOp::reduce_scatter, m * blocks, m * blocks * sent);
     add(c, CommOp::all_gather, m * (blocks + regathers), m * (blocks + regathers) * sent);
-    // Partial gradients of the replicated LayerNorms (weight and bias adjacent) and of wpe.
-    std::vector<uint64_t> partial(size_t(2 * L), 2 * C);
+    // Partial gradients, one all-reduce per run of adjacent partial entries of a unit
+    // (parallel/tensor_parallel.cpp): the replicated LayerNorms (weight and bias), and of wpe. In a
+    // mixture layer the second LayerNorm runs on into the router and the experts the store holds
+    // (the shared ones, and the routed ones unless ep holds them apart, in a unit of their own per
+    // layer: one more run). Entries of a multiple of 16 elements, as n_embd is here, stay adjacent.
+    const model::MoeConfig& mc = o.model.moe;
+    const uint64_t mlp = 8 * C * C + 5 * C, E = uint64_t(mc.experts);
+    const bool apart = l.ep > 1 && mc.enabled();
+    std::vector<uint64_t> partial(size_t(2 * (L - Lm)), 2 * C);
+    for (int k = 0; k < Lm; k++) {
+      partial.push_back(2 * C);
+      partial.push_back(2 * C + E * C + (uint64_t(mc.shared) + (apart ? 0 : E)) * mlp);
+      if (apart) partial.push_back(E / uint64_t(l.ep) * mlp);
+    }
     if (plan.last) partial.push_back(2 * C);
     if (plan.first) partial.push_back(uint64_t(o.model.block_size) * C);
     for (uint64_t n : partial) add(c, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(size_t(n), 4, P, 0));
@@ -166,6 +185,7 @@ CommCounters tp_traffic(const config::TrainOptions& o, const parallel::MeshLayou
   const uint64_t doubles = 1 + uint64_t(noise_from_ranks(o, l)) * (l.pp > 1 ? 2 : 1);
   add_scalars(c, scalars, CommOp::all_gather, doubles, doubles * p1 * 8);
   if (o.precision == DType::f16) add_scalars(c, scalars, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, P, 0));
+  if (o.sequence_parallel()) moe_step_statistics(c, scalars, o, P, 0);
   moe_group_gathers(c, o, l, pp_rank, false);
   return c;
 }
@@ -210,6 +230,7 @@ CommCounters pp_traffic(const config::TrainOptions& o, const parallel::MeshLayou
   add_scalars(c, scalars, CommOp::all_gather, doubles, doubles * uint64_t(l.pp - 1) * 8);
   if (o.precision == DType::f16)
     add_scalars(c, scalars, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, l.pp, 0));
+  moe_step_statistics(c, scalars, o, l.pp, 0);
   return c;
 }
 

@@ -11,7 +11,10 @@
 //   tp                          sequence parallelism: 4 collectives of (N, C)/tp per layer each way,
 //                               the embedding's and classifier's, the LayerNorm outputs gathered again
 //                               in backward, the softmax statistics, the partial gradients of the
-//                               replicated LayerNorms and positions; without sp all-reduces of (N, C)
+//                               replicated LayerNorms and positions; without sp all-reduces of (N, C);
+//                               a mixture layer's MLP none (it runs whole on each tp rank), its
+//                               router's and experts' gradients partial under sp, and the token
+//                               group's gathers of loads and (with a capacity) choices
 //   cp                          ring attention: cp - 1 key/value blocks each way, the fp32 dK/dV
 //                               accumulators once round the ring in backward (ring_attention.h)
 //   pp                          one (N, C) activation forward and one gradient backward per

@@ -4,6 +4,7 @@
 #include <deque>
 
 #include "config/layout_rules.h"
+#include "moe/dispatch.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_sim.h"
 #include "runtime/check.h"
@@ -30,6 +31,7 @@ struct StageUnits {
   int emb = -1, pos = -1, fin = -1;
   std::vector<int> layers;     // unit of each of the stage's layers, in order
   std::vector<int> xlayers;    // each layer's expert-store unit (-1: none)
+  int moe_layers = 0;          // the stage's mixture layers
   bool first = true, last = true;
 };
 
@@ -62,6 +64,7 @@ StageUnits stage_units(const config::TrainOptions& o, const parallel::MeshLayout
       const std::vector<int64_t> mlp = {4 * C * C, 4 * C, 4 * C * C, C};
       int xunit = -1;
       if (m.is_moe_layer(layer)) {
+        s.moe_layers++;
         e.push_back(int64_t(m.moe.experts) * C);
         const bool apart = experts_apart(o, l);
         for (int x = 0; x < m.moe.shared + (apart ? 0 : m.moe.experts); x++) e.insert(e.end(), mlp.begin(), mlp.end());
@@ -280,6 +283,49 @@ ActModel act_model(const config::TrainOptions& o, const parallel::MeshLayout& l)
   return a;
 }
 
+// Bytes of one mixture layer's buffers (model/gpt_moe.cpp) on this rank's Ns rows: what its forward
+// keeps (MoeActs, in place of the dense MLP's fch and fch_gelu) and the transient peaks of its forward
+// and backward beyond that. The kept rows M are every assignment when dropless; under a capacity they
+// are the most the experts take (E x capacity, the micro-batch's over its token group shared evenly),
+// and under expert parallelism the rows a rank's experts receive are taken as many as it sends (the
+// routing balanced): both are a model, the routing decides.
+struct MoeActModel {
+  uint64_t kept = 0;
+  uint64_t fwd = 0;  // the router's logits (and 16-bit weight copy), then the exchange's buffers
+  uint64_t bwd = 0;  // the larger of the experts' backward and the router's
+};
+
+MoeActModel moe_act_model(const config::TrainOptions& o, const parallel::MeshLayout& l) {
+  MoeActModel a;
+  const model::MoeConfig& mc = o.model.moe;
+  if (!mc.enabled()) return a;
+  const uint64_t cb = dtype_size(o.precision);
+  const int64_t N0 = int64_t(o.batch_size) * (o.seq_len / l.cp);
+  const bool sp = o.sequence_parallel();
+  const int64_t N = sp ? N0 / l.tp : N0, C = o.model.n_embd, F = 4 * C, E = mc.experts, K = mc.top_k;
+  const int64_t A = N * K, G = int64_t(l.cp) * (sp ? l.tp : 1);  // the token group (moe/token_group.h)
+  int64_t M = A;
+  if (mc.capacity > 0) M = std::min<int64_t>(A, E * moe::expert_capacity(mc.capacity, int(N * G), int(K), int(E)) / G);
+  const int64_t R = M;  // rows this rank's experts take under ep
+  const uint64_t f32 = 4;
+  const uint64_t plan = uint64_t(E + 1) * 8 + uint64_t(2 * E + 1 + 2 * A) * 4;
+  const uint64_t x32 = cb != 4 ? uint64_t(N * C) * f32 : 0, w32 = cb != 4 ? uint64_t(E * C) * f32 : 0;
+  a.kept = uint64_t(N * E + N + A) * f32 + plan + uint64_t(A) * 4 + x32 + (G > 1 ? uint64_t(E) * 4 : 0) +
+           uint64_t(R * C + M * C + 2 * R * F) * cb + uint64_t(mc.shared) * 2 * uint64_t(N * F) * cb;
+  const uint64_t logits = uint64_t(N * E) * f32, route = uint64_t(2 * N) * f32 + (mc.balance == model::MoeBalance::bias ? uint64_t(E) * f32 : 0);
+  const uint64_t exchange = l.ep > 1 ? 2 * uint64_t(R * C) * cb : 0, shared = mc.shared > 0 ? uint64_t(N * C) * cb : 0;
+  a.fwd = logits + w32 + std::max({route, exchange, shared});
+  // Backward: the combine's row and gate gradients and the experts' (under ep the received rows'
+  // gradients, their hidden states', the input gradients to send back and the staging), then the
+  // router's logits and fp32 input gradients beside the shared experts' buffers.
+  const uint64_t dgate = uint64_t(A) * f32, rows = uint64_t(M * C) * cb;
+  const uint64_t experts = l.ep > 1 ? dgate + 2 * rows + uint64_t(3 * R * C + R * F) * cb : dgate + 2 * rows + uint64_t(M * F) * cb;
+  const uint64_t router = dgate + rows + logits + uint64_t(N * C) * f32 + w32 +
+                          (mc.shared > 0 ? uint64_t(N * C + N * F) * cb + x32 : 0);
+  a.bwd = std::max(experts, router);
+  return a;
+}
+
 }  // namespace
 
 uint64_t MemoryPlan::total() const {
@@ -387,6 +433,14 @@ MemoryPlan plan_memory(const config::TrainOptions& o, const parallel::MeshLayout
   uint64_t staging = 0;
   if (D > 1 && zero <= 1) staging = std::min<uint64_t>(total * 4, uint64_t(o.parallel.bucket_mb * 1024 * 1024) + *std::max_element(s.size.begin(), s.size.end()) * 4);
   if (l.tp > 1) staging = std::max<uint64_t>(staging, uint64_t(o.batch_size) * (o.seq_len / l.cp) * o.model.n_embd * cb);
+  if (o.sequence_parallel() && s.moe_layers > 0) {
+    // A mixture layer's partial gradients over tp: its second LayerNorm's, router's and the experts'
+    // the store holds, one all-reduce (plan/cost.cpp tp_traffic).
+    const model::MoeConfig& mc = o.model.moe;
+    const uint64_t C = uint64_t(o.model.n_embd), E = uint64_t(mc.experts), mlp = 8 * C * C + 5 * C;
+    const bool apart = experts_apart(o, l);
+    staging = std::max<uint64_t>(staging, (2 * C + E * C + (uint64_t(mc.shared) + (apart ? 0 : E)) * mlp) * 4);
+  }
   // Under pp the first and the last stage receive the other copy's part of wte's gradient (fp32, this
   // rank's dp shard of it) into arena memory before adding it (train/pipeline.cpp sum_tied_grads).
   uint64_t tied = 0;
@@ -399,19 +453,29 @@ MemoryPlan plan_memory(const config::TrainOptions& o, const parallel::MeshLayout
   // Activations: what each micro-batch keeps, times the micro-batches in flight, plus the workspace of
   // the pass at the peak (backward of the top layer, or the classifier at the end of the forward).
   const ActModel a = act_model(o, l);
-  const int n = int(s.layers.size());
+  const int n = int(s.layers.size()), nm = s.moe_layers;
   const bool keep = o.recompute != model::Recompute::full;
-  uint64_t stash = uint64_t(n + 1) * a.resid + (keep ? uint64_t(n) * a.layer_kept : 0) + (s.last ? a.head : 0);
+  // A mixture layer keeps its MoeActs instead of the dense MLP's two (N, 4C/tp) buffers; under full
+  // recompute the one being rebuilt lives beside the dense scratch.
+  const MoeActModel x = moe_act_model(o, l);
+  const uint64_t dense_mlp = uint64_t(8) * uint64_t(o.batch_size) * uint64_t(o.seq_len / l.cp) *
+                             uint64_t(o.model.n_embd / l.tp) * cb;
+  uint64_t stash = uint64_t(n + 1) * a.resid + (s.last ? a.head : 0) +
+                   (keep ? uint64_t(n) * a.layer_kept - uint64_t(nm) * dense_mlp + uint64_t(nm) * x.kept : 0);
+  const uint64_t moe_scratch = nm > 0 && !keep ? x.kept : 0;
   const bool sp = o.sequence_parallel();
   const uint64_t shared_att = o.recompute == model::Recompute::none ? 0 : a.att;
-  const uint64_t fwd_ws = (sp ? 2 * a.all_rows : 0) + shared_att + (keep ? 0 : a.layer_scratch) +
-                          (s.last ? a.logits : 0) + a.ring_fwd;
+  const uint64_t fwd_ws = (sp ? 2 * a.all_rows : 0) + shared_att + (keep ? 0 : a.layer_scratch) + moe_scratch +
+                          std::max(s.last ? a.logits : 0, nm > 0 ? x.fwd : 0) + a.ring_fwd;
   // Backward frees the last stage's lnf and dlnf, allocates its workspace (and the last stage's dx),
   // then in the top layer frees the stage output while the layer's own buffers (sp's gathered output
   // gradient, ring attention's blocks) come and go: the peak is before the loop or inside it.
   const uint64_t bwd_pre = (sp ? 2 * a.all_rows : 0) + shared_att + (keep ? 0 : a.layer_scratch + a.resid) +
                            a.att_scratch + a.bwd_ws + (s.last ? a.resid : 0);
-  const uint64_t bwd_in_layer = (sp ? a.all_rows : 0) + a.ring_bwd;
+  // A mixture layer's own backward buffers come and go before its attention's (and under full
+  // recompute after its forward's).
+  const uint64_t moe_in_layer = nm > 0 ? std::max(keep ? 0 : x.fwd, x.bwd) : 0;
+  const uint64_t bwd_in_layer = moe_scratch + std::max((sp ? a.all_rows : 0) + a.ring_bwd, moe_in_layer);
   const uint64_t head_freed = s.last ? 2 * a.resid : 0;
   const uint64_t bwd_ws = bwd_pre + std::max(a.resid, bwd_in_layer) - a.resid;  // net of the stage output
   double in_flight = 1;

@@ -24,8 +24,11 @@
 //
 // Mixture-of-experts layers count their parameters (router, experts, shared experts) exactly, under
 // expert parallelism E/ep routed experts per rank in a store of their own sharded over the
-// expert-data group (dp x cp / ep ranks); their activations are counted as a dense layer's (the routing
-// and expert buffers are not modelled yet).
+// expert-data group (dp x cp / ep ranks). Their activations are the routing's and the experts'
+// buffers (model/gpt_moe.cpp) on the rows a rank holds: exact when dropless on one rank; under a
+// capacity the experts are taken full, and under expert parallelism a rank's experts receive as many
+// rows as it sends (the routing decides both). zb1's split backward of a mixture layer keeps what its
+// W reads as a dense layer's would (not modelled apart).
 //
 // plan_units and plan_unit_gathers describe the model's store only, plan_expert_units and
 // plan_expert_unit_gathers the experts' (the expert-data group's traffic).

@@ -115,14 +115,8 @@ TEST(MoeModel, ParametersAreNamedPerExpertAndCountedAsConfigured) {
 // signal against fp32's rounding. A step that changes any routing decision is retried smaller. The
 // routers' sharp softmax (weights x 50) curves the loss along a tensor that feeds a later router, so
 // the central difference is extrapolated (Richardson: 4 D(h/2) - D(h), over 3) to cancel its h^2 term.
-void check_gradient(const GPTConfig& cfg, const char* label) {
-  std::mt19937_64 rng(testing::test_seed());
-  Model m(cfg);
-  // Routers as initialised give nearly uniform probabilities, whose top-k flips under the smallest
-  // step; larger router weights give the choices margins (the gradient is the same function).
-  for (const ParamEntry& e : m.store.entries())
-    if (e.name.find("router") != std::string::npos)
-      for (int64_t i = 0; i < e.numel; i++) m.store.master()[e.offset + i] *= 50.f;
+// The gradient on one batch; returns how many mixture tensors were checked.
+int check_gradient_on(Model& m, const GPTConfig& cfg, std::mt19937_64& rng, const char* label) {
   Batch b(cfg.vocab_size, rng);
   m.store.zero_grads();
   m.gpt.reset_moe_stats();
@@ -165,11 +159,28 @@ void check_gradient(const GPTConfig& cfg, const char* label) {
     EXPECT_NEAR(analytic, fd, 3e-2 * std::fabs(fd) + 3e-3 + rounding) << label << ": " << e.name << " (step " << step << ")";
     checked += moe;
   }
-  // Half the tensors at least are checked for any seed (the routers' margins are random: a few tokens sit near a
-  // tie); over seeds, every one.
+  return checked;
+}
+
+// The routers' margins are random: a few tokens of a batch sit near a tie, and a batch may hold one
+// so close that every step of the tensors before it flips its route (seen: 24 of 51 checked, against
+// 43-48 for other seeds). Such a batch checks little, so another is drawn, up to three; half the
+// tensors at least are checked on the last, and over seeds every one.
+void check_gradient(const GPTConfig& cfg, const char* label) {
+  std::mt19937_64 rng(testing::test_seed());
+  Model m(cfg);
+  // Routers as initialised give nearly uniform probabilities, whose top-k flips under the smallest
+  // step; larger router weights give the choices margins (the gradient is the same function).
+  for (const ParamEntry& e : m.store.entries())
+    if (e.name.find("router") != std::string::npos)
+      for (int64_t i = 0; i < e.numel; i++) m.store.master()[e.offset + i] *= 50.f;
   const int tensors = cfg.num_moe_layers() * (1 + 4 * (cfg.moe.experts + cfg.moe.shared));
+  int checked = 0;
+  for (int draw = 0; draw < 3 && 2 * checked < tensors; draw++) {
+    checked = check_gradient_on(m, cfg, rng, label);
+    std::printf("%s, batch %d: %d of the %d mixture tensors checked\n", label, draw + 1, checked, tensors);
+  }
   EXPECT_GE(2 * checked, tensors) << label << ": " << checked << " of " << tensors << " mixture tensors checked";
-  std::printf("%s: %d of the %d mixture tensors checked\n", label, checked, tensors);
 }
 
 TEST(MoeModel, WholeModelGradientMatchesFiniteDifferences) {

@@ -1,5 +1,5 @@
 // `minitrain plan`'s predictions against a real Trainer's measurements, on every rank: for each
-// layout of the tiny model the plan's params, grads and optimizer bytes equal the arena's per-step
+// layout of the tiny model (dense, and with a mixture layer) the plan's params, grads and optimizer bytes equal the arena's per-step
 // peaks exactly (ZeRO 2-3's gradient buffers: within the range MPI's progress allows), its
 // activations are within 5%, and its bytes per step on each group (dp, tp, cp, pp) equal the
 // communicators' counters op by op.
@@ -25,20 +25,22 @@ struct Layout {
   int dp = 1, tp = 1, pp = 1, cp = 1, zero = 0, accum = 1;
   const char* recompute = "none";
   const char* precision = "fp32";
+  bool moe = false;  // tiny-moe: layer 1 a mixture of 4 experts (top-2) with a shared expert, dropless
   std::string str() const {
-    return strfmt("dp=%d tp=%d pp=%d cp=%d zero=%d accum=%d recompute=%s %s", dp, tp, pp, cp, zero, accum, recompute,
-                  precision);
+    return strfmt("dp=%d tp=%d pp=%d cp=%d zero=%d accum=%d recompute=%s %s%s", dp, tp, pp, cp, zero, accum, recompute,
+                  precision, moe ? " moe" : "");
   }
 };
 
 config::TrainOptions options(const std::string& data, const Layout& l) {
   config::TrainOptions o = config::parse_train_options(
-      {"model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
+      {l.moe ? "model=tiny-moe" : "model=tiny", "model.vocab_size=64", "model.n_layer=2", "model.n_embd=32", "model.n_head=4",
        "model.block_size=16", "seq_len=16", "batch_size=2", "threads=1", "data.prefetch=0", "data.path=" + data,
        "dp=" + std::to_string(l.dp), "tp=" + std::to_string(l.tp), "pp=" + std::to_string(l.pp),
        "cp=" + std::to_string(l.cp), "zero=" + std::to_string(l.zero), "grad_accum=" + std::to_string(l.accum),
        std::string("recompute=") + l.recompute, std::string("precision=") + l.precision,
        std::string("attention=") + (l.cp > 1 ? "flash" : "auto"), "steps=3"});
+  if (l.moe) o.model.moe.shared = 1;
   return o;
 }
 
@@ -66,6 +68,14 @@ std::vector<Layout> layouts(int W) {
   add({.dp = 2, .tp = 2, .zero = 3, .precision = "bf16"});
   add({.tp = 2, .pp = 2, .accum = 2});
   add({.tp = 4});
+  // Mixture layers beside dense ones: not split over tp (no MLP collective; partial gradients under
+  // sp), with their buffers in the activations.
+  add({.dp = 2, .moe = true});
+  add({.tp = 2, .moe = true});
+  add({.tp = 2, .accum = 2, .recompute = "full", .precision = "bf16", .moe = true});
+  add({.pp = 2, .accum = 2, .moe = true});
+  add({.tp = 2, .pp = 2, .accum = 2, .moe = true});
+  add({.dp = 2, .tp = 2, .zero = 1, .recompute = "selective", .moe = true});
   return out;
 }
 
@@ -143,6 +153,10 @@ TEST(Plan, ExpertParallelModelStateEqualsTheTrainers) {
       const std::string what = strfmt("dp=%d ep=%d zero=%d rank %d", W, ep, zero, world.rank());
       EXPECT_EQ(mp.bytes[size_t(MemCategory::params)], m.peak[size_t(MemCategory::params)]) << what << ": params";
       EXPECT_EQ(mp.bytes[size_t(MemCategory::optimizer)], m.peak[size_t(MemCategory::optimizer)]) << what << ": optimizer";
+      // Dropless without ep every mixture buffer's size is known; under ep the rows a rank's experts
+      // receive follow the routing (mpi_moe_cp_test bounds them on more tokens).
+      if (ep == 1)
+        EXPECT_EQ(mp.bytes[size_t(MemCategory::activations)], m.peak[size_t(MemCategory::activations)]) << what << ": activations";
       const size_t g = m.peak[size_t(MemCategory::grads)];
       if (zero < 2) {
         EXPECT_EQ(mp.bytes[size_t(MemCategory::grads)], g) << what << ": grads";

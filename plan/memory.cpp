@@ -293,6 +293,10 @@ struct MoeActModel {
   uint64_t kept = 0;
   uint64_t fwd = 0;  // the router's logits (and 16-bit weight copy), then the exchange's buffers
   uint64_t bwd = 0;  // the larger of the experts' backward and the router's
+  // zb1, between B_input and W: what W reads of MoeActs (the router input, the rows, the hidden
+  // states, the shared experts') and the gradients B_input left it (MoeGrads).
+  uint64_t split = 0;
+  uint64_t bwd_split = 0;  // zb1's B_input: the experts' gradients stay (for W) through the router's part
 };
 
 MoeActModel moe_act_model(const config::TrainOptions& o, const parallel::MeshLayout& l) {
@@ -323,6 +327,11 @@ MoeActModel moe_act_model(const config::TrainOptions& o, const parallel::MeshLay
   const uint64_t router = dgate + rows + logits + uint64_t(N * C) * f32 + w32 +
                           (mc.shared > 0 ? uint64_t(N * C + N * F) * cb + x32 : 0);
   a.bwd = std::max(experts, router);
+  const uint64_t shared_h = uint64_t(mc.shared) * uint64_t(N * F) * cb;
+  a.bwd_split = std::max(experts, router + uint64_t(R * C + R * F) * cb + (mc.shared > 0 ? uint64_t(N * C) * cb : 0));
+  a.split = x32 + uint64_t(R * C + R * F) * cb + shared_h +                      // rows, h, shared_h
+            uint64_t(R * C + R * F) * cb + logits + shared_h +                   // d_out, d_h, d_logits, d_shared_fc
+            (mc.shared > 0 ? uint64_t(N * C) * cb : 0);                          // d_x
   return a;
 }
 
@@ -385,9 +394,32 @@ bool plan_embedding_rows(const config::TrainOptions& o, const parallel::MeshLayo
 PipelineFigures pipeline_figures(const config::TrainOptions& o, const parallel::MeshLayout& l) {
   PipelineFigures f;
   if (l.pp == 1) return f;
-  const parallel::Simulation sim = parallel::simulate(parallel::build_schedule(config::pipeline_spec(o)), parallel::PipelineCosts());
+  const parallel::Schedule schedule = parallel::build_schedule(config::pipeline_spec(o));
+  const parallel::Simulation sim = parallel::simulate(schedule, parallel::PipelineCosts());
   f.bubble_over_ideal = sim.bubble_over_ideal();
   for (int r = 0; r < l.pp; r++) f.peak_micro_batches.push_back(sim.peak_activations(r));
+  f.held.resize(size_t(l.pp));
+  f.split = config::pipeline_spec(o).kind == parallel::ScheduleKind::zb1;
+  for (int r = 0; r < l.pp; r++) {
+    PipelineFigures::Held h;
+    for (const parallel::Action& a : schedule.ranks[size_t(r)]) {
+      switch (a.kind) {
+        case parallel::ActionKind::forward:
+          h.forward++;
+          f.held[size_t(r)].push_back(h);
+          break;
+        case parallel::ActionKind::backward_input:
+          h.in_b = true;
+          f.held[size_t(r)].push_back(h);
+          h.in_b = false, h.forward--, h.split++;
+          f.held[size_t(r)].push_back(h);
+          break;
+        case parallel::ActionKind::backward_weight: h.split--; break;
+        case parallel::ActionKind::backward: h.forward--; break;
+        default: break;
+      }
+    }
+  }
   return f;
 }
 
@@ -458,11 +490,12 @@ MemoryPlan plan_memory(const config::TrainOptions& o, const parallel::MeshLayout
   // A mixture layer keeps its MoeActs instead of the dense MLP's two (N, 4C/tp) buffers; under full
   // recompute the one being rebuilt lives beside the dense scratch.
   const MoeActModel x = moe_act_model(o, l);
-  const uint64_t dense_mlp = uint64_t(8) * uint64_t(o.batch_size) * uint64_t(o.seq_len / l.cp) *
-                             uint64_t(o.model.n_embd / l.tp) * cb;
+  const uint64_t ncl = uint64_t(o.batch_size) * uint64_t(o.seq_len / l.cp) * uint64_t(o.model.n_embd / l.tp) * cb;
+  const uint64_t dense_mlp = 8 * ncl;
   uint64_t stash = uint64_t(n + 1) * a.resid + (s.last ? a.head : 0) +
                    (keep ? uint64_t(n) * a.layer_kept - uint64_t(nm) * dense_mlp + uint64_t(nm) * x.kept : 0);
   const uint64_t moe_scratch = nm > 0 && !keep ? x.kept : 0;
+  const bool split = l.pp > 1 && pipe.split;  // zb1's B_input and W (below)
   const bool sp = o.sequence_parallel();
   const uint64_t shared_att = o.recompute == model::Recompute::none ? 0 : a.att;
   const uint64_t fwd_ws = (sp ? 2 * a.all_rows : 0) + shared_att + (keep ? 0 : a.layer_scratch) + moe_scratch +
@@ -471,13 +504,27 @@ MemoryPlan plan_memory(const config::TrainOptions& o, const parallel::MeshLayout
   // then in the top layer frees the stage output while the layer's own buffers (sp's gathered output
   // gradient, ring attention's blocks) come and go: the peak is before the loop or inside it.
   const uint64_t bwd_pre = (sp ? 2 * a.all_rows : 0) + shared_att + (keep ? 0 : a.layer_scratch + a.resid) +
-                           a.att_scratch + a.bwd_ws + (s.last ? a.resid : 0);
+                           a.att_scratch + a.bwd_ws - (split ? 7 * ncl : 0) + (s.last ? a.resid : 0);
   // A mixture layer's own backward buffers come and go before its attention's (and under full
   // recompute after its forward's).
-  const uint64_t moe_in_layer = nm > 0 ? std::max(keep ? 0 : x.fwd, x.bwd) : 0;
+  const uint64_t moe_in_layer = nm > 0 ? std::max(keep ? 0 : x.fwd, split ? x.bwd_split : x.bwd) : 0;
   const uint64_t bwd_in_layer = moe_scratch + std::max((sp ? a.all_rows : 0) + a.ring_bwd, moe_in_layer);
   const uint64_t head_freed = s.last ? 2 * a.resid : 0;
   const uint64_t bwd_ws = bwd_pre + std::max(a.resid, bwd_in_layer) - a.resid;  // net of the stage output
+  // zb1: after B_input a micro-batch keeps what W reads (model/gpt_stage.cpp backward with split):
+  // each layer's input (not the stage's output), its activations but qkv, the attention state and
+  // fch (under full recompute the rebuilt ones), and the gradients of the weighted ops' outputs
+  // (LayerGrads; a mixture layer's MoeGrads); the last stage's lnf and its gradient are gone. Its
+  // backward allocates no dqkv or dfc workspace (each layer's LayerGrads take them).
+  const uint64_t split_stash = uint64_t(n) * a.resid + (s.last ? a.head - 2 * a.resid : 0) +
+                               uint64_t(n) * (a.layer_scratch + 2 * a.all_rows + 2 * a.resid) -
+                               uint64_t(nm) * (dense_mlp + a.all_rows) + uint64_t(nm) * x.split;
+  // Inside B_input the top layer's LayerGrads are allocated before its qkv, attention state and fch
+  // go: the micro-batch holds its whole stash and them (a mixture layer's MoeGrads come and go with
+  // its backward's buffers, counted there).
+  // The stage's output goes first; under full recompute the layer rebuilt for W is held beside them.
+  const uint64_t top_grads = (n > nm ? 2 * a.all_rows + a.resid + 7 * ncl : a.all_rows + a.resid + 3 * ncl) +
+                             (keep ? 0 : a.layer_scratch);
   double in_flight = 1;
   if (l.pp > 1) in_flight = std::max(1.0, pipe.peak_micro_batches[size_t(pp_rank)]);
   // Pipeline messages beyond the stash: the receive posted for the next action, a non-last stage's
@@ -486,12 +533,25 @@ MemoryPlan plan_memory(const config::TrainOptions& o, const parallel::MeshLayout
   // The last stage keeps every micro-batch's per-token losses (fp32) until the step's end.
   const uint64_t losses =
       l.pp > 1 && s.last ? uint64_t(o.grad_accum) * uint64_t(o.batch_size) * uint64_t(o.seq_len / l.cp) * 4 : 0;
-  const uint64_t held = uint64_t(double(stash) * in_flight + 0.5) + messages + losses;
   mp.in_flight = in_flight;
   mp.stash_per_micro = stash;
   const uint64_t bwd_net = bwd_ws > head_freed ? bwd_ws - head_freed : 0;
   mp.workspace = std::max(fwd_ws, bwd_net);
-  b[cat(MemCategory::activations)] = held + mp.workspace;
+  uint64_t peak = uint64_t(double(stash) * in_flight + 0.5) + mp.workspace;
+  if (split) {
+    // The peak is at one point of the rank's actions: the end of a forward (its workspace beside
+    // what is held) or inside a B_input (the top layer's gradients and the backward's workspace).
+    const double v = double(config::pipeline_spec(o).v);
+    double most = 0;
+    for (const PipelineFigures::Held& h : pipe.held[size_t(pp_rank)]) {
+      const double held = (h.forward - (h.in_b ? 1 : 0)) * double(stash) + h.split * double(split_stash) +
+                          (h.in_b ? double(std::max(stash + top_grads, split_stash)) : 0);
+      most = std::max(most, held / v + double(h.in_b ? bwd_net : fwd_ws));
+    }
+    peak = uint64_t(most + 0.5);
+    mp.split_stash = split_stash;
+  }
+  b[cat(MemCategory::activations)] = peak + messages + losses;
   mp.nccl = plan_nccl_bytes(o, l, pp_rank);
   return mp;
 }

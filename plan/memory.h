@@ -12,7 +12,8 @@
 //   activations what a micro-batch keeps for backward under the recompute mode (residual stream,
 //               LayerNorm outputs and statistics, qkv, attention state, MLP hidden), 1/tp of it under
 //               tensor parallelism and the residual stream 1/tp again under sequence parallelism,
-//               times the micro-batches a pipeline rank holds at its peak (the schedule simulator),
+//               times the micro-batches a pipeline rank holds at its peak (the schedule simulator;
+//               under zb1 a micro-batch between its B_input and its W holds what W reads instead),
 //               plus the largest pass's workspace (backward buffers, classifier logits chunk, ring
 //               attention's blocks)
 //   comm        reduce-scatter chunks of ZeRO 2-3 in flight and the norm's scalar; the MPI
@@ -27,8 +28,7 @@
 // expert-data group (dp x cp / ep ranks). Their activations are the routing's and the experts'
 // buffers (model/gpt_moe.cpp) on the rows a rank holds: exact when dropless on one rank; under a
 // capacity the experts are taken full, and under expert parallelism a rank's experts receive as many
-// rows as it sends (the routing decides both). zb1's split backward of a mixture layer keeps what its
-// W reads as a dense layer's would (not modelled apart).
+// rows as it sends (the routing decides both).
 //
 // plan_units and plan_unit_gathers describe the model's store only, plan_expert_units and
 // plan_expert_unit_gathers the experts' (the expert-data group's traffic).
@@ -69,6 +69,7 @@ struct MemoryPlan {
   double in_flight = 1;        // micro-batches of activations held at the peak (pipeline schedules)
   uint64_t stash_per_micro = 0;  // activations one micro-batch keeps for backward
   uint64_t workspace = 0;        // the largest pass's transient activations
+  uint64_t split_stash = 0;      // zb1: what a micro-batch holds between its B_input and its W
   // ZeRO 2-3: `bytes` assumes each reduction completes while the next unit's backward runs; the grads
   // figure when each completes at once (least) and when they complete only as the bound of two in
   // flight forces (bound, slow links). Which one a run sees depends on MPI's progress.
@@ -105,6 +106,15 @@ NcclConnections plan_nccl_connections(const config::TrainOptions& o, const paral
 struct PipelineFigures {
   double bubble_over_ideal = 0;
   std::vector<double> peak_micro_batches;  // per pp rank
+  // Per pp rank, each point of its action list where what it holds grows: how many (chunk, micro)
+  // pairs hold their forward's activations, how many (zb1) have run B_input and wait for W, and
+  // whether one is inside its B_input then (holding the larger of the two).
+  struct Held {
+    int forward = 0, split = 0;
+    bool in_b = false;
+  };
+  std::vector<std::vector<Held>> held;
+  bool split = false;  // zb1: B_input and W apart
 };
 PipelineFigures pipeline_figures(const config::TrainOptions& o, const parallel::MeshLayout& l);
 

@@ -231,6 +231,9 @@ std::string plan_report(const std::vector<std::string>& args) {
     if (MemCategory(c) == MemCategory::activations)
       s += strfmt("  (%g micro-batches in flight x %s kept, + %s workspace)", p.memory.in_flight,
                   format_bytes(p.memory.stash_per_micro).c_str(), format_bytes(p.memory.workspace).c_str());
+    if (MemCategory(c) == MemCategory::activations && p.memory.split_stash)
+      s += strfmt("; zb1: %s while waiting for its W, the peak taken over the schedule's actions",
+                  format_bytes(p.memory.split_stash).c_str());
     s += "\n";
   }
   if (p.memory.nccl) {

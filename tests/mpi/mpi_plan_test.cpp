@@ -26,9 +26,10 @@ struct Layout {
   const char* recompute = "none";
   const char* precision = "fp32";
   bool moe = false;  // tiny-moe: layer 1 a mixture of 4 experts (top-2) with a shared expert, dropless
+  const char* schedule = "1f1b";
   std::string str() const {
-    return strfmt("dp=%d tp=%d pp=%d cp=%d zero=%d accum=%d recompute=%s %s%s", dp, tp, pp, cp, zero, accum, recompute,
-                  precision, moe ? " moe" : "");
+    return strfmt("dp=%d tp=%d pp=%d cp=%d zero=%d accum=%d recompute=%s %s%s %s", dp, tp, pp, cp, zero, accum,
+                  recompute, precision, moe ? " moe" : "", pp > 1 ? schedule : "");
   }
 };
 
@@ -39,7 +40,8 @@ config::TrainOptions options(const std::string& data, const Layout& l) {
        "dp=" + std::to_string(l.dp), "tp=" + std::to_string(l.tp), "pp=" + std::to_string(l.pp),
        "cp=" + std::to_string(l.cp), "zero=" + std::to_string(l.zero), "grad_accum=" + std::to_string(l.accum),
        std::string("recompute=") + l.recompute, std::string("precision=") + l.precision,
-       std::string("attention=") + (l.cp > 1 ? "flash" : "auto"), "steps=3"});
+       std::string("attention=") + (l.cp > 1 ? "flash" : "auto"), std::string("pp.schedule=") + l.schedule,
+       "steps=3"});
   if (l.moe) o.model.moe.shared = 1;
   return o;
 }
@@ -76,6 +78,12 @@ std::vector<Layout> layouts(int W) {
   add({.pp = 2, .accum = 2, .moe = true});
   add({.tp = 2, .pp = 2, .accum = 2, .moe = true});
   add({.dp = 2, .tp = 2, .zero = 1, .recompute = "selective", .moe = true});
+  // zb1: a micro-batch between its B and its W holds what W reads (model/gpt_stage.cpp).
+  add({.pp = 2, .accum = 4, .schedule = "zb1"});
+  add({.pp = 2, .accum = 4, .recompute = "full", .schedule = "zb1"});
+  add({.pp = 2, .accum = 4, .precision = "bf16", .moe = true, .schedule = "zb1"});
+  add({.pp = 2, .accum = 4, .recompute = "selective", .moe = true, .schedule = "zb1"});
+  add({.tp = 2, .pp = 2, .accum = 4, .moe = true, .schedule = "zb1"});
   return out;
 }
 
@@ -118,9 +126,9 @@ TEST(Plan, PredictionsEqualTheTrainersMeasurements) {
     if (l.tp > 1) expect_same_bytes(t.group_counters(parallel::MeshDim::tp), cp.tp, what + " tp");
     if (l.cp > 1) expect_same_bytes(t.group_counters(parallel::MeshDim::cp), cp.cp, what + " cp");
     if (l.pp > 1) expect_same_bytes(t.group_counters(parallel::MeshDim::pp), cp.pp, what + " pp");
-    if (world.rank() == 0)
+    if (world.rank() == 0 || l.pp > 1)
       std::printf("%s: params %zu grads %zu optimizer %zu activations %zu (planned %llu, %+.1f%%) comm %zu (planned %llu)\n",
-                  l.str().c_str(), m.peak[0], m.peak[1], m.peak[2], m.peak[3],
+                  what.c_str(), m.peak[0], m.peak[1], m.peak[2], m.peak[3],
                   (unsigned long long)mp.bytes[3], 100.0 * (pred - act) / act, m.peak[4],
                   (unsigned long long)mp.bytes[4]);
   }

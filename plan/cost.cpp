@@ -35,6 +35,12 @@ bool noise_from_ranks(const config::TrainOptions& o, const parallel::MeshLayout&
   return l.dp * l.cp > 1 && (zero <= 1 || (zero == 2 && o.grad_accum == 1));
 }
 
+// The noise scale leaves experts held apart out of both its norms (train/trainer.cpp): their squared
+// norm summed over tp and pp once more, unless the embeddings went as rows (a norm from the first unit).
+bool noise_leaves_experts_out(const config::TrainOptions& o, const parallel::MeshLayout& l) {
+  return l.ep > 1 && o.model.moe.enabled() && !plan_embedding_rows(o, l);
+}
+
 // The step's routing statistics (train/trainer_moe.cpp), summed over a group of `n` ranks: per
 // mixture layer of the whole model the loads, assignments, drops and tokens as one int32 all-reduce,
 // the balance and z sums as doubles. Over dp x cp, then tp under sp (each tp rank routed its own
@@ -181,8 +187,9 @@ CommCounters tp_traffic(const config::TrainOptions& o, const parallel::MeshLayou
   }
   if (stats) add(c, CommOp::all_gather, m, m * stats);
   // The squared gradient norm, and the noise scale's per-replica norm summed over the replica's tp ranks
-  // (under pp also its global norm without the tied wte).
-  const uint64_t doubles = 1 + uint64_t(noise_from_ranks(o, l)) * (l.pp > 1 ? 2 : 1);
+  // (under pp also its global norm without the tied wte; with experts held apart, their share, which
+  // both of its norms leave out).
+  const uint64_t doubles = 1 + uint64_t(noise_from_ranks(o, l)) * ((l.pp > 1 ? 2 : 1) + noise_leaves_experts_out(o, l));
   add_scalars(c, scalars, CommOp::all_gather, doubles, doubles * p1 * 8);
   if (o.precision == DType::f16) add_scalars(c, scalars, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, P, 0));
   if (o.sequence_parallel()) moe_step_statistics(c, scalars, o, P, 0);
@@ -225,8 +232,9 @@ CommCounters pp_traffic(const config::TrainOptions& o, const parallel::MeshLayou
     add(c, CommOp::send, 1, wte);
   }
   // The loss (on the last stage) and the squared gradient norm summed over the stages as doubles; with
-  // the noise scale, its per-replica norm and its global norm without the tied wte too.
-  const uint64_t doubles = 2 + 2 * uint64_t(noise_from_ranks(o, l));
+  // the noise scale, its per-replica norm and its global norm without the tied wte too (and the
+  // experts' share, as over tp).
+  const uint64_t doubles = 2 + uint64_t(noise_from_ranks(o, l)) * (2 + noise_leaves_experts_out(o, l));
   add_scalars(c, scalars, CommOp::all_gather, doubles, doubles * uint64_t(l.pp - 1) * 8);
   if (o.precision == DType::f16)
     add_scalars(c, scalars, CommOp::all_reduce, 1, parallel::all_reduce_sent_bytes(1, 4, l.pp, 0));

@@ -213,17 +213,24 @@ TEST(MoeContextParallel, StateSavedUnderCpAndEpResumesUnderOtherLayouts) {
 // planner's balanced figure (they follow the routing).
 TEST(MoeContextParallel, PlannerModelStateAndBytesEqualTheTrainers) {
   parallel::Comm& world = mpi_world().comm();
-  if (world.size() != 2) GTEST_SKIP();
+  const int W = world.size();
+  std::vector<Layout> layouts;
+  if (W == 2)
+    layouts = {Layout{.cp = 2}, Layout{.cp = 2, .capacity = 1.0}, Layout{.cp = 2, .ep = 2},
+               Layout{.cp = 2, .ep = 2, .capacity = 1.0}};
+  if (W == 4) layouts = {Layout{.cp = 2, .tp = 2}, Layout{.cp = 2, .tp = 2, .capacity = 1.0}};
+  if (W == 8) layouts = {Layout{.cp = 2, .tp = 2, .pp = 2, .ep = 2, .accum = 2}};
+  if (layouts.empty()) GTEST_SKIP();
   const std::string data = shared_corpus(world, 20261202);
-  for (const Layout& l : {Layout{.cp = 2}, Layout{.cp = 2, .capacity = 1.0}, Layout{.cp = 2, .ep = 2},
-                          Layout{.cp = 2, .ep = 2, .capacity = 1.0}}) {
+  for (const Layout& l : layouts) {
     Trainer t(options(data, l, 16, 3), &world);
     t.step();
     t.arena().reset_peaks();
     t.step();
     const MemStats& m = t.arena().stats();
-    const parallel::MeshLayout pl{.dp = 1, .pp = 1, .cp = l.cp, .tp = l.tp, .ep = l.ep};
-    const plan::MemoryPlan mp = plan::plan_memory(t.options(), pl, 0);
+    const parallel::MeshLayout pl{.dp = 1, .pp = l.pp, .cp = l.cp, .tp = l.tp, .ep = l.ep};
+    const int pp_rank = t.mesh().coord(parallel::MeshDim::pp);
+    const plan::MemoryPlan mp = plan::plan_memory(t.options(), pl, pp_rank);
     const std::string what = l.str() + strfmt(" rank %d", world.rank());
     for (MemCategory c : {MemCategory::params, MemCategory::grads, MemCategory::optimizer})
       EXPECT_EQ(mp.bytes[size_t(c)], m.peak[size_t(c)]) << what << ": " << mem_category_name(c);
@@ -237,9 +244,11 @@ TEST(MoeContextParallel, PlannerModelStateAndBytesEqualTheTrainers) {
     std::printf("%s: activations %.0f, planned %.0f (%+.1f%%)\n", what.c_str(), act, pred, 100.0 * (pred - act) / act);
     // The rank's index in the dp x cp group (cp fastest), as the planner takes it.
     const int replica = t.mesh().coord(parallel::MeshDim::dp) * l.cp + t.mesh().coord(parallel::MeshDim::cp);
-    const plan::CommPlan want = plan::plan_comm(t.options(), pl, 0, replica);
+    const plan::CommPlan want = plan::plan_comm(t.options(), pl, pp_rank, replica);
     expect_same_bytes(t.group_counters(parallel::MeshDim::dp), want.dp, what + " dp x cp");
     expect_same_bytes(t.group_counters(parallel::MeshDim::cp), want.cp, what + " cp");
+    if (l.tp > 1) expect_same_bytes(t.group_counters(parallel::MeshDim::tp), want.tp, what + " tp");
+    if (l.pp > 1) expect_same_bytes(t.group_counters(parallel::MeshDim::pp), want.pp, what + " pp");
     if (l.ep > 1) {
       const parallel::CommCounters got = t.ep_counters();
       const auto a2a = parallel::CommOp::all_to_all, ag = parallel::CommOp::all_gather;

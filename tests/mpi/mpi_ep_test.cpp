@@ -417,7 +417,7 @@ TEST(ExpertParallel, ZeroBubbleSplitBackwardOfMixtureLayersMatchesTheSingleRankR
     o.parallel.pp = 2;
     o.parallel.pp_schedule = schedule;
     o.grad_accum = 2;
-    o.steps = steps;
+    o.steps = steps + 3;  // the resumed runs below go 3 steps further
     return o;
   };
   const std::string what = "pp 2 zb1 x dp " + std::to_string(dp) + " x ep " + std::to_string(ep);
@@ -439,7 +439,7 @@ TEST(ExpertParallel, ZeroBubbleSplitBackwardOfMixtureLayersMatchesTheSingleRankR
   }
   config::TrainOptions ro = options(data, dp * B, 1, 1);
   ro.grad_accum = 2;
-  ro.steps = steps;
+  ro.steps = steps + 3;
   Trainer ref(ro);
   const Curve want = train_curve(ref, steps);
   Trainer t(pipelined("zb1"), &world);
@@ -448,6 +448,30 @@ TEST(ExpertParallel, ZeroBubbleSplitBackwardOfMixtureLayersMatchesTheSingleRankR
   if (world.rank() == 0) std::printf("%s: %s\n", what.c_str(), e.str().c_str());
   expect_fp32_match(e, what);
   EXPECT_LT(got.loss.back(), got.loss.front()) << what << ": does not learn";
+  // Saved under zb1 and resumed alone, saved alone and resumed under zb1: 3 more steps each with the
+  // uninterrupted run's losses.
+  char root[256] = {};
+  if (world.rank() == 0) std::snprintf(root, sizeof root, "%s", make_temp_dir("mt_ep_zb1").c_str());
+  world.broadcast(root, sizeof root / 4, DType::i32, 0);
+  const std::string dir(root);
+  t.save_state(dir + "/zb1");
+  if (world.rank() == 0) ref.save_state(dir + "/alone");
+  world.barrier();
+  std::vector<double> more;
+  for (int i = 0; i < 3; i++) more.push_back(ref.step().loss);
+  auto resumed = [&](config::TrainOptions o, const std::string& from, parallel::Comm* comm, const std::string& label) {
+    o.resume = dir + "/" + from;
+    Trainer r(o, comm);
+    double err = 0;
+    for (int i = 0; i < 3; i++) err = std::max(err, std::fabs(r.step().loss - more[size_t(i)]) / more[size_t(i)]);
+    if (world.rank() == 0) std::printf("resume %s: max rel loss err %.2e\n", label.c_str(), err);
+    EXPECT_LE(err, 1e-5) << label;
+  };
+  if (world.rank() == 0) resumed(ro, "zb1", nullptr, what + " -> alone");
+  world.barrier();
+  resumed(pipelined("zb1"), "alone", &world, "alone -> " + what);
+  world.barrier();
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
 }
 
 // The gradient noise scale's two norms cover the same parameters: each dense one once, the experts held

@@ -147,6 +147,8 @@ const std::vector<OptionEntry>& option_table() {
        "seconds after SIGTERM/SIGUSR1 to reach a step boundary and save before exiting anyway (0: none)"},
       {"mem.check", [](TrainOptions& o, auto& k, auto& v) { o.mem_check = to_bool(k, v); }, "run",
        "refuse a run whose planned peak per rank exceeds the memory available to each rank"},
+      {"mem.poison", [](TrainOptions& o, auto& k, auto& v) { o.mem_poison = to_bool(k, v); }, "run",
+       "CPU: fill every reused activation block with NaN, as new ones are, to expose a read before a write (slower)"},
       {"save_every", [](TrainOptions& o, auto& k, auto& v) { o.save_every = parse_int(k, v); }, "checkpoint", "steps between checkpoints (0: only at the end)"},
       {"eval_every", [](TrainOptions& o, auto& k, auto& v) { o.eval_every = parse_int(k, v); }, "logging", "steps between validation evaluations (0: never)"},
       {"eval_batches", [](TrainOptions& o, auto& k, auto& v) { o.eval_batches = parse_int(k, v); }, "logging", "validation batches per evaluation"},
@@ -435,7 +437,7 @@ nlohmann::json TrainOptions::to_json() const {
       {"init_from", init_from}, {"resume", resume}, {"save_every", save_every}, {"eval_every", eval_every},
       {"eval_batches", eval_batches}, {"log_every", log_every}, {"threads", threads}, {"peak_flops", peak_flops},
       {"profile_ops", profile_ops}, {"run_id", run_id}, {"preempt", {{"deadline", preempt_deadline}}},
-      {"mem", {{"check", mem_check}}},
+      {"mem", {{"check", mem_check}, {"poison", mem_poison}}},
       {"trace", {{"on", trace.on}, {"start", trace.start}, {"steps", trace.steps}}},
   };
 }

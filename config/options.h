@@ -133,6 +133,10 @@ struct TrainOptions {
   int preempt_deadline = 120;
   // Refuse a run whose planned peak per rank exceeds the memory each rank can have (train/preflight.h).
   bool mem_check = true;
+  // mem.poison: fill every reused host activation block with NaN bytes before it is handed out, as new
+  // blocks are, so that a kernel reading a buffer before writing it shows in the loss (a debugging aid;
+  // off, reused blocks keep their last contents and the step saves a pass over its activations).
+  bool mem_poison = false;
   struct Trace {
     bool on = false;  // trace=1: a Chrome trace per rank under <out_dir>/trace/ (runtime/trace.h)
     int start = 2;    // the first traced step (the first step warms up)

@@ -63,8 +63,12 @@ void* Arena::reuse(size_t bytes, bool zero) {
   void* p = it->second;
   kept_.erase(it);
   kept_bytes_ -= bytes;
-  // The same contents a fresh block has: zeros, or the poison of MemOps::alloc_uninit (NaN bytes).
-  std::memset(p, zero || !mem_.alloc_uninit ? 0 : 0xFF, bytes);
+  // The same contents a fresh block has: zeros, or the poison of MemOps::alloc_uninit (NaN bytes);
+  // without poison, an uninitialised block keeps its last owner's bytes.
+  if (zero || !mem_.alloc_uninit)
+    host_fill(p, 0, bytes);
+  else if (poison_reused_)
+    host_fill(p, 0xFF, bytes);
   return p;
 }
 

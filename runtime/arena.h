@@ -92,6 +92,11 @@ class Arena {
   void set_region_sink(RegionSink* sink) { regions_ = sink; }
   // Bytes of freed host blocks kept for reuse (below): held, not live, and not in stats().
   size_t kept_bytes() const { return kept_bytes_; }
+  // Whether alloc_uninitialized poisons a reused host block as it does a new one (on, the default), or
+  // hands it out holding what its last owner wrote. Poisoning every reused block costs a pass over a
+  // step's activations (5% of a GPT-2 step on the CPU), so a run turns it off unless it is hunting a
+  // kernel that reads before it writes (the trainer's mem.poison); new blocks are poisoned either way.
+  void set_poison_reused(bool on) { poison_reused_ = on; }
 
  private:
   friend class Buffer;
@@ -105,6 +110,7 @@ class Arena {
   // ones together are within that figure again.
   bool caches_blocks() const { return mem_.device == Device::cpu && !custom_alloc_; }
   void* reuse(size_t bytes, bool zero);  // a kept block of this size, zeroed or poisoned; nullptr if none
+  bool poison_reused_ = true;
   void trim_cache();
   void free_cache();
   std::multimap<size_t, void*> kept_;

@@ -1,5 +1,8 @@
 #include "runtime/memory.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -8,13 +11,28 @@
 
 namespace mt {
 
+void host_fill(void* p, int byte, size_t n) {
+  constexpr size_t kChunk = size_t(4) << 20;  // below two chunks one thread does it all
+  if (n < 2 * kChunk || omp_in_parallel() || omp_get_max_threads() == 1) {
+    if (n) std::memset(p, byte, n);
+    return;
+  }
+  const int64_t chunks = int64_t((n + kChunk - 1) / kChunk);
+  char* bytes = static_cast<char*>(p);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; c++) {
+    const size_t at = size_t(c) * kChunk;
+    std::memset(bytes + at, byte, std::min(kChunk, n - at));
+  }
+}
+
 namespace {
 
 void* host_alloc(size_t n) {
   // aligned_alloc wants a size that is a multiple of the alignment.
   const size_t rounded = (n + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
-  if (p) std::memset(p, 0, rounded);
+  if (p) host_fill(p, 0, rounded);
   return p;
 }
 
@@ -22,15 +40,13 @@ void* host_alloc(size_t n) {
 void* host_alloc_poisoned(size_t n) {
   const size_t rounded = (n + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
-  if (p) std::memset(p, 0xFF, rounded);
+  if (p) host_fill(p, 0xFF, rounded);
   return p;
 }
 
 void host_free(void* p) { std::free(p); }
 
-void host_zero(void* p, size_t n) {
-  if (n) std::memset(p, 0, n);
-}
+void host_zero(void* p, size_t n) { host_fill(p, 0, n); }
 
 void host_copy(void* dst, const void* src, size_t n, CopyKind) {
   if (n && dst != src) std::memcpy(dst, src, n);

@@ -66,5 +66,9 @@ struct MemOps {
 
 // Host memory: 64-byte aligned blocks, memcpy/memset, OpenMP rounding.
 const MemOps& host_memory();
+// memset(p, byte, n) on host memory, split over the OpenMP threads when n is large and the caller is
+// not already inside a parallel region (one core fills at about 6 GB/s on the development machine;
+// two fill twice as fast): a step's gradient zeroing and the arena's fills.
+void host_fill(void* p, int byte, size_t n);
 
 }  // namespace mt

@@ -18,6 +18,7 @@
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/gemm_kernels.h"
+#include "runtime/check.h"
 #include "tests/test_util.h"
 
 namespace mt::cpu {
@@ -145,6 +146,46 @@ TEST(Gemm, BuiltinIsBitwiseIndependentOfThreadCountAndGemmIsRepeatable) {
   EXPECT_EQ(run(true, 2), run(true, 3));
   EXPECT_EQ(run(false, 2), run(false, 2));
   omp_set_num_threads(saved);
+}
+
+// gemm_prepacked: B packed once, multiplied by blocks of A's rows against a window of B's rows (as
+// attention does per head); the bits are gemm_builtin's on the same window, and it is exact.
+template <class T>
+void check_prepacked(std::mt19937_64& rng) {
+  const Case shapes[] = {{1, 1, 1, false, false},    {7, 5, 3, false, true},     {48, 64, 256, false, true},
+                         {48, 64, 256, true, false}, {29, 301, 270, true, true}, {200, 33, 520, false, false}};
+  PackedB<T> packed;  // reused across shapes, as a thread's buffers are
+  GemmScratch<T> ws;
+  for (const Case& c : shapes) {
+    for (const int k0 : {0, 1, c.K / 3}) {
+      Problem<T> p(c, rng, T(0.75), T(0.5));
+      packed.pack(p.tb, p.B.data(), p.ldb, p.K, p.N);
+      ASSERT_EQ(packed.rows(), p.K);
+      ASSERT_EQ(packed.cols(), p.N);
+      const int K = p.K - k0;
+      std::vector<T> got = p.C0, want = p.C0;
+      gemm_prepacked<T>(p.ta, p.M, p.N, K, p.alpha, p.A.data(), p.lda, packed, k0, p.beta, got.data(), p.ldc, ws);
+      // The same window of B for gemm_builtin: rows k0.. of op(B).
+      const T* b = p.tb ? p.B.data() + k0 : p.B.data() + sz(k0) * sz(p.ldb);
+      gemm_builtin<T>(p.ta, p.tb, p.M, p.N, K, p.alpha, p.A.data(), p.lda, b, p.ldb, p.beta, want.data(), p.ldc);
+      ASSERT_EQ(got, want) << "M=" << c.M << " N=" << c.N << " K=" << c.K << " k0=" << k0 << " ta=" << c.ta;
+      if (k0 == 0) p.check(got, "gemm_prepacked");
+    }
+  }
+  // A window outside the packed operand is refused, naming it.
+  Problem<T> p({4, 6, 8, false, false}, rng, T(1), T(0));
+  packed.pack(false, p.B.data(), p.ldb, p.K, p.N);
+  std::vector<T> c = p.C0;
+  EXPECT_THROW(gemm_prepacked<T>(false, p.M, p.N, 5, T(1), p.A.data(), p.lda, packed, 4, T(0), c.data(), p.ldc, ws),
+               Error);
+  EXPECT_THROW(gemm_prepacked<T>(false, p.M, p.N + 1, 8, T(1), p.A.data(), p.lda, packed, 0, T(0), c.data(), p.ldc, ws),
+               Error);
+}
+
+TEST(Gemm, PrepackedIsBitwiseTheBuiltinOnTheSameRowsOfB) {
+  std::mt19937_64 rng(mt::testing::test_seed() + 4);
+  check_prepacked<float>(rng);
+  check_prepacked<double>(rng);
 }
 
 }  // namespace

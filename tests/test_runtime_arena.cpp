@@ -123,6 +123,24 @@ TEST(Arena, AFreedHostBlockServesTheNextRequestOfItsSizeFilledAsAFreshOne) {
   EXPECT_EQ(live(a, MemCategory::grads), 4096u);
 }
 
+TEST(Arena, WithoutPoisonAReusedUninitialisedBlockKeepsItsBytesAndAZeroedOneIsStillZeroed) {
+  Arena a;
+  a.set_poison_reused(false);
+  Buffer b = a.alloc_uninitialized(MemCategory::activations, 4096);
+  void* p = b.data();
+  const auto* bytes = static_cast<const unsigned char*>(p);
+  for (size_t k = 0; k < 4096; k++) ASSERT_EQ(bytes[k], 0xFF) << "byte " << k << ": a new block is poisoned";
+  std::memset(p, 0x12, 4096);
+  b.reset();
+  Buffer c = a.alloc_uninitialized(MemCategory::activations, 4096);
+  ASSERT_EQ(c.data(), p);
+  for (size_t k = 0; k < 4096; k++) ASSERT_EQ(bytes[k], 0x12) << "byte " << k << ": the last owner's bytes";
+  c.reset();
+  Buffer d = a.alloc(MemCategory::grads, 4096);
+  ASSERT_EQ(d.data(), p);
+  for (size_t k = 0; k < 4096; k++) ASSERT_EQ(bytes[k], 0) << "byte " << k << ": not zeroed";
+}
+
 TEST(Arena, KeptBlocksNeverHoldMoreThanTheMostEverLive) {
   Arena a;
   {

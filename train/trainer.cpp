@@ -140,6 +140,7 @@ Trainer::Trainer(const config::TrainOptions& o, parallel::Comm* world, int local
     ctx_.trace = trace_.get();
     ctx_.trace_lane = trace_->lane("ops");
   }
+  arena_.set_poison_reused(o_.mem_poison);
   if (op_timer_ || trace_) {
     regions_ = std::make_unique<ops::Regions>(op_timer_.get(), trace_.get(), ctx_.trace_lane);
     ctx_.regions = regions_.get();

@@ -24,6 +24,9 @@
 #ifdef MT_HAVE_BLAS
 #include <cblas.h>
 #endif
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 namespace mt::cpu {
 
@@ -51,15 +54,10 @@ const MicroKernel<double>& micro_kernel<double>() {
 }
 
 template <class T>
-struct AlignedFree {
-  void operator()(T* p) const { std::free(p); }
-};
-template <class T>
-std::unique_ptr<T[], AlignedFree<T>> aligned_buffer(size_t n) {
-  const size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
-  T* p = static_cast<T*>(std::aligned_alloc(64, bytes));
-  MT_CHECK(p != nullptr, "out of memory for a %zu-byte GEMM packing buffer", bytes);
-  return std::unique_ptr<T[], AlignedFree<T>>(p);
+AlignedBuffer<T> aligned_buffer(size_t n) {
+  AlignedBuffer<T> b;
+  b.reserve(n);
+  return b;
 }
 
 // op(A)[i0:i0+mc, k0:k0+kc] as MR-row panels (column k of a panel = MR consecutive values),
@@ -96,9 +94,28 @@ void pack_a(T* dst, bool trans, const T* A, int lda, int i0, int mc, int k0, int
 template <class T>
 void pack_b(T* dst, bool trans, const T* B, int ldb, int k0, int kc, int j0, int nr, int NR) {
   if (trans) {
+    int k = 0;
+#if defined(__SSE__)
+    if constexpr (std::is_same_v<T, float>) {
+      // Whole panels of floats by 4 x 4 register transposes: a quarter of the loads and stores of
+      // the scalar loop below (attention packs a head's K^T and V^T this way once per head).
+      if (nr == NR && NR % 4 == 0)
+        for (; k + 4 <= kc; k += 4)
+          for (int j = 0; j < NR; j += 4) {
+            const float* src = B + size_t(j0 + j) * size_t(ldb) + size_t(k0 + k);
+            __m128 r0 = _mm_loadu_ps(src), r1 = _mm_loadu_ps(src + ldb), r2 = _mm_loadu_ps(src + 2 * size_t(ldb)),
+                   r3 = _mm_loadu_ps(src + 3 * size_t(ldb));
+            _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+            float* d = dst + size_t(k) * NR + j;
+            _mm_storeu_ps(d, r0);
+            _mm_storeu_ps(d + NR, r1);
+            _mm_storeu_ps(d + 2 * NR, r2);
+            _mm_storeu_ps(d + 3 * NR, r3);
+          }
+    }
+#endif
     // Blocks of 8 k: each source row contributes 8 contiguous values, each destination row of the
     // block stays in L1 while the NR source rows are visited.
-    int k = 0;
     for (; k + 8 <= kc; k += 8)
       for (int j = 0; j < NR; j++) {
         const T* src = B + size_t(j0 + std::min(j, nr - 1)) * size_t(ldb) + size_t(k0 + k);
@@ -112,6 +129,50 @@ void pack_b(T* dst, bool trans, const T* B, int ldb, int k0, int kc, int j0, int
       const T* src = B + size_t(k0 + k) * size_t(ldb) + size_t(j0);
       for (int j = 0; j < nr; j++) dst[k * NR + j] = src[j];
       for (int j = nr; j < NR; j++) dst[k * NR + j] = T(0);
+    }
+  }
+}
+
+// Rows ic..ic+mc of C, columns jc..jc+nc, take one kc-deep slice of the product: op(A)[rows, pc..pc+kc]
+// times a packed slice of op(B) whose NR-wide panel jp starts at b + jp * bstride (row k of a panel =
+// NR values). first: this is the first slice, so C is scaled by beta instead of accumulated. A is
+// packed into apack (or read in place when direct_a); edge holds one MR x NR block for ragged edges.
+template <class T>
+void multiply_block(const MicroKernel<T>& uk, bool trans_a, bool direct_a, const T* A, int lda, int ic, int mc, int pc,
+                    int kc, const T* b, size_t bstride, int jc, int nc, T alpha, T beta, bool first, T* C, int ldc,
+                    T* apack, T* edge) {
+  const int MR = uk.mr, NR = uk.nr, full = mc / MR * MR, panels = (nc + NR - 1) / NR;
+  if (!direct_a)
+    pack_a(apack, trans_a, A, lda, ic, mc, pc, kc, MR);
+  else if (full < mc)  // only the ragged last panel needs zero padding
+    pack_a(apack + size_t(full) * kc, trans_a, A, lda, ic + full, mc - full, pc, kc, MR);
+  for (int jp = 0; jp < panels; jp++) {
+    const int nr = std::min(NR, nc - jp * NR);
+    const T* bp = b + size_t(jp) * bstride;
+    for (int ir = 0; ir < mc; ir += MR) {
+      const int mr = std::min(MR, mc - ir);
+      const T* ap = apack + size_t(ir) * kc;
+      int64_t rs = 1, ks = MR;
+      if (direct_a && ir < full) {
+        const int64_t i = ic + ir;
+        ap = trans_a ? A + int64_t(pc) * lda + i : A + i * lda + pc;
+        rs = trans_a ? 1 : lda;
+        ks = trans_a ? lda : 1;
+      }
+      T* c = C + size_t(ic + ir) * size_t(ldc) + size_t(jc + jp * NR);
+      if (mr == MR && nr == NR) {
+        uk.run(kc, ap, rs, ks, bp, c, ldc, alpha, beta, first);
+        continue;
+      }
+      // Ragged edge: full block into scratch, then the same update on the valid part.
+      uk.run(kc, ap, rs, ks, bp, edge, NR, T(1), T(0), true);
+      for (int r = 0; r < mr; r++) {
+        T* cr = c + size_t(r) * size_t(ldc);
+        for (int j = 0; j < nr; j++) {
+          const T base = first ? (beta == T(0) ? T(0) : beta * cr[j]) : cr[j];
+          cr[j] = base + alpha * edge[size_t(r) * NR + size_t(j)];
+        }
+      }
     }
   }
 }
@@ -138,6 +199,51 @@ void blas_call(bool ta, bool tb, int M, int N, int K, double alpha, const double
 #endif
 
 }  // namespace
+
+template <class T>
+T* AlignedBuffer<T>::reserve(size_t n) {
+  if (n <= n_ && p_) return p_.get();
+  const size_t bytes = (std::max<size_t>(n, 1) * sizeof(T) + 63) / 64 * 64;
+  p_.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
+  MT_CHECK(p_ != nullptr, "out of memory for a %zu-byte GEMM packing buffer", bytes);
+  n_ = bytes / sizeof(T);
+  return p_.get();
+}
+
+template <class T>
+void PackedB<T>::pack(bool trans, const T* B, int ldb, int K, int N) {
+  const int NR = micro_kernel<T>().nr, panels = (N + NR - 1) / NR;
+  K_ = K;
+  N_ = N;
+  nr_ = NR;
+  T* dst = buf_.reserve(size_t(panels) * size_t(NR) * size_t(std::max(K, 1)));
+  for (int jp = 0; jp < panels; jp++)
+    pack_b(dst + size_t(jp) * NR * K, trans, B, ldb, 0, K, jp * NR, std::min(NR, N - jp * NR), NR);
+}
+
+template <class T>
+void gemm_prepacked(bool trans_a, int M, int N, int K, T alpha, const T* A, int lda, const PackedB<T>& B, int k0,
+                    T beta, T* C, int ldc, GemmScratch<T>& scratch) {
+  const MicroKernel<T>& uk = micro_kernel<T>();
+  MT_CHECK(N <= B.cols() && k0 >= 0 && k0 + K <= B.rows(),
+           "gemm_prepacked: columns 0..%d and rows %d..%d are outside the packed %d x %d operand", N, k0, k0 + K,
+           B.rows(), B.cols());
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    gemm_packed(uk, trans_a, false, M, N, 0, alpha, A, lda, static_cast<const T*>(nullptr), 0, beta, C, ldc);
+    return;
+  }
+  const int MR = uk.mr, NR = uk.nr, MC = std::max(1, kRowsPerBlock / MR) * MR;
+  T* apack = scratch.apack.reserve(size_t(std::min(MC, (M + MR - 1) / MR * MR)) * size_t(std::min(KC, K)));
+  T* edge = scratch.edge.reserve(size_t(MR) * size_t(NR));
+  const bool direct_a = (N + NR - 1) / NR <= kDirectPanels;
+  for (int pc = 0; pc < K; pc += KC) {
+    const int kc = std::min(KC, K - pc);
+    for (int ic = 0; ic < M; ic += MC)
+      multiply_block(uk, trans_a, direct_a, A, lda, ic, std::min(MC, M - ic), pc, kc, B.at(0, k0 + pc),
+                     size_t(B.rows()) * NR, 0, N, alpha, beta, pc == 0, C, ldc, apack, edge);
+  }
+}
 
 template <class T>
 void gemm_builtin(bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A, int lda, const T* B, int ldb,
@@ -187,42 +293,9 @@ void gemm_packed(const MicroKernel<T>& uk, bool trans_a, bool trans_b, int M, in
         // a split by whole MC blocks would leave one thread idle for up to a block.
         const int panels_m = (M + MR - 1) / MR, tid = omp_get_thread_num(), nth = omp_get_num_threads();
         const int row_end = std::min(M, int(int64_t(panels_m) * (tid + 1) / nth) * MR);
-        for (int ic = int(int64_t(panels_m) * tid / nth) * MR; ic < row_end; ic += MC) {
-          const int mc = std::min(MC, row_end - ic), full = mc / MR * MR;
-          if (!direct_a)
-            pack_a(apack.get(), trans_a, A, lda, ic, mc, pc, kc, MR);
-          else if (full < mc)  // only the ragged last panel needs zero padding
-            pack_a(apack.get() + size_t(full) * kc, trans_a, A, lda, ic + full, mc - full, pc, kc, MR);
-          for (int jp = 0; jp < panels; jp++) {
-            const int nr = std::min(NR, nc - jp * NR);
-            const T* bp = bpack.get() + size_t(jp) * NR * kc;
-            for (int ir = 0; ir < mc; ir += MR) {
-              const int mr = std::min(MR, mc - ir);
-              const T* ap = apack.get() + size_t(ir) * kc;
-              int64_t rs = 1, ks = MR;
-              if (direct_a && ir < full) {
-                const int64_t i = ic + ir;
-                ap = trans_a ? A + int64_t(pc) * lda + i : A + i * lda + pc;
-                rs = trans_a ? 1 : lda;
-                ks = trans_a ? lda : 1;
-              }
-              T* c = C + size_t(ic + ir) * size_t(ldc) + size_t(jc + jp * NR);
-              if (mr == MR && nr == NR) {
-                uk.run(kc, ap, rs, ks, bp, c, ldc, alpha, beta, first);
-                continue;
-              }
-              // Ragged edge: full block into scratch, then the same update on the valid part.
-              uk.run(kc, ap, rs, ks, bp, edge.get(), NR, T(1), T(0), true);
-              for (int r = 0; r < mr; r++) {
-                T* cr = c + size_t(r) * size_t(ldc);
-                for (int j = 0; j < nr; j++) {
-                  const T base = first ? (beta == T(0) ? T(0) : beta * cr[j]) : cr[j];
-                  cr[j] = base + alpha * edge[size_t(r) * NR + size_t(j)];
-                }
-              }
-            }
-          }
-        }
+        for (int ic = int(int64_t(panels_m) * tid / nth) * MR; ic < row_end; ic += MC)
+          multiply_block(uk, trans_a, direct_a, A, lda, ic, std::min(MC, row_end - ic), pc, kc, bpack.get(),
+                         size_t(NR) * kc, jc, nc, alpha, beta, first, C, ldc, apack.get(), edge.get());
 #pragma omp barrier  // everyone is done with this B block before it is repacked
       }
     }
@@ -315,6 +388,14 @@ template void gemm_builtin<double>(bool, bool, int, int, int, double, const doub
                                    double*, int);
 template void gemm_packed<float>(const MicroKernel<float>&, bool, bool, int, int, int, float, const float*, int,
                                  const float*, int, float, float*, int);
+template class AlignedBuffer<float>;
+template class AlignedBuffer<double>;
+template class PackedB<float>;
+template class PackedB<double>;
+template void gemm_prepacked<float>(bool, int, int, int, float, const float*, int, const PackedB<float>&, int, float,
+                                    float*, int, GemmScratch<float>&);
+template void gemm_prepacked<double>(bool, int, int, int, double, const double*, int, const PackedB<double>&, int,
+                                     double, double*, int, GemmScratch<double>&);
 template void gemm_packed<double>(const MicroKernel<double>&, bool, bool, int, int, int, double, const double*, int,
                                   const double*, int, double, double*, int);
 

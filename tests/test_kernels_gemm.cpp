@@ -1,7 +1,7 @@
 // The GEMM under every CPU matmul: gemm() (whichever path it takes on this machine, see
 // gemm_backend()) and gemm_builtin() against a plain triple loop in long double, for all four transpose combinations,
 // alpha/beta, leading dimensions wider than the matrices, and sizes that cross the built-in kernel's register and cache
-// blocks (MR up to 12, NR up to 32, MC 192, KC 256) with ragged edges.
+// blocks (MR up to 12, NR up to 32, MC 192, KC 256, and the deep slices of a long k) with ragged edges.
 //
 // Tolerance, with entries uniform in (-1, 1) and u the unit roundoff of the type:
 // |error| <= 2 u (K |alpha| + |beta|). Rounding errors of a length-K sum grow like a random walk, about
@@ -79,7 +79,9 @@ struct Problem {
 const Case kCases[] = {{1, 1, 1, false, false},     {3, 5, 7, false, true},      {3, 5, 7, true, false},
                        {13, 11, 17, true, true},    {67, 9, 5, false, true},     {5, 263, 3, true, false},
                        {70, 300, 301, false, true}, {130, 257, 300, true, true}, {129, 31, 520, false, false},
-                       {401, 45, 33, true, false},  {3, 4133, 19, false, true}};
+                       {401, 45, 33, true, false},  {3, 4133, 19, false, true},
+                       // k beyond 64 slices: the deep slices (kDeepKC) with a ragged last one
+                       {14, 37, 16411, false, true}, {13, 40, 16500, true, false}};
 
 template <class T>
 void check_all_cases(std::mt19937_64& rng) {
@@ -153,7 +155,8 @@ TEST(Gemm, BuiltinIsBitwiseIndependentOfThreadCountAndGemmIsRepeatable) {
 template <class T>
 void check_prepacked(std::mt19937_64& rng) {
   const Case shapes[] = {{1, 1, 1, false, false},    {7, 5, 3, false, true},     {48, 64, 256, false, true},
-                         {48, 64, 256, true, false}, {29, 301, 270, true, true}, {200, 33, 520, false, false}};
+                         {48, 64, 256, true, false}, {29, 301, 270, true, true}, {200, 33, 520, false, false},
+                         {13, 35, 16700, false, true}};
   PackedB<T> packed;  // reused across shapes, as a thread's buffers are
   GemmScratch<T> ws;
   for (const Case& c : shapes) {

@@ -38,6 +38,21 @@ namespace {
 // op(A)[rows, k slice] into MR-row panels and sweeps the micro-kernel over them. A kc x NR panel of B
 // (32 KiB for AVX-512 floats) stays in L1 while the MC x KC block of A streams from L2.
 constexpr int KC = 256;
+// Every k slice after the first reads and writes all of C again. Where C is far larger than the caches
+// (GPT-2's classifier: 1024 x 50304 floats, 206 MB, in its forward and weight gradient) or k runs to
+// hundreds of slices (its input gradient, k = 50304), those passes cost more than a kc x NR panel of B
+// outgrowing L1: such products take slices three times deeper. Measured on the 2-core AVX-512
+// machine, the three classifier products ran 10-13% faster (docs/perf.md); the layers' products, with
+// C of 3-12 MB, showed no gain beyond the noise and keep KC.
+constexpr int kDeepKC = 768;
+constexpr double kDeepCBytes = 64.0 * (1 << 20);
+constexpr int kDeepK = 64 * KC;
+
+template <class T>
+int slice_depth(int M, int N, int K) {
+  const bool deep = double(M) * double(N) * sizeof(T) > kDeepCBytes || K > kDeepK;
+  return std::min(deep ? kDeepKC : KC, std::max(K, 1));
+}
 constexpr int NC = 4096;
 constexpr int kRowsPerBlock = 192;  // MC is the multiple of MR nearest below this
 constexpr int kDirectPanels = 4;    // up to this many NR-wide column panels, A is not packed
@@ -234,11 +249,12 @@ void gemm_prepacked(bool trans_a, int M, int N, int K, T alpha, const T* A, int 
     return;
   }
   const int MR = uk.mr, NR = uk.nr, MC = std::max(1, kRowsPerBlock / MR) * MR;
-  T* apack = scratch.apack.reserve(size_t(std::min(MC, (M + MR - 1) / MR * MR)) * size_t(std::min(KC, K)));
+  const int KS = slice_depth<T>(M, N, K);
+  T* apack = scratch.apack.reserve(size_t(std::min(MC, (M + MR - 1) / MR * MR)) * size_t(KS));
   T* edge = scratch.edge.reserve(size_t(MR) * size_t(NR));
   const bool direct_a = (N + NR - 1) / NR <= kDirectPanels;
-  for (int pc = 0; pc < K; pc += KC) {
-    const int kc = std::min(KC, K - pc);
+  for (int pc = 0; pc < K; pc += KS) {
+    const int kc = std::min(KS, K - pc);
     for (int ic = 0; ic < M; ic += MC)
       multiply_block(uk, trans_a, direct_a, A, lda, ic, std::min(MC, M - ic), pc, kc, B.at(0, k0 + pc),
                      size_t(B.rows()) * NR, 0, N, alpha, beta, pc == 0, C, ldc, apack, edge);
@@ -267,7 +283,8 @@ void gemm_packed(const MicroKernel<T>& uk, bool trans_a, bool trans_b, int M, in
   const int MC = std::max(1, kRowsPerBlock / MR) * MR;
   // Column blocks of equal width (a multiple of NR) no wider than NC: A is packed once per block.
   const int col_blocks = (N + NC - 1) / NC;
-  const int nc_max = ((N + col_blocks - 1) / col_blocks + NR - 1) / NR * NR, kc_max = std::min(KC, K);
+  const int KS = slice_depth<T>(M, N, K);
+  const int nc_max = ((N + col_blocks - 1) / col_blocks + NR - 1) / NR * NR, kc_max = KS;
   auto bpack = aligned_buffer<T>(size_t(nc_max) * size_t(kc_max));
   // With only a few column panels each element of A is used by few micro-kernel calls, and packing
   // A would cost as much as the product (e.g. attention's P @ V with 64 columns): the micro-kernel
@@ -282,8 +299,8 @@ void gemm_packed(const MicroKernel<T>& uk, bool trans_a, bool trans_b, int M, in
     auto edge = aligned_buffer<T>(size_t(MR) * size_t(NR));
     for (int jc = 0; jc < N; jc += nc_max) {
       const int nc = std::min(nc_max, N - jc), panels = (nc + NR - 1) / NR;
-      for (int pc = 0; pc < K; pc += KC) {
-        const int kc = std::min(KC, K - pc);
+      for (int pc = 0; pc < K; pc += KS) {
+        const int kc = std::min(KS, K - pc);
         const bool first = pc == 0;
 #pragma omp for schedule(static)
         for (int jp = 0; jp < panels; jp++)

@@ -18,19 +18,22 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     arena_ = o.arena_;
     ptr_ = o.ptr_;
     bytes_ = o.bytes_;
+    block_ = o.block_;
     cat_ = o.cat_;
     o.arena_ = nullptr;
     o.ptr_ = nullptr;
     o.bytes_ = 0;
+    o.block_ = 0;
   }
   return *this;
 }
 
 void Buffer::reset() {
-  if (arena_ && ptr_) arena_->release(ptr_, bytes_, cat_);
+  if (arena_ && ptr_) arena_->release(ptr_, bytes_, block_, cat_);
   arena_ = nullptr;
   ptr_ = nullptr;
   bytes_ = 0;
+  block_ = 0;
 }
 
 Arena::Arena() : Arena(host_memory()) {}
@@ -45,24 +48,27 @@ Arena::~Arena() { free_cache(); }
 Buffer Arena::alloc(MemCategory cat, size_t bytes) {
   if (bytes == 0) return Buffer();
   const RegionScope region(regions_, "allocation");
-  if (void* p = reuse(bytes, true)) return take(cat, bytes, p);
-  return take(cat, bytes, alloc_(bytes));
+  size_t block = bytes;
+  if (void* p = reuse(bytes, true, &block)) return take(cat, bytes, block, p);
+  return take(cat, bytes, bytes, alloc_(bytes));
 }
 
 Buffer Arena::alloc_uninitialized(MemCategory cat, size_t bytes) {
   if (bytes == 0) return Buffer();
   const RegionScope region(regions_, "allocation");
-  if (void* p = reuse(bytes, false)) return take(cat, bytes, p);
+  size_t block = bytes;
+  if (void* p = reuse(bytes, false, &block)) return take(cat, bytes, block, p);
   // A custom allocator (the third constructor) has no uninitialised variant: it zero-fills.
-  return take(cat, bytes, mem_.alloc_uninit && !custom_alloc_ ? mem_.alloc_uninit(bytes) : alloc_(bytes));
+  return take(cat, bytes, bytes, mem_.alloc_uninit && !custom_alloc_ ? mem_.alloc_uninit(bytes) : alloc_(bytes));
 }
 
-void* Arena::reuse(size_t bytes, bool zero) {
-  auto it = kept_.find(bytes);
-  if (it == kept_.end()) return nullptr;
+void* Arena::reuse(size_t bytes, bool zero, size_t* block) {
+  auto it = kept_.lower_bound(bytes);  // the smallest kept block of at least `bytes`
+  if (it == kept_.end() || it->first / 2 > bytes) return nullptr;
   void* p = it->second;
+  *block = it->first;
+  kept_bytes_ -= it->first;
   kept_.erase(it);
-  kept_bytes_ -= bytes;
   // The same contents a fresh block has: zeros, or the poison of MemOps::alloc_uninit (NaN bytes);
   // without poison, an uninitialised block keeps its last owner's bytes.
   if (zero || !mem_.alloc_uninit)
@@ -73,7 +79,7 @@ void* Arena::reuse(size_t bytes, bool zero) {
 }
 
 void Arena::trim_cache() {
-  while (!kept_.empty() && stats_.live_total + kept_bytes_ > most_live_) {
+  while (!kept_.empty() && held_live_ + kept_bytes_ > most_live_) {
     auto largest = std::prev(kept_.end());
     kept_bytes_ -= largest->first;
     free_(largest->second);
@@ -87,28 +93,31 @@ void Arena::free_cache() {
   kept_bytes_ = 0;
 }
 
-Buffer Arena::take(MemCategory cat, size_t bytes, void* p) {
+Buffer Arena::take(MemCategory cat, size_t bytes, size_t block, void* p) {
   Buffer b;
   MT_CHECK(p != nullptr, "out of memory allocating %s for %s", format_bytes(bytes).c_str(), mem_category_name(cat));
   b.arena_ = this;
   b.ptr_ = p;
   b.bytes_ = bytes;
+  b.block_ = block;
   b.cat_ = cat;
   size_t i = size_t(cat);
   stats_.live[i] += bytes;
   stats_.live_total += bytes;
   stats_.peak[i] = std::max(stats_.peak[i], stats_.live[i]);
   stats_.peak_total = std::max(stats_.peak_total, stats_.live_total);
-  most_live_ = std::max(most_live_, stats_.live_total);
+  held_live_ += block;
+  most_live_ = std::max(most_live_, held_live_);
   trim_cache();
   return b;
 }
 
-void Arena::release(void* p, size_t bytes, MemCategory cat) {
+void Arena::release(void* p, size_t bytes, size_t block, MemCategory cat) {
   const RegionScope region(regions_, "allocation");
+  held_live_ -= block;
   if (caches_blocks()) {
-    kept_.emplace(bytes, p);
-    kept_bytes_ += bytes;
+    kept_.emplace(block, p);
+    kept_bytes_ += block;
   } else {
     free_(p);
   }

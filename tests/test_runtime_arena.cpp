@@ -141,6 +141,35 @@ TEST(Arena, WithoutPoisonAReusedUninitialisedBlockKeepsItsBytesAndAZeroedOneIsSt
   for (size_t k = 0; k < 4096; k++) ASSERT_EQ(bytes[k], 0) << "byte " << k << ": not zeroed";
 }
 
+TEST(Arena, ARequestTakesTheSmallestKeptBlockUpToTwiceItsSize) {
+  Arena a;
+  void *small, *large;
+  {
+    Buffer x = a.alloc(MemCategory::activations, 4096), y = a.alloc(MemCategory::activations, 10000),
+           z = a.alloc(MemCategory::activations, 20000);
+    small = x.data();
+    large = y.data();
+  }
+  ASSERT_EQ(a.kept_bytes(), 34096u);
+  // 3000 bytes: the 4096-byte block (the smallest of at least 3000), zeroed over what was asked for.
+  Buffer b = a.alloc(MemCategory::activations, 3000);
+  EXPECT_EQ(b.data(), small);
+  EXPECT_EQ(a.kept_bytes(), 30000u);
+  EXPECT_EQ(a.stats().live_total, 3000u);  // the arena counts what was asked for
+  const auto* bytes = static_cast<const unsigned char*>(b.data());
+  for (size_t k = 0; k < 3000; k++) ASSERT_EQ(bytes[k], 0) << "byte " << k;
+  // 4000 bytes: the smallest kept block (10000) is more than twice that, so a new block.
+  Buffer c = a.alloc(MemCategory::activations, 4000);
+  EXPECT_NE(c.data(), large);
+  // 4096 + 4000 live and 30000 kept are more than the 34096 ever held: the largest kept block goes.
+  EXPECT_EQ(a.kept_bytes(), 10000u);
+  // Freed, the reused block goes back at its own size and serves a request of that size.
+  b.reset();
+  EXPECT_EQ(a.kept_bytes(), 14096u);
+  Buffer d = a.alloc_uninitialized(MemCategory::activations, 4096);
+  EXPECT_EQ(d.data(), small);
+}
+
 TEST(Arena, KeptBlocksNeverHoldMoreThanTheMostEverLive) {
   Arena a;
   {

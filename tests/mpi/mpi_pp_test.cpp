@@ -135,7 +135,11 @@ TEST(PipelineParallel, EveryLayoutMatchesTheSingleRankRun) {
     } else {
       expect_fp32_match(e, l.str());
     }
-    EXPECT_LT(got.loss.back(), got.loss.front()) << l.str() << ": does not learn";
+    // Learning, above the noise of a small batch (accum=1 is 32 tokens a step, whose loss moves by more
+    // than ten steps' progress: seed 3708027791 ended above its first step): the mean of the last
+    // three steps against the first three.
+    const auto mean3 = [](const std::vector<double>& v, size_t at) { return (v[at] + v[at + 1] + v[at + 2]) / 3; };
+    EXPECT_LT(mean3(got.loss, got.loss.size() - 3), mean3(got.loss, 0)) << l.str() << ": does not learn";
     EXPECT_TRUE(tied_copies_equal(t)) << l.str() << ": the two copies of wte differ";
     std::vector<float> flat;
     for (const auto& w : got.weights) flat.insert(flat.end(), w.begin(), w.end());

@@ -37,8 +37,7 @@ double roofline_seconds(const ops::OpTotal& t, const plan::Peak& peak) {
 // close the op came to the device's FLOP peak or memory bandwidth, whichever bounds it. Rows marked
 // "host:" are the step's named host work between ops (runtime/regions.h), each its own time; the last
 // row is what neither an op nor a region accounts for.
-void print_op_table(ops::OpTimer& timer, double step_seconds, int steps, const plan::Peak& peak) {
-  std::vector<ops::OpTotal> ts = timer.totals();
+void print_op_table(std::vector<ops::OpTotal> ts, double step_seconds, int steps, const plan::Peak& peak) {
   std::sort(ts.begin(), ts.end(), [](const ops::OpTotal& a, const ops::OpTotal& b) { return a.seconds > b.seconds; });
   double accounted = 0;
   for (const ops::OpTotal& t : ts) accounted += t.seconds;
@@ -103,6 +102,10 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
     if (print)
       std::fprintf(stderr, "bench: step %d/%d %.3f s%s\n", i + 1, o.steps, r.t_total, i < warmup ? " (warm-up)" : "");
   }
+  // The op profile of the measured steps, taken before the blocking measurement below runs its own
+  // reduction (and allocates its staging) under the same timer.
+  std::vector<ops::OpTotal> op_totals;
+  if (ops::OpTimer* t = tr.op_timer()) op_totals = t->totals();
   // Bytes each group sent in the last step (before the blocking measurement below adds its own).
   // The gradient group: dp, or cp x dp under context parallelism (its replicas reduce together).
   const parallel::Mesh& mesh = tr.mesh();
@@ -222,7 +225,7 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
     std::printf("| %-22s | %.1f ms for the same reduction with nothing to overlap (median of 3, %s) |\n",
                 "grad comm blocking", 1e3 * blocking[1], on_device ? "NCCL on device buffers" : "host buffers");
   }
-  if (ops::OpTimer* t = tr.op_timer()) print_op_table(*t, sum.t_total / double(n), int(n), peak);
+  if (tr.op_timer()) print_op_table(std::move(op_totals), sum.t_total / double(n), int(n), peak);
   if (o.trace.on) tr.write_trace(o.out_dir + "/trace");  // the bench's steps are counted as the trainer's
   return 0;
 }

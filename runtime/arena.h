@@ -95,9 +95,11 @@ class Arena {
   size_t kept_bytes() const { return kept_bytes_; }
   // Whether alloc_uninitialized poisons a reused host block as it does a new one (on, the default), or
   // hands it out holding what its last owner wrote. Poisoning every reused block costs a pass over a
-  // step's activations (5% of a GPT-2 step on the CPU), so a run turns it off unless it is hunting a
-  // kernel that reads before it writes (the trainer's mem.poison); new blocks are poisoned either way.
+  // step's activations (about 3% of a GPT-2 step on the CPU), so a run turns it off unless it is
+  // hunting a kernel that reads before it writes (the trainer's mem.poison); new blocks are poisoned
+  // either way.
   void set_poison_reused(bool on) { poison_reused_ = on; }
+  bool poison_reused() const { return poison_reused_; }
 
  private:
   friend class Buffer;
@@ -111,7 +113,8 @@ class Arena {
   // it: the exact size where one is kept (every dense buffer, every step), else a larger one, so that
   // buffers whose sizes follow the routing (a mixture layer's rows, expert parallelism's received
   // tokens) find last step's blocks (with exact sizes only, dp2 x ep2 gpt2-moe made about 110 fresh
-  // allocations a rank and step, 10% of its step). Never more is held than the most the arena has
+  // allocations over 1 MiB a step on its two ranks; 25 after three steps with this rule). Never more
+  // is held than the most the arena has
   // held live: a request the cache cannot serve first frees kept blocks, largest first, until the
   // live blocks and the kept ones together are within that figure again. stats() counts the bytes
   // asked for; held_live_ and the bound count the blocks' own sizes.

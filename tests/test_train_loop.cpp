@@ -91,6 +91,8 @@ TEST_F(TrainLoop, PoisoningReusedBlocksChangesNoBit) {
     config::TrainOptions poisoned = o;
     config::apply_option(poisoned, "mem.poison", "1");
     Trainer a(o), b(poisoned);
+    ASSERT_FALSE(a.arena().poison_reused()) << "reused blocks are poisoned by default";
+    ASSERT_TRUE(b.arena().poison_reused()) << "mem.poison=1 did not reach the arena";
     for (int i = 0; i < 4; i++) {
       const double la = a.step().loss, lb = b.step().loss;
       ASSERT_TRUE(std::isfinite(lb)) << what << "step " << i << ": a read before a write met the poison";

@@ -284,8 +284,8 @@ void gemm_packed(const MicroKernel<T>& uk, bool trans_a, bool trans_b, int M, in
   // Column blocks of equal width (a multiple of NR) no wider than NC: A is packed once per block.
   const int col_blocks = (N + NC - 1) / NC;
   const int KS = slice_depth<T>(M, N, K);
-  const int nc_max = ((N + col_blocks - 1) / col_blocks + NR - 1) / NR * NR, kc_max = KS;
-  auto bpack = aligned_buffer<T>(size_t(nc_max) * size_t(kc_max));
+  const int nc_max = ((N + col_blocks - 1) / col_blocks + NR - 1) / NR * NR;
+  auto bpack = aligned_buffer<T>(size_t(nc_max) * size_t(KS));
   // With only a few column panels each element of A is used by few micro-kernel calls, and packing
   // A would cost as much as the product (e.g. attention's P @ V with 64 columns): the micro-kernel
   // then reads op(A) in place.
@@ -295,7 +295,7 @@ void gemm_packed(const MicroKernel<T>& uk, bool trans_a, bool trans_b, int M, in
   const bool parallel = !omp_in_parallel() && 2.0 * M * N * K >= 4e6;
 #pragma omp parallel if (parallel)
   {
-    auto apack = aligned_buffer<T>(size_t(std::min(MC, (M + MR - 1) / MR * MR)) * size_t(kc_max));
+    auto apack = aligned_buffer<T>(size_t(std::min(MC, (M + MR - 1) / MR * MR)) * size_t(KS));
     auto edge = aligned_buffer<T>(size_t(MR) * size_t(NR));
     for (int jc = 0; jc < N; jc += nc_max) {
       const int nc = std::min(nc_max, N - jc), panels = (nc + NR - 1) / NR;

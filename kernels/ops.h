@@ -65,6 +65,9 @@ class Regions final : public RegionSink {
   std::vector<Open> open_;
 };
 
+// The region a mixture layer's expert-parallel exchanges are booked to (the bench reads it per rank).
+inline constexpr const char* kEpExchange = "ep exchange";
+
 // One region of the Ctx's sink (if any) over a scope: ops::Region r(ctx, "loss").
 class Region : public RegionScope {
  public:
@@ -127,7 +130,8 @@ void gelu_bwd(S* dinp, const S* dout, const S* inp, int64_t N, const Ctx& ctx);
 // token may not attend to are 0), saved for backward.
 template <class S>
 void attention_fwd(S* out, S* att, const S* qkv, const int32_t* doc, int B, int T, int C, int NH, const Ctx& ctx);
-// dqkv (B,T,3C) = ...; scratch (B,NH,T,T) fp32 workspace.
+// dqkv (B,T,3C) = ...; scratch (B,NH,T,T) fp32 workspace for the CUDA backend (the CPU one keeps
+// dS a block of query rows at a time and leaves it untouched).
 template <class S>
 void attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* att, const int32_t* doc, int B,
                    int T, int C, int NH, const Ctx& ctx);

@@ -1,11 +1,14 @@
 // The vectorised exp behind softmax, attention and GELU: accuracy against the C library's exp in
 // long double (kMaxUlp = 4 units in the last place over the whole clamped range), the SIMD body and
 // the scalar tail agreeing bit for bit, NaN propagating, and the saturation of the ops that use it
-// at extreme inputs.
+// at extreme inputs; the softmax's row passes (maximum, sum of exps, scaling) bitwise their portable
+// loops at every length around the SIMD widths.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -87,6 +90,27 @@ TEST(VecMath, GeluSaturatesToZeroAndIdentityAndPropagatesNan) {
   }
   EXPECT_TRUE(std::isnan(y.back()));
   EXPECT_TRUE(std::isnan(dx.back()));
+}
+
+TEST(VecMath, SoftmaxRowPassesHaveThePortableLoopsBits) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  auto same_bits = [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+  for (int n : {1, 7, 8, 15, 16, 17, 31, 32, 33, 48, 100, 257}) {
+    SCOPED_TRACE(n);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = normal(rng);
+    EXPECT_TRUE(same_bits(max_row(x.data(), n), max_lanes(x.data(), n)));
+    const float m = max_lanes(x.data(), n);
+    std::vector<float> e(x.size()), want(x.size());
+    const float sum = exp_shifted_sum(e.data(), x.data(), m, n);
+    exp_shifted(want.data(), x.data(), m, n);
+    EXPECT_TRUE(same_bits(sum, sum_lanes(want.data(), n)));
+    EXPECT_EQ(std::memcmp(e.data(), want.data(), sizeof(float) * size_t(n)), 0);
+    const float s = 1.f / sum;
+    scale_row(e.data(), s, n);
+    for (int i = 0; i < n; i++) EXPECT_TRUE(same_bits(e[size_t(i)], want[size_t(i)] * s)) << i;
+  }
 }
 
 }  // namespace

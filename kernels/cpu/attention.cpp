@@ -9,7 +9,8 @@
 //
 // Storage: scores, softmax and all products run in A = acc_t<S>. P is stored in att rounded to S,
 // and O is computed from the stored P, as the GPU does (probabilities written in S, then P V), then
-// rounded once. The backward reads P from att; dS lives in the fp32 scratch. For float/double the
+// rounded once. The backward reads P from att and keeps dS for one block of query rows at a time in
+// per-thread memory (the caller's scratch is the GPU's; the CPU does not use it). For float/double the
 // products read and write the caller's buffers in place (Q, K, V, dQKV through the row stride 3C, P
 // in att); for bf16/f16 each (b, h) pair's slices are loaded into fp32 scratch first and its results
 // rounded on the way out, with the same fp32 code in between.
@@ -22,6 +23,10 @@
 //
 // Causality halves the work: rows are processed in blocks of kRowBlock, and a block of query rows
 // only multiplies the key columns up to its last row (the entries beyond are zero in P and dS).
+//
+// The backward runs block by block: a block's dS (kRowBlock x T) gives its rows of dQ whole and adds
+// its share to dK and dV (kRowBlock-deep products accumulated onto them), so dS never leaves the
+// cache. dK and dV therefore sum their query rows in blocks of kRowBlock, in block order.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -44,18 +49,18 @@ constexpr int kRowBlock = 48;
 template <class T>
 void softmax_row(T* row, int i, int T_, const int32_t* doc) {
   const int n = i + 1;
+  T sum;
   if (doc) {
     const int32_t di = doc[i];
     for (int j = 0; j < n; j++) row[j] = doc[j] == di ? row[j] : T(-INFINITY);
-  }
-  const T m = max_lanes(row, n);  // finite: j = i is always allowed
-  exp_shifted(row, row, m, n);
-  if (doc) {
-    const int32_t di = doc[i];
+    const T m = max_row(row, n);  // finite: j = i is always allowed
+    exp_shifted(row, row, m, n);
     for (int j = 0; j < n; j++) row[j] = doc[j] == di ? row[j] : T(0);
+    sum = sum_lanes(row, n);
+  } else {
+    sum = exp_shifted_sum(row, row, max_row(row, n), n);
   }
-  const T inv = T(1) / sum_lanes(row, n);
-  for (int j = 0; j < n; j++) row[j] *= inv;
+  scale_row(row, T(1) / sum, n);
   std::fill(row + n, row + T_, T(0));
 }
 
@@ -148,15 +153,20 @@ void attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv, cons
                    int T_, int C, int NH) {
   using A = acc_t<S>;
   MT_CHECK(NH > 0 && C % NH == 0, "attention: C = %d is not divisible by NH = %d", C, NH);
-  (void)doc;  // the mask is already in att: P is zero wherever a token may not attend
+  (void)doc;      // the mask is already in att: P is zero wherever a token may not attend
+  (void)scratch;  // dS lives one row block at a time in per-thread memory (see below)
   const int hs = C / NH, ld = 3 * C;
   const A scale = A(1) / std::sqrt(A(hs));
 #pragma omp parallel if (parallel_worth(int64_t(B) * NH * T_ * T_ * hs))
   {
-    // bf16/f16 scratch: Q, K, V, dO and dQ, dK, dV of the pair (T hs each), and P (T T).
+    // dS of one row block (kRowBlock x T), kept in cache: the block's dQ rows and its share of dK and
+    // dV are taken from it before the next block overwrites it. A whole pair's dS (T x T, 4 MiB at
+    // T = 1024) written out and read back twice made the backward wait on memory.
     const size_t narrow = kWide<S> ? 0 : 1, th = size_t(T_) * size_t(hs);
+    std::vector<A> ds_buf(size_t(kRowBlock) * size_t(T_));
+    // bf16/f16 scratch: Q, K, V, dO and dQ, dK, dV of the pair (T hs each), one row block of P.
     std::vector<A> qkv_buf(narrow * 3 * th), do_buf(narrow * th), dqkv_buf(narrow * 3 * th);
-    std::vector<A> p_buf(narrow * size_t(T_) * size_t(T_));
+    std::vector<A> p_buf(narrow * size_t(kRowBlock) * size_t(T_));
     PackedB<A> vt, kn, qn, don;  // V^T (hs x T); K, Q and dO (T x hs): packed once per pair
     GemmScratch<A> ws;
 #pragma omp for schedule(static)
@@ -165,11 +175,11 @@ void attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv, cons
       const int64_t qoff = int64_t(b) * T_ * ld + h * hs;
       const PairQKV<S> in(qkv + qoff, ld, T_, hs, C, qkv_buf);
       const int64_t ooff = int64_t(b) * T_ * C + h * hs;
-      const A *P, *dO;
+      const S* P_s = att + int64_t(bh) * T_ * T_;
+      const A* dO;
       A *dq, *dk, *dv;
       int ldo, ldd;
       if constexpr (kWide<S>) {
-        P = att + int64_t(bh) * T_ * T_;
         dO = dout + ooff;
         ldo = C;
         dq = dqkv + qoff;
@@ -177,9 +187,7 @@ void attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv, cons
         dv = dq + 2 * C;
         ldd = ld;
       } else {
-        load_n(p_buf.data(), att + int64_t(bh) * T_ * T_, int64_t(T_) * T_);
         load_rows(do_buf.data(), dout + ooff, C, T_, hs);
-        P = p_buf.data();
         dO = do_buf.data();
         ldo = hs;
         dq = dqkv_buf.data();
@@ -187,36 +195,40 @@ void attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv, cons
         dv = dq + 2 * th;
         ldd = hs;
       }
-      A* dS = scratch + int64_t(bh) * T_ * T_;
       vt.pack(true, in.v, in.ld, hs, T_);
       kn.pack(false, in.k, in.ld, T_, hs);
       qn.pack(false, in.q, in.ld, T_, hs);
       don.pack(false, dO, ldo, T_, hs);
-      // dP = dO V^T, then dS = P * (dP - rowsum(P * dP)) in place; entries right of the diagonal are
-      // zeroed because the block products below read them.
+      A* dS = ds_buf.data();
       for (int i0 = 0; i0 < T_; i0 += kRowBlock) {
-        const int i1 = std::min(T_, i0 + kRowBlock);
-        gemm_prepacked<A>(false, i1 - i0, i1, hs, A(1), dO + int64_t(i0) * ldo, ldo, vt, 0, A(0), dS + int64_t(i0) * T_,
-                          T_, ws);
-        for (int i = i0; i < i1; i++) {
-          const A* p = P + int64_t(i) * T_;
-          A* g = dS + int64_t(i) * T_;
+        const int i1 = std::min(T_, i0 + kRowBlock), rows = i1 - i0;
+        // Query rows i0..i1 see key columns 0..i1 (P and dS are zero beyond the diagonal).
+        const A* P;
+        if constexpr (kWide<S>) {
+          P = P_s + int64_t(i0) * T_;
+        } else {
+          for (int r = 0; r < rows; r++) load_n(p_buf.data() + int64_t(r) * T_, P_s + int64_t(i0 + r) * T_, i1);
+          P = p_buf.data();
+        }
+        // dP = dO V^T, then dS = P * (dP - rowsum(P * dP)) in place; the entries right of the
+        // diagonal up to column i1 are zeroed because the products below read them.
+        gemm_prepacked<A>(false, rows, i1, hs, A(1), dO + int64_t(i0) * ldo, ldo, vt, 0, A(0), dS, T_, ws);
+        for (int r = 0; r < rows; r++) {
+          const int i = i0 + r;
+          const A* p = P + int64_t(r) * T_;
+          A* g = dS + int64_t(r) * T_;
           const A pg = dot_lanes(p, g, i + 1);
           for (int j = 0; j <= i; j++) g[j] = p[j] * (g[j] - pg);
-          std::fill(g + i + 1, g + T_, A(0));
+          std::fill(g + i + 1, g + i1, A(0));
         }
-      }
-      for (int i0 = 0; i0 < T_; i0 += kRowBlock) {
-        const int i1 = std::min(T_, i0 + kRowBlock);
-        // dQ rows i0..i1 need dS columns 0..i1.
-        gemm_prepacked<A>(false, i1 - i0, hs, i1, scale, dS + int64_t(i0) * T_, T_, kn, 0, A(0), dq + int64_t(i0) * ldd,
-                          ldd, ws);
-        // dK and dV rows j0..j1 (= i0..i1) need query rows j0..T: the transposed column strip of dS / P.
-        const int64_t strip = int64_t(i0) * T_ + i0;
-        gemm_prepacked<A>(true, i1 - i0, hs, T_ - i0, scale, dS + strip, T_, qn, i0, A(0), dk + int64_t(i0) * ldd, ldd,
-                          ws);
-        gemm_prepacked<A>(true, i1 - i0, hs, T_ - i0, A(1), P + strip, T_, don, i0, A(0), dv + int64_t(i0) * ldd, ldd,
-                          ws);
+        // dQ[i0..i1] = s dS K[0..i1];  dK[0..i1] += s dS^T Q[i0..i1];  dV[0..i1] += P^T dO[i0..i1].
+        gemm_prepacked<A>(false, rows, hs, i1, scale, dS, T_, kn, 0, A(0), dq + int64_t(i0) * ldd, ldd, ws);
+        // dK and dV gather over the blocks of query rows: rows 0..i0 add this block's share to what
+        // earlier blocks left; rows i0..i1 get their first share here (beta = 0: no zeroing pass).
+        gemm_prepacked<A>(true, i0, hs, rows, scale, dS, T_, qn, i0, A(1), dk, ldd, ws);
+        gemm_prepacked<A>(true, rows, hs, rows, scale, dS + i0, T_, qn, i0, A(0), dk + int64_t(i0) * ldd, ldd, ws);
+        gemm_prepacked<A>(true, i0, hs, rows, A(1), P, T_, don, i0, A(1), dv, ldd, ws);
+        gemm_prepacked<A>(true, rows, hs, rows, A(1), P + i0, T_, don, i0, A(0), dv + int64_t(i0) * ldd, ldd, ws);
       }
       if constexpr (!kWide<S>) {
         S* dst = dqkv + qoff;

@@ -1,7 +1,8 @@
 // exp over arrays (see vec_math.h): an AVX-512 body, sixteen floats at a time, where the CPU has it,
 // then an SSE2 body, four at a time, each performing exactly the operations of exp_fast (multiplies
 // and adds, never fused), and exp_fast for the tail; so every element has the same bits whichever
-// body computed it.
+// body computed it. The softmax's other passes over a row (its maximum, the sum of its exps, the
+// scaling) get AVX-512 bodies too, each with the bits of the portable loop in vec_math.h.
 #include "kernels/cpu/vec_math.h"
 
 #if defined(__SSE2__)
@@ -17,8 +18,12 @@ namespace mt::cpu {
 namespace {
 
 #ifdef MT_VEC_X86
-// exp_fast on x[0..n16) for n16 a multiple of 16.
-__attribute__((target("avx512f"))) void exp_shifted_avx512(float* out, const float* in, float shift, int n16) {
+// exp_fast on x[0..n16) for n16 a multiple of 16. With kSum, also adds the results into the eight
+// partial sums acc in sum_lanes' order (element i to lane i % 8, in increasing i), in the same loop
+// so that the additions' latency hides behind the next exps.
+template <bool kSum>
+__attribute__((target("avx512f"))) inline void exp_avx512_body(float* out, const float* in, float shift, int n16,
+                                                               float* acc) {
   const __m512 vshift = _mm512_set1_ps(shift), lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.0f);
   const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), shifter = _mm512_set1_ps(12582912.0f);
   const __m512 ln2_hi = _mm512_set1_ps(0.693359375f), ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
@@ -26,6 +31,7 @@ __attribute__((target("avx512f"))) void exp_shifted_avx512(float* out, const flo
   const __m512 c5 = _mm512_set1_ps(1.0f / 120.0f), c4 = _mm512_set1_ps(1.0f / 24.0f);
   const __m512 c3 = _mm512_set1_ps(1.0f / 6.0f), c2 = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
   const __m512i bias = _mm512_set1_epi32(127);
+  __m256 sum = kSum ? _mm256_loadu_ps(acc) : _mm256_setzero_ps();
   for (int i = 0; i < n16; i += 16) {
     __m512 x = _mm512_sub_ps(_mm512_loadu_ps(in + i), vshift);
     x = _mm512_max_ps(lo, x);  // as max_ps below: NaN in x survives
@@ -42,8 +48,39 @@ __attribute__((target("avx512f"))) void exp_shifted_avx512(float* out, const flo
     p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
     p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(nf), bias), 23);
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
+    const __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    _mm512_storeu_ps(out + i, y);
+    if (kSum) {
+      sum = _mm256_add_ps(sum, _mm512_castps512_ps256(y));
+      sum = _mm256_add_ps(sum, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1)));
+    }
   }
+  if (kSum) _mm256_storeu_ps(acc, sum);
+}
+
+__attribute__((target("avx512f"))) void exp_shifted_avx512(float* out, const float* in, float shift, int n16) {
+  exp_avx512_body<false>(out, in, shift, n16, nullptr);
+}
+
+__attribute__((target("avx512f"))) void exp_sum_avx512(float* out, const float* in, float shift, int n16, float* acc) {
+  exp_avx512_body<true>(out, in, shift, n16, acc);
+}
+
+// max_lanes' value over x[0..n16): lane l of a 16-wide maximum holds the elements lanes l and l + 8
+// of max_lanes hold, and a maximum does not depend on the order it takes its elements in.
+__attribute__((target("avx512f"))) float max_avx512(const float* x, int n16) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  for (int i = 0; i < n16; i += 16) m = _mm512_max_ps(_mm512_loadu_ps(x + i), m);  // x > m ? x : m
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, m);
+  float r = lanes[0];
+  for (int l = 1; l < 16; l++) r = lanes[l] > r ? lanes[l] : r;
+  return r;
+}
+
+__attribute__((target("avx512f"))) void scale_avx512(float* x, float s, int n16) {
+  const __m512 v = _mm512_set1_ps(s);
+  for (int i = 0; i < n16; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), v));
 }
 
 bool have_avx512() {
@@ -97,6 +134,46 @@ void exp_shifted(float* out, const float* in, float shift, int n) {
 
 void exp_shifted(double* out, const double* in, double shift, int n) {
   for (int i = 0; i < n; i++) out[i] = std::exp(in[i] - shift);
+}
+
+float max_row(const float* x, int n) {
+#ifdef MT_VEC_X86
+  if (have_avx512() && n >= 16) {
+    const int n16 = n / 16 * 16;
+    float m = max_avx512(x, n16);
+    for (int i = n16; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+  }
+#endif
+  return max_lanes(x, n);
+}
+
+float exp_shifted_sum(float* out, const float* in, float shift, int n) {
+  float acc[kLanes] = {};
+  int i = 0;
+#ifdef MT_VEC_X86
+  static_assert(kLanes == 8, "exp_sum_avx512 keeps eight partial sums");
+  if (have_avx512()) {
+    i = n / 16 * 16;
+    exp_sum_avx512(out, in, shift, i, acc);
+  }
+#endif
+  exp_shifted(out + i, in + i, shift, n - i);
+  for (; i < n; i++) acc[i % kLanes] += out[i];
+  float s = 0.0f;
+  for (int l = 0; l < kLanes; l++) s += acc[l];
+  return s;
+}
+
+void scale_row(float* x, float s, int n) {
+  int i = 0;
+#ifdef MT_VEC_X86
+  if (have_avx512()) {
+    i = n / 16 * 16;
+    scale_avx512(x, s, i);
+  }
+#endif
+  for (; i < n; i++) x[i] *= s;
 }
 
 }  // namespace mt::cpu

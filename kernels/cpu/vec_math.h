@@ -15,7 +15,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-
 namespace mt::cpu {
 
 inline constexpr int kLanes = 8;
@@ -93,5 +92,20 @@ inline double exp_fast(double x) { return std::exp(x); }
 // out[i] = exp(in[i] - shift) for i < n; out may alias in.
 void exp_shifted(float* out, const float* in, float shift, int n);
 void exp_shifted(double* out, const double* in, double shift, int n);
+
+// The softmax's passes over a row, sixteen floats at a time where the CPU has AVX-512, each with the
+// bits of the portable helpers above: max_lanes, exp_shifted followed by sum_lanes (the sum's eight
+// partial sums take their elements in the same order), and x[i] *= s.
+float max_row(const float* x, int n);
+float exp_shifted_sum(float* out, const float* in, float shift, int n);
+void scale_row(float* x, float s, int n);
+inline double max_row(const double* x, int n) { return max_lanes(x, n); }
+inline double exp_shifted_sum(double* out, const double* in, double shift, int n) {
+  exp_shifted(out, in, shift, n);
+  return sum_lanes(out, n);
+}
+inline void scale_row(double* x, double s, int n) {
+  for (int i = 0; i < n; i++) x[i] *= s;
+}
 
 }  // namespace mt::cpu

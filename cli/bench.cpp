@@ -61,6 +61,59 @@ void print_op_table(std::vector<ops::OpTotal> ts, double step_seconds, int steps
                 peak.bytes_per_s / 1e12);
 }
 
+// Under expert parallelism: each ep rank's time in its mixture layers' exchanges (ops::kEpExchange
+// regions), summed over the measured steps. Collective over the ep group.
+std::vector<double> ep_exchange_seconds(parallel::Comm& ep, const std::vector<ops::OpTotal>& totals) {
+  double mine = 0;
+  for (const ops::OpTotal& t : totals)
+    if (t.region && t.op == ops::kEpExchange) mine += t.seconds;
+  std::vector<double> seconds(size_t(ep.size()));
+  for (int r = 0; r < ep.size(); r++) seconds[size_t(r)] = parallel::all_reduce_sum_double(ep, r == ep.rank() ? mine : 0.0);
+  return seconds;
+}
+
+// The transfer alone: the bytes this rank sent in a step's ep all-to-alls, as one all-to-all after a
+// barrier, three times. Collective over the ep group.
+std::vector<double> ep_transfer_seconds(parallel::Comm& ep, const parallel::CommCounters& sent) {
+  const uint64_t bytes = sent[parallel::CommOp::all_to_all].sent_bytes;
+  const size_t per_peer = size_t(bytes / 4 / uint64_t(std::max(1, ep.size() - 1)));
+  const std::vector<size_t> counts(size_t(ep.size()), per_peer);
+  std::vector<float> send(per_peer * size_t(ep.size()), 1.f), recv(send.size());
+  std::vector<double> seconds;
+  for (int i = 0; i < 3; i++) {
+    ep.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    ep.all_to_all_v(send.data(), counts, recv.data(), counts, DType::f32);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return seconds;
+}
+
+// Per step and ep rank: the exchange time beside the routed rows its experts drew (before capacity,
+// summed over the ep groups) and, layer by layer, how many more the busiest rank's experts drew than
+// its own. An exchange waits for the slowest peer, so those rows, at the experts' rate, are what a
+// rank waits for; what remains of its exchange time is the transfer.
+void print_ep_ranks(const std::vector<double>& seconds, const std::vector<train::StepResult>& rs, int experts) {
+  const int ranks = int(seconds.size()), local = experts / ranks;
+  std::vector<double> drawn(size_t(ranks), 0.0), behind(size_t(ranks), 0.0);
+  for (const train::StepResult& r : rs)
+    for (const auto& layer : r.moe["tokens_per_expert"]) {
+      std::vector<double> load(size_t(ranks), 0.0);
+      for (int e = 0; e < experts; e++) load[size_t(e / local)] += layer[size_t(e)].get<double>();
+      const double most = *std::max_element(load.begin(), load.end());
+      for (int k = 0; k < ranks; k++) {
+        drawn[size_t(k)] += load[size_t(k)];
+        behind[size_t(k)] += most - load[size_t(k)];
+      }
+    }
+  const double steps = double(rs.size());
+  std::string cells;
+  for (int r = 0; r < ranks; r++)
+    cells += strfmt("%sep rank %d: %.1f ms, its experts drew %.0f rows, the busiest peer's %.0f more", r ? "; " : "", r,
+                    1e3 * seconds[size_t(r)] / steps, drawn[size_t(r)] / steps, behind[size_t(r)] / steps);
+  std::printf("| %-22s | %s (per step, layers summed) |\n", "ep exchange per rank", cells.c_str());
+}
+
 }  // namespace
 
 int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int local_rank) {
@@ -149,6 +202,9 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
     }
     if (on_device) mem.free(g);
   }
+  std::vector<double> ep_seconds, ep_blocking;
+  if (mesh.ep() > 1 && tr.op_timer()) ep_seconds = ep_exchange_seconds(mesh.ep_comm(), op_totals);
+  if (mesh.ep() > 1 && !on_device) ep_blocking = ep_transfer_seconds(mesh.ep_comm(), ep_bytes);
   if (!print) return 0;
   std::vector<double> totals;
   train::StepResult sum;
@@ -216,6 +272,12 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   if (mesh.pp() > 1) bytes_row("pp", pp_bytes);
   if (mesh.cp() > 1) bytes_row("cp", cp_bytes);  // ring attention
   if (mesh.ep() > 1) bytes_row("ep", ep_bytes);  // the mixture layers' token all-to-alls
+  if (!ep_seconds.empty()) print_ep_ranks(ep_seconds, rs, o.model.moe.experts);
+  if (!ep_blocking.empty()) {
+    std::sort(ep_blocking.begin(), ep_blocking.end());
+    std::printf("| %-22s | %.1f ms for a step's ep all-to-all bytes in one exchange that waits for no one "
+                "(median of 3, host buffers) |\n", "ep exchange blocking", 1e3 * ep_blocking[1]);
+  }
   if (dp.size() > 1) {
     std::sort(waits.begin(), waits.end());
     std::sort(blocking.begin(), blocking.end());

@@ -210,15 +210,26 @@ void Pass<S>::moe_forward(int l, S* x_next, LayerActs& a) {
     // Expert parallelism: the rows to their experts' ranks, this rank's experts, the outputs back.
     parallel::Comm& data = *m_.ep_data_;
     m.ep = true;
-    m.ex = moe::exchange_counts(m.plan, *m_.ep_);
+    {
+      // Named for the op profile: the counts' exchange is where a rank waits for the others to reach
+      // this layer, the rows' exchange where it waits for their experts (kEpExchange, ops.h).
+      const ops::Region region(c_, ops::kEpExchange);
+      m.ex = moe::exchange_counts(m.plan, *m_.ep_);
+    }
     const int64_t R = m.ex.rows();
     Buffer mine = act(R * C), out = act(R * C), staging = act(R * C);
-    moe::to_experts(p(mine), p(m.rows), m.ex, C, data, p(staging), ar_.mem());
+    {
+      const ops::Region region(c_, ops::kEpExchange);
+      moe::to_experts(p(mine), p(m.rows), m.ex, C, data, p(staging), ar_.mem());
+    }
     m.rows = std::move(mine);
     m.h_pre = act(R * F);
     m.h = act(R * F);
     moe::experts_forward(p(out), p(m.h_pre), p(m.h), p(m.rows), m.ex.experts, local_experts(lp, m.ex, wf), C, F, c_);
-    moe::from_experts(p(m.out), p(out), m.ex, C, data, p(staging), ar_.mem());
+    {
+      const ops::Region region(c_, ops::kEpExchange);
+      moe::from_experts(p(m.out), p(out), m.ex, C, data, p(staging), ar_.mem());
+    }
   } else {
     m.h_pre = act(M * F);
     m.h = act(M * F);
@@ -281,13 +292,19 @@ void Pass<S>::moe_backward(int l, const S* dx, S* dln, LayerActs& a, MoeGrads* d
     parallel::Comm& data = *m_.ep_data_;
     const int64_t R = m.ex.rows();
     Buffer dmine = act(R * C), dh = act(R * F), dinmine = act(R * C), staging = act(R * C);
-    moe::to_experts(p(dmine), p(drows), m.ex, C, data, p(staging), ar_.mem());
+    {
+      const ops::Region region(c_, ops::kEpExchange);
+      moe::to_experts(p(dmine), p(drows), m.ex, C, data, p(staging), ar_.mem());
+    }
     drows.reset();
     const std::vector<moe::ExpertGrads> local =
         grads_of(lp.experts.begin() + m.ex.rank * m.ex.local, lp.experts.begin() + (m.ex.rank + 1) * m.ex.local);
     moe::experts_backward(p(dinmine), p(dh), local, p(dmine), p(m.rows), p(m.h_pre), p(m.h), m.ex.experts,
                           local_experts(lp, m.ex, wf), C, F, c_);
-    moe::from_experts(p(din), p(dinmine), m.ex, C, data, p(staging), ar_.mem());
+    {
+      const ops::Region region(c_, ops::kEpExchange);
+      moe::from_experts(p(din), p(dinmine), m.ex, C, data, p(staging), ar_.mem());
+    }
     if (defer) {  // W reads the received rows' gradients here, with no exchange
       defer->d_out = std::move(dmine);
       defer->d_h = std::move(dh);

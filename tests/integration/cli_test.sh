@@ -249,14 +249,24 @@ fi
 
 # Expert parallelism in bench: ep2 on 2 ranks prints the ep group's token all-to-alls (five per mixture
 # layer: counts, rows out and back in forward, and again in backward), beside the experts' share of
-# the gradient norm gathered over the group.
+# the gradient norm gathered over the group. With the op profile, each ep rank's time in the exchanges
+# beside the rows its experts drew: one mixture layer, 2 ranks x 128 tokens x top-2 = 512 rows a step.
 if command -v mpirun >/dev/null; then
   out=$(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 "${mpi[@]}" -np 2 "$mt" bench model=tiny-moe \
-        model.n_layer=2 seq_len=64 batch_size=2 steps=2 warmup=1 threads=1 --ep 2 2>/dev/null)
+        model.n_layer=2 seq_len=64 batch_size=2 steps=2 warmup=1 threads=1 --ep 2 profile_ops=1 2>/dev/null)
   if [[ "$out" == *"bytes/step/rank ep "*" all_to_all "*"(5 calls)"* ]]; then
     pass "bench on ep2 prints the token all-to-all bytes"
   else
     fail "bench on ep2: $out"
+  fi
+  row=$(grep "ep exchange per rank" <<<"$out" || true)
+  drawn=$(grep -o "drew [0-9]* rows" <<<"$row" | awk '{s += $2} END {print s + 0}')
+  if [[ "$row" == *"ep rank 0: "*" ms"*"ep rank 1: "* && "$drawn" == 512 \
+        && "$out" == *"ep exchange blocking"*" ms for a step's ep all-to-all bytes"* \
+        && "$out" == *"host: ep exchange "*"|        5.0 |"* ]]; then
+    pass "bench on ep2 with profile_ops=1 puts each rank's exchange time beside its experts' 512 rows"
+  else
+    fail "bench on ep2 with profile_ops=1 (rows drawn: $drawn): $out"
   fi
 fi
 

@@ -131,7 +131,7 @@ void gelu_bwd(S* dinp, const S* dout, const S* inp, int64_t N, const Ctx& ctx);
 template <class S>
 void attention_fwd(S* out, S* att, const S* qkv, const int32_t* doc, int B, int T, int C, int NH, const Ctx& ctx);
 // dqkv (B,T,3C) = ...; scratch (B,NH,T,T) fp32 workspace for the CUDA backend (the CPU one keeps
-// dS a block of query rows at a time and leaves it untouched).
+// dS a block of query rows at a time and takes none: scratch may be null there).
 template <class S>
 void attention_bwd(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* att, const int32_t* doc, int B,
                    int T, int C, int NH, const Ctx& ctx);

@@ -219,7 +219,9 @@ void Pass<S>::backward(StageState& st, Buffer dy, bool split) {
     dx = std::move(dy);  // updated in place, layer by layer, into the gradient of the stage's input
   }
   const int64_t NCl = int64_t(N_) * Cl_;
-  ws.att_scratch = f32(flash_ ? lse_elems() : att_elems());
+  // The materialised backward's fp32 (B, NH, T, T) workspace is the CUDA kernels' (dP, then dS, of
+  // every pair at once); the CPU's keeps dS one block of query rows at a time and takes none.
+  ws.att_scratch = f32(flash_ ? lse_elems() : ar_.device() == Device::cpu ? 0 : att_elems());
   ws.dln = act(NC_);
   ws.datty = act(NCl);
   if (!split) {  // under split each layer's own LayerGrads take these gradients

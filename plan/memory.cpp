@@ -263,7 +263,9 @@ ActModel act_model(const config::TrainOptions& o, const parallel::MeshLayout& l)
   // ln1, res2, ln2 (Ns, C); qkv (N, 3Cl), atty (N, Cl); fch, fch_gelu (N, 4Cl); the LayerNorm statistics.
   a.layer_scratch = 3 * a.resid + uint64_t((3 + 1 + 8) * N * Cl) * cb + stats;
   a.layer_kept = a.layer_scratch + (o.recompute == model::Recompute::none ? a.att : 0);
-  a.att_scratch = flash ? lse : uint64_t(B * NHl * T * T) * 4;
+  // The materialised backward's workspace: the CUDA kernels' dS of every pair; none on the CPU
+  // (model/gpt_stage.cpp).
+  a.att_scratch = flash ? lse : o.device == Device::cuda ? uint64_t(B * NHl * T * T) * 4 : 0;
   a.bwd_ws = a.resid + uint64_t((1 + 3 + 4) * N * Cl) * cb;  // dln; datty, dqkv, dfc
   if (l.cp > 1) {
     const uint64_t nkv = uint64_t(B * T * 2 * Cl), no = uint64_t(B * T * Cl), nl = uint64_t(B * NHl * T);

@@ -133,20 +133,26 @@ TEST(Gemm, BetaZeroOverwritesWithoutReadingC) {
 
 TEST(Gemm, BuiltinIsBitwiseIndependentOfThreadCountAndGemmIsRepeatable) {
   std::mt19937_64 rng(mt::testing::test_seed() + 3);
-  Problem<float> p({200, 300, 280, true, false}, rng, 1.f, 1.f);
   const int saved = omp_get_max_threads();
-  auto run = [&](bool builtin, int threads) {
-    omp_set_num_threads(threads);
-    std::vector<float> c = p.C0;
-    if (builtin)
-      gemm_builtin<float>(p.ta, p.tb, p.M, p.N, p.K, 1.f, p.A.data(), p.lda, p.B.data(), p.ldb, 1.f, c.data(), p.ldc);
-    else
-      gemm<float>(p.ta, p.tb, p.M, p.N, p.K, 1.f, p.A.data(), p.lda, p.B.data(), p.ldb, 1.f, c.data(), p.ldc);
-    return c;
-  };
-  EXPECT_EQ(run(true, 1), run(true, 2));
-  EXPECT_EQ(run(true, 2), run(true, 3));
-  EXPECT_EQ(run(false, 2), run(false, 2));
+  // Threads tile C by rows (M > N), by columns (N > M) or both (4 and 6 threads), with ragged tiles.
+  for (const Case& c : {Case{200, 300, 280, true, false}, Case{300, 70, 280, false, true},
+                        Case{50, 700, 140, false, false}, Case{130, 257, 300, true, true}}) {
+    Problem<float> p(c, rng, 1.f, 1.f);
+    auto run = [&](bool builtin, int threads) {
+      omp_set_num_threads(threads);
+      std::vector<float> out = p.C0;
+      if (builtin)
+        gemm_builtin<float>(p.ta, p.tb, p.M, p.N, p.K, 1.f, p.A.data(), p.lda, p.B.data(), p.ldb, 1.f, out.data(),
+                            p.ldc);
+      else
+        gemm<float>(p.ta, p.tb, p.M, p.N, p.K, 1.f, p.A.data(), p.lda, p.B.data(), p.ldb, 1.f, out.data(), p.ldc);
+      return out;
+    };
+    const std::vector<float> one = run(true, 1);
+    p.check(one, "gemm_builtin, 1 thread");
+    for (int threads : {2, 3, 4, 6}) EXPECT_EQ(one, run(true, threads)) << threads << " threads, M=" << c.M;
+    EXPECT_EQ(run(false, 2), run(false, 2));
+  }
   omp_set_num_threads(saved);
 }
 

@@ -1,8 +1,8 @@
 // GEMM for the CPU backend: a built-in packed, cache-blocked driver with SIMD micro-kernels
 // (gemm_kernels.h), and OpenBLAS as the fallback where no SIMD micro-kernel applies (use_blas below).
 //
-// Threading is OpenMP only. The built-in driver splits the row blocks of C among the threads, which
-// share the packed panels of B. OpenBLAS (pthreads build) keeps its own thread pool next to OpenMP's;
+// Threading is OpenMP only. The built-in driver tiles C among the threads, each packing its own
+// panels of A and B (gemm_packed). OpenBLAS (pthreads build) keeps its own thread pool next to OpenMP's;
 // on a machine with few cores the two pools fight (each spins while the other works, and OpenBLAS
 // called inside an OpenMP region serialises on its pool or oversubscribes the cores). So when BLAS is
 // used it runs single-threaded (set once, at the first BLAS GEMM) and OpenMP cuts a large GEMM into
@@ -33,8 +33,8 @@ namespace mt::cpu {
 namespace {
 
 // Cache blocking of the built-in GEMM (Goto & van de Geijn 2008, the BLIS loop order): for each
-// NC-wide column block of C and each KC-deep slice of k, op(B)[k slice, column block] is packed once
-// into NR-wide panels shared by all threads; each thread then takes MC-row blocks of C, packs its
+// NC-wide column block of a thread's share of C and each KC-deep slice of k, op(B)[k slice, column
+// block] is packed into NR-wide panels; the thread then takes MC-row blocks of its share, packs
 // op(A)[rows, k slice] into MR-row panels and sweeps the micro-kernel over them. A kc x NR panel of B
 // (32 KiB for AVX-512 floats) stays in L1 while the MC x KC block of A streams from L2.
 constexpr int KC = 256;
@@ -75,77 +75,91 @@ AlignedBuffer<T> aligned_buffer(size_t n) {
   return b;
 }
 
-// op(A)[i0:i0+mc, k0:k0+kc] as MR-row panels (column k of a panel = MR consecutive values),
-// zero-padded to whole panels. Loops run along A's contiguous dimension.
+// Packing. Both operands are packed as W-wide panels of a kc x width block X (W = MR for A, NR for B):
+// panel p holds columns p*W.. of X, its row k is W consecutive values, panels lie kc*W apart, and the
+// last panel is zero-padded to W columns. X is stored either row by row (element (k, j) at
+// src[k * ld + j]: copy_panels) or column by column (at src[j * ld + k]: transpose_panels). Both walk
+// the source along its contiguous dimension, one row (or four columns) at a time, so the hardware
+// prefetchers follow them; walking a panel at a time would stride through the source.
+
 template <class T>
-void pack_a(T* dst, bool trans, const T* A, int lda, int i0, int mc, int k0, int kc, int MR) {
-  for (int ir = 0; ir < mc; ir += MR) {
-    T* p = dst + size_t(ir) * size_t(kc);
-    const int mr = std::min(MR, mc - ir);
-    if (trans) {
-      for (int k = 0; k < kc; k++) {
-        const T* src = A + size_t(k0 + k) * size_t(lda) + size_t(i0 + ir);
-        for (int r = 0; r < mr; r++) p[k * MR + r] = src[r];
-        for (int r = mr; r < MR; r++) p[k * MR + r] = T(0);
-      }
-    } else {
-      // Blocks of 8 k, as in pack_b: contiguous reads, a small L1-resident block of writes.
-      int k = 0;
-      for (; k + 8 <= kc; k += 8)
-        for (int r = 0; r < MR; r++) {
-          const T* src = A + size_t(i0 + ir + std::min(r, mr - 1)) * size_t(lda) + size_t(k0 + k);
-          const bool real = r < mr;
-          for (int kk = 0; kk < 8; kk++) p[(k + kk) * MR + r] = real ? src[kk] : T(0);
-        }
-      for (; k < kc; k++)
-        for (int r = 0; r < MR; r++)
-          p[k * MR + r] = r < mr ? A[size_t(i0 + ir + r) * size_t(lda) + size_t(k0 + k)] : T(0);
+void copy_panels(T* dst, const T* src, int ld, int kc, int width, int W) {
+  const int full = width / W * W;
+  for (int k = 0; k < kc; k++) {
+    const T* row = src + size_t(k) * size_t(ld);
+    T* d = dst + size_t(k) * W;
+    int j = 0;
+#if defined(__SSE__)
+    if constexpr (std::is_same_v<T, float>) {
+      if (W % 4 == 0)
+        for (; j < full; j += W)
+          for (int r = 0; r < W; r += 4) _mm_storeu_ps(d + size_t(j) * size_t(kc) + r, _mm_loadu_ps(row + j + r));
+    }
+#endif
+    for (; j < width; j += W) {
+      T* p = d + size_t(j) * size_t(kc);
+      const int w = std::min(W, width - j);
+      for (int r = 0; r < w; r++) p[r] = row[j + r];
+      for (int r = w; r < W; r++) p[r] = T(0);
     }
   }
 }
 
-// One NR-wide panel of op(B)[k0:k0+kc, j0:j0+nr] (row k of the panel = NR consecutive values),
-// zero-padded to NR columns.
 template <class T>
-void pack_b(T* dst, bool trans, const T* B, int ldb, int k0, int kc, int j0, int nr, int NR) {
-  if (trans) {
+void transpose_panels(T* dst, const T* src, int ld, int kc, int width, int W) {
+  for (int j0 = 0; j0 < width; j0 += W) {
+    T* p = dst + size_t(j0) * size_t(kc);
+    const int w = std::min(W, width - j0);
+    const T* col = src + size_t(j0) * size_t(ld);
     int k = 0;
 #if defined(__SSE__)
     if constexpr (std::is_same_v<T, float>) {
-      // Whole panels of floats by 4 x 4 register transposes: a quarter of the loads and stores of
-      // the scalar loop below (attention packs a head's K^T and V^T this way once per head).
-      if (nr == NR && NR % 4 == 0)
-        for (; k + 4 <= kc; k += 4)
-          for (int j = 0; j < NR; j += 4) {
-            const float* src = B + size_t(j0 + j) * size_t(ldb) + size_t(k0 + k);
-            __m128 r0 = _mm_loadu_ps(src), r1 = _mm_loadu_ps(src + ldb), r2 = _mm_loadu_ps(src + 2 * size_t(ldb)),
-                   r3 = _mm_loadu_ps(src + 3 * size_t(ldb));
+      // Four columns by four k at a time through a 4 x 4 register transpose.
+      if (w == W && W % 4 == 0) {
+        for (int j = 0; j < W; j += 4) {
+          const float* c0 = col + size_t(j) * size_t(ld);
+          for (k = 0; k + 4 <= kc; k += 4) {
+            __m128 r0 = _mm_loadu_ps(c0 + k), r1 = _mm_loadu_ps(c0 + ld + k), r2 = _mm_loadu_ps(c0 + 2 * size_t(ld) + k),
+                   r3 = _mm_loadu_ps(c0 + 3 * size_t(ld) + k);
             _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
-            float* d = dst + size_t(k) * NR + j;
+            float* d = p + size_t(k) * W + j;
             _mm_storeu_ps(d, r0);
-            _mm_storeu_ps(d + NR, r1);
-            _mm_storeu_ps(d + 2 * NR, r2);
-            _mm_storeu_ps(d + 3 * NR, r3);
+            _mm_storeu_ps(d + W, r1);
+            _mm_storeu_ps(d + 2 * W, r2);
+            _mm_storeu_ps(d + 3 * W, r3);
           }
+        }
+      }
     }
 #endif
-    // Blocks of 8 k: each source row contributes 8 contiguous values, each destination row of the
-    // block stays in L1 while the NR source rows are visited.
+    // Blocks of 8 k: each source column gives 8 contiguous values; the block's rows stay in L1.
     for (; k + 8 <= kc; k += 8)
-      for (int j = 0; j < NR; j++) {
-        const T* src = B + size_t(j0 + std::min(j, nr - 1)) * size_t(ldb) + size_t(k0 + k);
-        const bool real = j < nr;
-        for (int kk = 0; kk < 8; kk++) dst[(k + kk) * NR + j] = real ? src[kk] : T(0);
+      for (int j = 0; j < W; j++) {
+        const T* c = col + size_t(std::min(j, w - 1)) * size_t(ld) + k;
+        const bool real = j < w;
+        for (int kk = 0; kk < 8; kk++) p[size_t(k + kk) * W + j] = real ? c[kk] : T(0);
       }
     for (; k < kc; k++)
-      for (int j = 0; j < NR; j++) dst[k * NR + j] = j < nr ? B[size_t(j0 + j) * size_t(ldb) + size_t(k0 + k)] : T(0);
-  } else {
-    for (int k = 0; k < kc; k++) {
-      const T* src = B + size_t(k0 + k) * size_t(ldb) + size_t(j0);
-      for (int j = 0; j < nr; j++) dst[k * NR + j] = src[j];
-      for (int j = nr; j < NR; j++) dst[k * NR + j] = T(0);
-    }
+      for (int j = 0; j < W; j++) p[size_t(k) * W + j] = j < w ? col[size_t(j) * size_t(ld) + k] : T(0);
   }
+}
+
+// op(A)[i0:i0+mc, k0:k0+kc] as MR-row panels (column k of a panel = MR consecutive values).
+template <class T>
+void pack_a(T* dst, bool trans, const T* A, int lda, int i0, int mc, int k0, int kc, int MR) {
+  if (trans)
+    copy_panels(dst, A + size_t(k0) * size_t(lda) + size_t(i0), lda, kc, mc, MR);
+  else
+    transpose_panels(dst, A + size_t(i0) * size_t(lda) + size_t(k0), lda, kc, mc, MR);
+}
+
+// op(B)[k0:k0+kc, j0:j0+nc] as NR-wide panels (row k of a panel = NR consecutive values).
+template <class T>
+void pack_b(T* dst, bool trans, const T* B, int ldb, int k0, int kc, int j0, int nc, int NR) {
+  if (trans)
+    transpose_panels(dst, B + size_t(j0) * size_t(ldb) + size_t(k0), ldb, kc, nc, NR);
+  else
+    copy_panels(dst, B + size_t(k0) * size_t(ldb) + size_t(j0), ldb, kc, nc, NR);
 }
 
 // Rows ic..ic+mc of C, columns jc..jc+nc, take one kc-deep slice of the product: op(A)[rows, pc..pc+kc]
@@ -232,8 +246,7 @@ void PackedB<T>::pack(bool trans, const T* B, int ldb, int K, int N) {
   N_ = N;
   nr_ = NR;
   T* dst = buf_.reserve(size_t(panels) * size_t(NR) * size_t(std::max(K, 1)));
-  for (int jp = 0; jp < panels; jp++)
-    pack_b(dst + size_t(jp) * NR * K, trans, B, ldb, 0, K, jp * NR, std::min(NR, N - jp * NR), NR);
+  pack_b(dst, trans, B, ldb, 0, K, 0, N, NR);
 }
 
 template <class T>
@@ -267,6 +280,55 @@ void gemm_builtin(bool trans_a, bool trans_b, int M, int N, int K, T alpha, cons
   gemm_packed(micro_kernel<T>(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+namespace {
+
+// One thread's block of C = alpha op(A) op(B) + beta C: rows i0..i1 and columns j0..j1, every k slice
+// in order, with the thread's own packed panels of A and B.
+template <class T>
+void multiply_range(const MicroKernel<T>& uk, bool trans_a, bool trans_b, bool direct_a, int KS, int i0, int i1,
+                    int j0, int j1, int K, T alpha, const T* A, int lda, const T* B, int ldb, T beta, T* C, int ldc) {
+  if (i0 >= i1 || j0 >= j1) return;
+  const int MR = uk.mr, NR = uk.nr, MC = std::max(1, kRowsPerBlock / MR) * MR;
+  // Column blocks of equal width (a multiple of NR) no wider than NC: A is packed once per block.
+  const int col_blocks = (j1 - j0 + NC - 1) / NC;
+  const int nc_max = ((j1 - j0 + col_blocks - 1) / col_blocks + NR - 1) / NR * NR;
+  auto bpack = aligned_buffer<T>(size_t(nc_max) * size_t(KS));
+  auto apack = aligned_buffer<T>(size_t(std::min(MC, (i1 - i0 + MR - 1) / MR * MR)) * size_t(KS));
+  auto edge = aligned_buffer<T>(size_t(MR) * size_t(NR));
+  for (int jc = j0; jc < j1; jc += nc_max) {
+    const int nc = std::min(nc_max, j1 - jc);
+    for (int pc = 0; pc < K; pc += KS) {
+      const int kc = std::min(KS, K - pc);
+      pack_b(bpack.get(), trans_b, B, ldb, pc, kc, jc, nc, NR);
+      for (int ic = i0; ic < i1; ic += MC)
+        multiply_block(uk, trans_a, direct_a, A, lda, ic, std::min(MC, i1 - ic), pc, kc, bpack.get(), size_t(NR) * kc,
+                       jc, nc, alpha, beta, pc == 0, C, ldc, apack.get(), edge.get());
+    }
+  }
+}
+
+// How nth threads tile C: rows x cols = nth blocks. A thread packs its rows of A for each of its
+// column blocks and its columns of B for each of its row blocks, so a tiling packs A cols times and B
+// rows times over: the tiling with the least of that packing wins (for two threads: split the longer
+// side of C), among those that give every thread at least one MR x NR panel.
+struct Tiling {
+  int rows = 1, cols = 1;
+};
+Tiling tile_threads(int nth, int M, int N, int K, int MR, int NR) {
+  Tiling best;
+  double best_cost = -1;
+  for (int r = 1; r <= nth; r++) {
+    if (nth % r) continue;
+    const int c = nth / r;
+    if (r > (M + MR - 1) / MR || c > (N + NR - 1) / NR) continue;
+    const double cost = double(c) * M * K + double(r) * N * K;
+    if (best_cost < 0 || cost < best_cost) best = {r, c}, best_cost = cost;
+  }
+  return best;
+}
+
+}  // namespace
+
 template <class T>
 void gemm_packed(const MicroKernel<T>& uk, bool trans_a, bool trans_b, int M, int N, int K, T alpha, const T* A,
                  int lda, const T* B, int ldb, T beta, T* C, int ldc) {
@@ -279,42 +341,28 @@ void gemm_packed(const MicroKernel<T>& uk, bool trans_a, bool trans_b, int M, in
       }
     return;
   }
-  const int MR = uk.mr, NR = uk.nr;
-  const int MC = std::max(1, kRowsPerBlock / MR) * MR;
-  // Column blocks of equal width (a multiple of NR) no wider than NC: A is packed once per block.
-  const int col_blocks = (N + NC - 1) / NC;
-  const int KS = slice_depth<T>(M, N, K);
-  const int nc_max = ((N + col_blocks - 1) / col_blocks + NR - 1) / NR * NR;
-  auto bpack = aligned_buffer<T>(size_t(nc_max) * size_t(KS));
+  const int MR = uk.mr, NR = uk.nr, KS = slice_depth<T>(M, N, K);
   // With only a few column panels each element of A is used by few micro-kernel calls, and packing
   // A would cost as much as the product (e.g. attention's P @ V with 64 columns): the micro-kernel
   // then reads op(A) in place.
   const bool direct_a = (N + NR - 1) / NR <= kDirectPanels;
-  // Every element of C sums its k slices in order inside one micro-kernel call per slice, whichever
-  // thread runs it, so the result is independent of the number of threads.
+  // Each thread owns a block of C and packs its own operands: no thread waits for another's packing,
+  // and the only synchronisation is the end of the region. Before, the threads shared each packed
+  // slice of B, which cost two barriers per slice (the slower thread's stalls on cold memory became
+  // everyone's). Every element of C still sums its k slices in order inside one micro-kernel call per
+  // slice, whichever thread runs it, so the result is independent of the number of threads.
   const bool parallel = !omp_in_parallel() && 2.0 * M * N * K >= 4e6;
 #pragma omp parallel if (parallel)
   {
-    auto apack = aligned_buffer<T>(size_t(std::min(MC, (M + MR - 1) / MR * MR)) * size_t(KS));
-    auto edge = aligned_buffer<T>(size_t(MR) * size_t(NR));
-    for (int jc = 0; jc < N; jc += nc_max) {
-      const int nc = std::min(nc_max, N - jc), panels = (nc + NR - 1) / NR;
-      for (int pc = 0; pc < K; pc += KS) {
-        const int kc = std::min(KS, K - pc);
-        const bool first = pc == 0;
-#pragma omp for schedule(static)
-        for (int jp = 0; jp < panels; jp++)
-          pack_b(bpack.get() + size_t(jp) * NR * kc, trans_b, B, ldb, pc, kc, jc + jp * NR, std::min(NR, nc - jp * NR),
-                 NR);
-        // Each thread takes an equal share of the MR-row panels of C (as blocks of up to MC rows):
-        // a split by whole MC blocks would leave one thread idle for up to a block.
-        const int panels_m = (M + MR - 1) / MR, tid = omp_get_thread_num(), nth = omp_get_num_threads();
-        const int row_end = std::min(M, int(int64_t(panels_m) * (tid + 1) / nth) * MR);
-        for (int ic = int(int64_t(panels_m) * tid / nth) * MR; ic < row_end; ic += MC)
-          multiply_block(uk, trans_a, direct_a, A, lda, ic, std::min(MC, row_end - ic), pc, kc, bpack.get(),
-                         size_t(NR) * kc, jc, nc, alpha, beta, first, C, ldc, apack.get(), edge.get());
-#pragma omp barrier  // everyone is done with this B block before it is repacked
-      }
+    const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+    const Tiling t = tile_threads(nth, M, N, K, MR, NR);
+    if (tid < t.rows * t.cols) {
+      const int rb = tid / t.cols, cb = tid % t.cols;
+      const int panels_m = (M + MR - 1) / MR, panels_n = (N + NR - 1) / NR;
+      const int i0 = int(int64_t(panels_m) * rb / t.rows) * MR, i1 = int(int64_t(panels_m) * (rb + 1) / t.rows) * MR;
+      const int j0 = int(int64_t(panels_n) * cb / t.cols) * NR, j1 = int(int64_t(panels_n) * (cb + 1) / t.cols) * NR;
+      multiply_range(uk, trans_a, trans_b, direct_a, KS, i0, std::min(i1, M), j0, std::min(j1, N), K, alpha, A, lda, B,
+                     ldb, beta, C, ldc);
     }
   }
 }

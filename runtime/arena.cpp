@@ -79,7 +79,7 @@ void* Arena::reuse(size_t bytes, bool zero, size_t* block) {
 }
 
 void Arena::trim_cache() {
-  while (!kept_.empty() && held_live_ + kept_bytes_ > most_live_) {
+  while (!kept_.empty() && held_live_ + kept_bytes_ > most_live_ + most_live_ / kKeptHeadroom) {
     auto largest = std::prev(kept_.end());
     kept_bytes_ -= largest->first;
     free_(largest->second);

@@ -144,15 +144,6 @@ void transpose_panels(T* dst, const T* src, int ld, int kc, int width, int W) {
   }
 }
 
-// op(A)[i0:i0+mc, k0:k0+kc] as MR-row panels (column k of a panel = MR consecutive values).
-template <class T>
-void pack_a(T* dst, bool trans, const T* A, int lda, int i0, int mc, int k0, int kc, int MR) {
-  if (trans)
-    copy_panels(dst, A + size_t(k0) * size_t(lda) + size_t(i0), lda, kc, mc, MR);
-  else
-    transpose_panels(dst, A + size_t(i0) * size_t(lda) + size_t(k0), lda, kc, mc, MR);
-}
-
 // op(B)[k0:k0+kc, j0:j0+nc] as NR-wide panels (row k of a panel = NR consecutive values).
 template <class T>
 void pack_b(T* dst, bool trans, const T* B, int ldb, int k0, int kc, int j0, int nc, int NR) {
@@ -160,6 +151,13 @@ void pack_b(T* dst, bool trans, const T* B, int ldb, int k0, int kc, int j0, int
     transpose_panels(dst, B + size_t(j0) * size_t(ldb) + size_t(k0), ldb, kc, nc, NR);
   else
     copy_panels(dst, B + size_t(k0) * size_t(ldb) + size_t(j0), ldb, kc, nc, NR);
+}
+
+// op(A)[i0:i0+mc, k0:k0+kc] as MR-row panels (column k of a panel = MR consecutive values): the
+// panels of op(A)'s transpose, which is A read with the other transpose flag.
+template <class T>
+void pack_a(T* dst, bool trans, const T* A, int lda, int i0, int mc, int k0, int kc, int MR) {
+  pack_b(dst, !trans, A, lda, k0, kc, i0, mc, MR);
 }
 
 // Rows ic..ic+mc of C, columns jc..jc+nc, take one kc-deep slice of the product: op(A)[rows, pc..pc+kc]
@@ -314,14 +312,14 @@ void multiply_range(const MicroKernel<T>& uk, bool trans_a, bool trans_b, bool d
 struct Tiling {
   int rows = 1, cols = 1;
 };
-Tiling tile_threads(int nth, int M, int N, int K, int MR, int NR) {
+Tiling tile_threads(int nth, int M, int N, int MR, int NR) {
   Tiling best;
   double best_cost = -1;
   for (int r = 1; r <= nth; r++) {
     if (nth % r) continue;
     const int c = nth / r;
     if (r > (M + MR - 1) / MR || c > (N + NR - 1) / NR) continue;
-    const double cost = double(c) * M * K + double(r) * N * K;
+    const double cost = double(c) * M + double(r) * N;  // values packed, per unit of k
     if (best_cost < 0 || cost < best_cost) best = {r, c}, best_cost = cost;
   }
   return best;
@@ -355,7 +353,7 @@ void gemm_packed(const MicroKernel<T>& uk, bool trans_a, bool trans_b, int M, in
 #pragma omp parallel if (parallel)
   {
     const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-    const Tiling t = tile_threads(nth, M, N, K, MR, NR);
+    const Tiling t = tile_threads(nth, M, N, MR, NR);
     if (tid < t.rows * t.cols) {
       const int rb = tid / t.cols, cb = tid % t.cols;
       const int panels_m = (M + MR - 1) / MR, panels_n = (N + NR - 1) / NR;

@@ -108,6 +108,10 @@ struct ExpertPlacement {
   bool apart() const { return ranks > 1; }
 };
 
+// Rows of the classifier processed at once for N rows and Vl logits a row (model/gpt_forward.cpp); the
+// planner sizes the logits buffer with it.
+int classifier_rows(Device device, int N, int Vl, size_t elem_bytes);
+
 // What a stage's forward keeps for its backward (model/gpt_stage.h); opaque to callers.
 class StageContext {
  public:

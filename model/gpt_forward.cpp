@@ -26,18 +26,22 @@
 namespace mt::model {
 
 namespace {
-// Rows of the classifier processed at once, which bounds the (rows, Vp) logits buffer. Each chunk's
-// backward adds its wte gradient into the fp32 (Vp, C) accumulator, a read and a write of 4 Vp C
-// bytes (155 MiB each for GPT-2), so on a GPU, where that traffic rather than the GEMM sets the
-// chunk's cost, chunks are as large as a 1 GiB logits buffer allows (8192 rows for GPT-2 in bf16:
-// 4 chunks of a 32k-token micro-batch instead of 128), split evenly. The CPU keeps 256-row chunks.
-constexpr int kCpuClassifierRows = 256;
+// Rows of the classifier processed at once, which bounds the (rows, Vl) logits buffer. Every chunk
+// streams the whole of wte through its forward and input-gradient GEMMs and reads and writes the fp32
+// (Vl, C) wte gradient (155 MiB each for GPT-2), none of which any cache holds, so a chunk's rows
+// should be as many as the logits budget allows: chunks are split evenly under it, never below
+// kMinClassifierRows. On the 2-core CPU, GPT-2 B=4 T=256 in 256-row chunks (4 chunks) spent ~5% of
+// its step in that traffic (docs/perf.md, issue 32's fourth pass); a 256 MiB budget makes it one chunk
+// there and 7 instead of 32 at B=8 T=1024. A GPU takes 1 GiB (8192 rows of GPT-2 in bf16).
+constexpr int kMinClassifierRows = 256;
+constexpr size_t kCpuLogitsBytes = size_t(256) << 20;
 constexpr size_t kDeviceLogitsBytes = size_t(1) << 30;
 }  // namespace
 
-int classifier_rows(Device device, int N, int Vp, size_t elem_bytes) {
-  if (device != Device::cuda) return std::min(N, kCpuClassifierRows);
-  const int most = std::max(kCpuClassifierRows, int(kDeviceLogitsBytes / (size_t(Vp) * elem_bytes)));
+int classifier_rows(Device device, int N, int Vl, size_t elem_bytes) {
+  if (N <= 0) return 0;
+  const size_t budget = device == Device::cuda ? kDeviceLogitsBytes : kCpuLogitsBytes;
+  const int most = int(std::max<size_t>(kMinClassifierRows, budget / (size_t(std::max(Vl, 1)) * elem_bytes)));
   const int chunks = (N + most - 1) / most;
   return (N + chunks - 1) / chunks;
 }

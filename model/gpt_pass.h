@@ -103,9 +103,6 @@ struct StageState final : StageContext {
 
 inline constexpr MemCategory kAct = MemCategory::activations;
 
-// Rows of the classifier processed at once (model/gpt_forward.cpp).
-int classifier_rows(Device device, int N, int Vp, size_t elem_bytes);
-
 template <class S>
 class Pass {
  public:

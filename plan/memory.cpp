@@ -4,6 +4,7 @@
 #include <deque>
 
 #include "config/layout_rules.h"
+#include "model/gpt.h"
 #include "moe/dispatch.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_sim.h"
@@ -138,8 +139,6 @@ std::vector<UnitEvent> micro_events(const StageUnits& s, bool emb_rows) {
 
 constexpr size_t kMaxReductionsInFlight = 2;  // parallel/data_parallel.cpp
 constexpr uint64_t kStepScalarsBytes = 24;    // Trainer::StepScalars: two doubles and a float
-constexpr int kCpuClassifierRows = 256;       // model/gpt_forward.cpp
-constexpr double kDeviceLogitsBytes = double(1 << 30);
 constexpr double kMaxReplayedUnits = double(1 << 22);  // micro-batches x units a ZeRO 2-3 replay walks
 
 // Replays the unit events of `micros` micro-batches; returns the peaks of the transient gathered
@@ -275,12 +274,7 @@ ActModel act_model(const config::TrainOptions& o, const parallel::MeshLayout& l)
   }
   a.head = 2 * a.resid + uint64_t(2 * Ns) * 4 + uint64_t(N) * 4;
   const int64_t Vl = m.padded_vocab() / P;
-  int64_t rows = std::min<int64_t>(N, kCpuClassifierRows);
-  if (o.device == Device::cuda) {
-    const int64_t most = std::max<int64_t>(kCpuClassifierRows, int64_t(kDeviceLogitsBytes / double(Vl * int64_t(cb))));
-    const int64_t chunks = (N + most - 1) / most;
-    rows = (N + chunks - 1) / chunks;
-  }
+  const int64_t rows = model::classifier_rows(o.device, int(N), int(Vl), size_t(cb));
   a.logits = uint64_t(rows * Vl) * cb + (P > 1 ? uint64_t(rows * 3 * (1 + P)) * 4 : 0);
   return a;
 }

@@ -110,6 +110,25 @@ TEST(VecMath, SoftmaxRowPassesHaveThePortableLoopsBits) {
     const float s = 1.f / sum;
     scale_row(e.data(), s, n);
     for (int i = 0; i < n; i++) EXPECT_TRUE(same_bits(e[size_t(i)], want[size_t(i)] * s)) << i;
+    // A row's last step is masked: nothing past element n - 1 is written.
+    std::vector<float> guarded(x.size() + 16, -7.f);
+    exp_shifted_sum(guarded.data(), x.data(), m, n);
+    exp_shifted(guarded.data(), x.data(), m, n);
+    scale_row(guarded.data(), s, n);
+    for (size_t i = x.size(); i < guarded.size(); i++) EXPECT_EQ(guarded[i], -7.f) << i;
+    // The backward's passes: dot_lanes' bits, then the in-place gradient with zeros from n up to
+    // n + 5 (and nothing written beyond).
+    std::vector<float> g(x.size());
+    for (float& v : g) v = normal(rng);
+    const float pg = dot_row(e.data(), g.data(), n);
+    EXPECT_TRUE(same_bits(pg, dot_lanes(e.data(), g.data(), n)));
+    std::vector<float> got(x.size() + 16, -7.f), want_g(got);
+    std::copy(g.begin(), g.end(), got.begin());
+    std::copy(g.begin(), g.end(), want_g.begin());
+    softmax_grad_row(got.data(), e.data(), pg, n, n + 5);
+    softmax_grad_row_portable(want_g.data(), e.data(), pg, n, n + 5);
+    EXPECT_EQ(std::memcmp(got.data(), want_g.data(), sizeof(float) * got.size()), 0);
+    for (size_t i = x.size() + 5; i < got.size(); i++) EXPECT_EQ(got[i], -7.f) << i;
   }
 }
 

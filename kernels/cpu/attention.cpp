@@ -64,6 +64,13 @@ void softmax_row(T* row, int i, int T_, const int32_t* doc) {
   std::fill(row + n, row + T_, T(0));
 }
 
+// Asks the L2 cache for the first n values of a row.
+template <class S>
+void prefetch_row(const S* row, int n) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t o = 0; o < int64_t(n) * int64_t(sizeof(S)); o += 64) __builtin_prefetch(bytes + o, 0, 2);
+}
+
 // The (T, hs) slices of one (b, h) pair as A matrices with their row strides: the caller's buffers
 // for float/double, loaded copies in `buf` (3 T hs values) for bf16/f16.
 template <class S>
@@ -213,13 +220,16 @@ void attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv, cons
         // dP = dO V^T, then dS = P * (dP - rowsum(P * dP)) in place; the entries right of the
         // diagonal up to column i1 are zeroed because the products below read them.
         gemm_prepacked<A>(false, rows, i1, hs, A(1), dO + int64_t(i0) * ldo, ldo, vt, 0, A(0), dS, T_, ws);
+        // Each row also asks for one row of the next block's P (columns up to that block's end): P
+        // comes from memory, and its rows were otherwise first touched by this loop, which then
+        // waited on every line.
+        const int next_end = std::min(T_, i1 + kRowBlock);
         for (int r = 0; r < rows; r++) {
           const int i = i0 + r;
           const A* p = P + int64_t(r) * T_;
           A* g = dS + int64_t(r) * T_;
-          const A pg = dot_lanes(p, g, i + 1);
-          for (int j = 0; j <= i; j++) g[j] = p[j] * (g[j] - pg);
-          std::fill(g + i + 1, g + i1, A(0));
+          softmax_grad_row(g, p, dot_row(p, g, i + 1), i + 1, i1);
+          if (i1 + r < next_end) prefetch_row(P_s + int64_t(i1 + r) * T_, next_end);
         }
         // dQ[i0..i1] = s dS K[0..i1];  dK[0..i1] += s dS^T Q[i0..i1];  dV[0..i1] += P^T dO[i0..i1].
         gemm_prepacked<A>(false, rows, hs, i1, scale, dS, T_, kn, 0, A(0), dq + int64_t(i0) * ldd, ldd, ws);

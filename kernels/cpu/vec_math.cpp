@@ -1,8 +1,9 @@
-// exp over arrays (see vec_math.h): an AVX-512 body, sixteen floats at a time, where the CPU has it,
-// then an SSE2 body, four at a time, each performing exactly the operations of exp_fast (multiplies
-// and adds, never fused), and exp_fast for the tail; so every element has the same bits whichever
-// body computed it. The softmax's other passes over a row (its maximum, the sum of its exps, the
-// scaling) get AVX-512 bodies too, each with the bits of the portable loop in vec_math.h.
+// exp over arrays (see vec_math.h): an AVX-512 body, sixteen floats at a time with one masked step
+// for the last n % 16, where the CPU has it; elsewhere an SSE2 body, four at a time, and exp_fast for
+// the tail. Each performs exactly the operations of exp_fast (multiplies and adds, never fused), so
+// every element has the same bits whichever body computed it. The softmax's other passes over a row
+// (its maximum, the sum of its exps, the scaling) get AVX-512 bodies too, each with the bits of the
+// portable loop in vec_math.h.
 #include "kernels/cpu/vec_math.h"
 
 #if defined(__SSE2__)
@@ -18,11 +19,20 @@ namespace mt::cpu {
 namespace {
 
 #ifdef MT_VEC_X86
-// exp_fast on x[0..n16) for n16 a multiple of 16. With kSum, also adds the results into the eight
-// partial sums acc in sum_lanes' order (element i to lane i % 8, in increasing i), in the same loop
-// so that the additions' latency hides behind the next exps.
+// The bodies below take any n: the last n % 16 elements go through one masked step, whose inactive
+// lanes are neither read nor written (and add exact zeros to a sum), so a row's tail costs one vector
+// step instead of SSE and scalar passes; softmax rows of causal attention (i + 1 long) all have one.
+
+// Lanes 0..n-i-1 of a 16-lane step at i (all of them when 16 or more remain).
+__attribute__((target("avx512f"))) inline __mmask16 lanes_left(int i, int n) {
+  return n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+}
+
+// exp_fast on x[0..n). With kSum, also adds the results into the eight partial sums acc in
+// sum_lanes' order (element i to lane i % 8, in increasing i), in the same loop so that the
+// additions' latency hides behind the next exps.
 template <bool kSum>
-__attribute__((target("avx512f"))) inline void exp_avx512_body(float* out, const float* in, float shift, int n16,
+__attribute__((target("avx512f"))) inline void exp_avx512_body(float* out, const float* in, float shift, int n,
                                                                float* acc) {
   const __m512 vshift = _mm512_set1_ps(shift), lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.0f);
   const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), shifter = _mm512_set1_ps(12582912.0f);
@@ -32,8 +42,9 @@ __attribute__((target("avx512f"))) inline void exp_avx512_body(float* out, const
   const __m512 c3 = _mm512_set1_ps(1.0f / 6.0f), c2 = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
   const __m512i bias = _mm512_set1_epi32(127);
   __m256 sum = kSum ? _mm256_loadu_ps(acc) : _mm256_setzero_ps();
-  for (int i = 0; i < n16; i += 16) {
-    __m512 x = _mm512_sub_ps(_mm512_loadu_ps(in + i), vshift);
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes_left(i, n);
+    __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, in + i), vshift);
     x = _mm512_max_ps(lo, x);  // as max_ps below: NaN in x survives
     x = _mm512_min_ps(hi, x);
     const __m512 nf = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, log2e), shifter), shifter);
@@ -48,8 +59,8 @@ __attribute__((target("avx512f"))) inline void exp_avx512_body(float* out, const
     p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
     p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
     const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(nf), bias), 23);
-    const __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-    _mm512_storeu_ps(out + i, y);
+    const __m512 y = _mm512_maskz_mov_ps(m, _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
+    _mm512_mask_storeu_ps(out + i, m, y);
     if (kSum) {
       sum = _mm256_add_ps(sum, _mm512_castps512_ps256(y));
       sum = _mm256_add_ps(sum, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1)));
@@ -58,19 +69,21 @@ __attribute__((target("avx512f"))) inline void exp_avx512_body(float* out, const
   if (kSum) _mm256_storeu_ps(acc, sum);
 }
 
-__attribute__((target("avx512f"))) void exp_shifted_avx512(float* out, const float* in, float shift, int n16) {
-  exp_avx512_body<false>(out, in, shift, n16, nullptr);
+__attribute__((target("avx512f"))) void exp_shifted_avx512(float* out, const float* in, float shift, int n) {
+  exp_avx512_body<false>(out, in, shift, n, nullptr);
 }
 
-__attribute__((target("avx512f"))) void exp_sum_avx512(float* out, const float* in, float shift, int n16, float* acc) {
-  exp_avx512_body<true>(out, in, shift, n16, acc);
+__attribute__((target("avx512f"))) void exp_sum_avx512(float* out, const float* in, float shift, int n, float* acc) {
+  exp_avx512_body<true>(out, in, shift, n, acc);
 }
 
-// max_lanes' value over x[0..n16): lane l of a 16-wide maximum holds the elements lanes l and l + 8
+// max_lanes' value over x[0..n): lane l of a 16-wide maximum holds the elements lanes l and l + 8
 // of max_lanes hold, and a maximum does not depend on the order it takes its elements in.
-__attribute__((target("avx512f"))) float max_avx512(const float* x, int n16) {
-  __m512 m = _mm512_set1_ps(-INFINITY);
-  for (int i = 0; i < n16; i += 16) m = _mm512_max_ps(_mm512_loadu_ps(x + i), m);  // x > m ? x : m
+__attribute__((target("avx512f"))) float max_avx512(const float* x, int n) {
+  const __m512 none = _mm512_set1_ps(-INFINITY);
+  __m512 m = none;
+  for (int i = 0; i < n; i += 16)
+    m = _mm512_max_ps(_mm512_mask_loadu_ps(none, lanes_left(i, n), x + i), m);  // x > m ? x : m
   alignas(64) float lanes[16];
   _mm512_store_ps(lanes, m);
   float r = lanes[0];
@@ -78,9 +91,40 @@ __attribute__((target("avx512f"))) float max_avx512(const float* x, int n16) {
   return r;
 }
 
-__attribute__((target("avx512f"))) void scale_avx512(float* x, float s, int n16) {
+__attribute__((target("avx512f"))) void scale_avx512(float* x, float s, int n) {
   const __m512 v = _mm512_set1_ps(s);
-  for (int i = 0; i < n16; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), v));
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes_left(i, n);
+    _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), v));
+  }
+}
+
+// dot_lanes' value: the products (not fused with the additions) go to eight partial sums in its
+// order, element i to lane i % 8 in increasing i, which are then added in lane order.
+__attribute__((target("avx512f"))) float dot_avx512(const float* a, const float* b, int n) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes_left(i, n);
+    const __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i));
+    acc = _mm256_add_ps(acc, _mm512_castps512_ps256(p));
+    acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1)));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  float s = 0.0f;
+  for (int l = 0; l < 8; l++) s += lanes[l];
+  return s;
+}
+
+__attribute__((target("avx512f"))) void softmax_grad_avx512(float* g, const float* p, float pg, int n, int m) {
+  const __m512 vpg = _mm512_set1_ps(pg);
+  for (int j = 0; j < n; j += 16) {
+    const __mmask16 k = lanes_left(j, n);
+    const __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, g + j), vpg);
+    _mm512_mask_storeu_ps(g + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p + j), d));
+  }
+  const __m512 zero = _mm512_setzero_ps();
+  for (int j = n; j < m; j += 16) _mm512_mask_storeu_ps(g + j, lanes_left(j, m), zero);
 }
 
 bool have_avx512() {
@@ -98,8 +142,8 @@ void exp_shifted(float* out, const float* in, float shift, int n) {
   int i = 0;
 #ifdef MT_VEC_X86
   if (have_avx512()) {
-    i = n / 16 * 16;
-    exp_shifted_avx512(out, in, shift, i);
+    exp_shifted_avx512(out, in, shift, n);
+    return;
   }
 #endif
 #if defined(__SSE2__)
@@ -138,12 +182,7 @@ void exp_shifted(double* out, const double* in, double shift, int n) {
 
 float max_row(const float* x, int n) {
 #ifdef MT_VEC_X86
-  if (have_avx512() && n >= 16) {
-    const int n16 = n / 16 * 16;
-    float m = max_avx512(x, n16);
-    for (int i = n16; i < n; i++) m = x[i] > m ? x[i] : m;
-    return m;
-  }
+  if (have_avx512() && n > 0) return max_avx512(x, n);
 #endif
   return max_lanes(x, n);
 }
@@ -154,8 +193,8 @@ float exp_shifted_sum(float* out, const float* in, float shift, int n) {
 #ifdef MT_VEC_X86
   static_assert(kLanes == 8, "exp_sum_avx512 keeps eight partial sums");
   if (have_avx512()) {
-    i = n / 16 * 16;
-    exp_sum_avx512(out, in, shift, i, acc);
+    exp_sum_avx512(out, in, shift, n, acc);
+    i = n;
   }
 #endif
   exp_shifted(out + i, in + i, shift, n - i);
@@ -169,11 +208,29 @@ void scale_row(float* x, float s, int n) {
   int i = 0;
 #ifdef MT_VEC_X86
   if (have_avx512()) {
-    i = n / 16 * 16;
-    scale_avx512(x, s, i);
+    scale_avx512(x, s, n);
+    i = n;
   }
 #endif
   for (; i < n; i++) x[i] *= s;
+}
+
+float dot_row(const float* a, const float* b, int n) {
+#ifdef MT_VEC_X86
+  static_assert(kLanes == 8, "dot_avx512 keeps eight partial sums");
+  if (have_avx512()) return dot_avx512(a, b, n);
+#endif
+  return dot_lanes(a, b, n);
+}
+
+void softmax_grad_row(float* g, const float* p, float pg, int n, int m) {
+#ifdef MT_VEC_X86
+  if (have_avx512()) {
+    softmax_grad_avx512(g, p, pg, n, m);
+    return;
+  }
+#endif
+  softmax_grad_row_portable(g, p, pg, n, m);
 }
 
 }  // namespace mt::cpu

@@ -95,10 +95,21 @@ void exp_shifted(double* out, const double* in, double shift, int n);
 
 // The softmax's passes over a row, sixteen floats at a time where the CPU has AVX-512, each with the
 // bits of the portable helpers above: max_lanes, exp_shifted followed by sum_lanes (the sum's eight
-// partial sums take their elements in the same order), and x[i] *= s.
+// partial sums take their elements in the same order), x[i] *= s; and for its backward dot_lanes and
+// softmax_grad_row_portable.
 float max_row(const float* x, int n);
 float exp_shifted_sum(float* out, const float* in, float shift, int n);
 void scale_row(float* x, float s, int n);
+float dot_row(const float* a, const float* b, int n);
+void softmax_grad_row(float* g, const float* p, float pg, int n, int m);
+
+// The softmax's backward on one row, in place: g[j] = p[j] (g[j] - pg) for j < n (pg = sum_j p[j]
+// g[j]), then exact zeros for n <= j < m.
+template <class T>
+inline void softmax_grad_row_portable(T* g, const T* p, T pg, int n, int m) {
+  for (int j = 0; j < n; j++) g[j] = p[j] * (g[j] - pg);
+  std::fill(g + n, g + m, T(0));
+}
 inline double max_row(const double* x, int n) { return max_lanes(x, n); }
 inline double exp_shifted_sum(double* out, const double* in, double shift, int n) {
   exp_shifted(out, in, shift, n);
@@ -106,6 +117,10 @@ inline double exp_shifted_sum(double* out, const double* in, double shift, int n
 }
 inline void scale_row(double* x, double s, int n) {
   for (int i = 0; i < n; i++) x[i] *= s;
+}
+inline double dot_row(const double* a, const double* b, int n) { return dot_lanes(a, b, n); }
+inline void softmax_grad_row(double* g, const double* p, double pg, int n, int m) {
+  softmax_grad_row_portable(g, p, pg, n, m);
 }
 
 }  // namespace mt::cpu

@@ -6,10 +6,37 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "runtime/check.h"
 #include "runtime/dtype.h"
 
 namespace mt {
+
+namespace {
+
+// memset of one chunk of a fill too large for any cache (a step's gradients, hundreds of MB): with
+// non-temporal stores where the target allows, which write whole lines without first reading them
+// in, as ordinary stores do. Zeroing GPT-2's 475 MiB of gradients took 32 ms at 15 GB/s with memset.
+void fill_chunk(char* p, int byte, size_t n) {
+#if defined(__SSE2__)
+  const uintptr_t head = (16 - reinterpret_cast<uintptr_t>(p) % 16) % 16;
+  if (n >= head + 64) {
+    std::memset(p, byte, head);
+    const __m128i v = _mm_set1_epi8(char(byte));
+    size_t i = head;
+    for (; i + 16 <= n; i += 16) _mm_stream_si128(reinterpret_cast<__m128i*>(p + i), v);
+    std::memset(p + i, byte, n - i);
+    _mm_sfence();  // streamed stores are weakly ordered: this thread's are done before the region ends
+    return;
+  }
+#endif
+  std::memset(p, byte, n);
+}
+
+}  // namespace
 
 void host_fill(void* p, int byte, size_t n) {
   constexpr size_t kChunk = size_t(4) << 20;  // below two chunks one thread does it all
@@ -22,7 +49,7 @@ void host_fill(void* p, int byte, size_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; c++) {
     const size_t at = size_t(c) * kChunk;
-    std::memset(bytes + at, byte, std::min(kChunk, n - at));
+    fill_chunk(bytes + at, byte, std::min(kChunk, n - at));
   }
 }
 

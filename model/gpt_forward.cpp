@@ -30,9 +30,9 @@ namespace {
 // streams the whole of wte through its forward and input-gradient GEMMs and reads and writes the fp32
 // (Vl, C) wte gradient (155 MiB each for GPT-2), none of which any cache holds, so a chunk's rows
 // should be as many as the logits budget allows: chunks are split evenly under it, never below
-// kMinClassifierRows. On the 2-core CPU, GPT-2 B=4 T=256 in 256-row chunks (4 chunks) spent ~5% of
-// its step in that traffic (docs/perf.md, issue 32's fourth pass); a 256 MiB budget makes it one chunk
-// there and 7 instead of 32 at B=8 T=1024. A GPU takes 1 GiB (8192 rows of GPT-2 in bf16).
+// kMinClassifierRows. On the 2-core CPU, GPT-2 B=4 T=256 ran 2-6% faster in one chunk than in four
+// 256-row ones (docs/perf.md, issue 32's fourth pass); a 256 MiB budget gives it one chunk, and 7
+// instead of 32 at B=8 T=1024. A GPU takes 1 GiB (8192 rows of GPT-2 in bf16).
 constexpr int kMinClassifierRows = 256;
 constexpr size_t kCpuLogitsBytes = size_t(256) << 20;
 constexpr size_t kDeviceLogitsBytes = size_t(1) << 30;

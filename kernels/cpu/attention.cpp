@@ -21,12 +21,13 @@
 // small product, which threading each per-head GEMM would cost. A pair's result does not depend on
 // which thread runs it, so the output is the same for any thread count.
 //
-// Causality halves the work: rows are processed in blocks of kRowBlock, and a block of query rows
-// only multiplies the key columns up to its last row (the entries beyond are zero in P and dS).
+// Causality halves the work: rows are processed in blocks (kForwardRows, kBackwardRows), and a block
+// of query rows only multiplies the key columns up to its last row (the entries beyond are zero in P
+// and dS).
 //
-// The backward runs block by block: a block's dS (kRowBlock x T) gives its rows of dQ whole and adds
-// its share to dK and dV (kRowBlock-deep products accumulated onto them), so dS never leaves the
-// cache. dK and dV therefore sum their query rows in blocks of kRowBlock, in block order.
+// The backward runs block by block: a block's dS (kBackwardRows x T) gives its rows of dQ whole and
+// adds its share to dK and dV (kBackwardRows-deep products accumulated onto them), so dS never leaves
+// the cache. dK and dV therefore sum their query rows in blocks of kBackwardRows, in block order.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -41,9 +42,16 @@ namespace mt::cpu {
 
 namespace {
 
-// 48 rows: whole micro-kernel panels (12 rows for AVX-512, 6 for AVX2, 4 portable), and at T = 256
-// 18% more work than the causal half on the diagonal blocks (64 rows: 25%, with a ragged panel).
-constexpr int kRowBlock = 48;
+// Whole micro-kernel panels (12 rows for AVX-512, 6 for AVX2, 4 portable). The diagonal blocks waste
+// work beyond the causal half (at T = 256: 9% with 24 rows, 18% with 48) and smaller blocks mean
+// more, smaller products. Measured on the 2-core AVX-512 machine (docs/perf.md, issue 32's fourth
+// pass), 24-row blocks made the forward 2-4% faster at T = 256 and 1-3% at T = 1024, while the
+// backward, whose five products per block are smaller still, was no faster at T = 256 and up to 8%
+// slower at T = 1024. The forward's block size leaves its bits unchanged for finite inputs (each row
+// of P is its own, and O's rows only gain or lose exact zero terms at their ends); the backward's sets
+// dK and dV's summation order.
+constexpr int kForwardRows = 24;
+constexpr int kBackwardRows = 48;
 
 // Row i of P from row i of the scores (in place): softmax over the allowed keys, exact zeros elsewhere.
 template <class T>
@@ -112,7 +120,8 @@ void attention_fwd(S* out, S* att, const S* qkv, const int32_t* doc, int B, int 
     // bf16/f16 scratch: Q, K, V of the pair, one row block of P and of O.
     const size_t narrow = kWide<S> ? 0 : 1;
     std::vector<A> qkv_buf(narrow * 3 * size_t(T_) * size_t(hs));
-    std::vector<A> p_buf(narrow * size_t(kRowBlock) * size_t(T_)), o_buf(narrow * size_t(kRowBlock) * size_t(hs));
+    std::vector<A> p_buf(narrow * size_t(kForwardRows) * size_t(T_)),
+        o_buf(narrow * size_t(kForwardRows) * size_t(hs));
     PackedB<A> kt, vn;  // K^T (hs x T) and V (T x hs), packed once per pair
     GemmScratch<A> ws;
 #pragma omp for schedule(static)
@@ -124,8 +133,8 @@ void attention_fwd(S* out, S* att, const S* qkv, const int32_t* doc, int B, int 
       const int32_t* d = doc ? doc + int64_t(b) * T_ : nullptr;
       kt.pack(true, in.k, in.ld, hs, T_);
       vn.pack(false, in.v, in.ld, T_, hs);
-      for (int i0 = 0; i0 < T_; i0 += kRowBlock) {
-        const int i1 = std::min(T_, i0 + kRowBlock);
+      for (int i0 = 0; i0 < T_; i0 += kForwardRows) {
+        const int i1 = std::min(T_, i0 + kForwardRows);
         A* Pb;
         A* ob;
         int ldo;
@@ -166,14 +175,14 @@ void attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv, cons
   const A scale = A(1) / std::sqrt(A(hs));
 #pragma omp parallel if (parallel_worth(int64_t(B) * NH * T_ * T_ * hs))
   {
-    // dS of one row block (kRowBlock x T), kept in cache: the block's dQ rows and its share of dK and
+    // dS of one row block (kBackwardRows x T), kept in cache: the block's dQ rows and its share of dK and
     // dV are taken from it before the next block overwrites it. A whole pair's dS (T x T, 4 MiB at
     // T = 1024) written out and read back twice made the backward wait on memory.
     const size_t narrow = kWide<S> ? 0 : 1, th = size_t(T_) * size_t(hs);
-    std::vector<A> ds_buf(size_t(kRowBlock) * size_t(T_));
+    std::vector<A> ds_buf(size_t(kBackwardRows) * size_t(T_));
     // bf16/f16 scratch: Q, K, V, dO and dQ, dK, dV of the pair (T hs each), one row block of P.
     std::vector<A> qkv_buf(narrow * 3 * th), do_buf(narrow * th), dqkv_buf(narrow * 3 * th);
-    std::vector<A> p_buf(narrow * size_t(kRowBlock) * size_t(T_));
+    std::vector<A> p_buf(narrow * size_t(kBackwardRows) * size_t(T_));
     PackedB<A> vt, kn, qn, don;  // V^T (hs x T); K, Q and dO (T x hs): packed once per pair
     GemmScratch<A> ws;
 #pragma omp for schedule(static)
@@ -207,8 +216,8 @@ void attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv, cons
       qn.pack(false, in.q, in.ld, T_, hs);
       don.pack(false, dO, ldo, T_, hs);
       A* dS = ds_buf.data();
-      for (int i0 = 0; i0 < T_; i0 += kRowBlock) {
-        const int i1 = std::min(T_, i0 + kRowBlock), rows = i1 - i0;
+      for (int i0 = 0; i0 < T_; i0 += kBackwardRows) {
+        const int i1 = std::min(T_, i0 + kBackwardRows), rows = i1 - i0;
         // Query rows i0..i1 see key columns 0..i1 (P and dS are zero beyond the diagonal).
         const A* P;
         if constexpr (kWide<S>) {
@@ -223,7 +232,7 @@ void attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv, cons
         // Each row also asks for one row of the next block's P (columns up to that block's end): P
         // comes from memory, and its rows were otherwise first touched by this loop, which then
         // waited on every line.
-        const int next_end = std::min(T_, i1 + kRowBlock);
+        const int next_end = std::min(T_, i1 + kBackwardRows);
         for (int r = 0; r < rows; r++) {
           const int i = i0 + r;
           const A* p = P + int64_t(r) * T_;

@@ -37,10 +37,11 @@ inline std::vector<int32_t> random_docs(int B, int T, std::mt19937_64& rng) {
 }
 
 template <class S>
-::testing::AssertionResult close(const std::vector<S>& got, const std::vector<S>& want, double tolerance) {
+::testing::AssertionResult close(const std::vector<S>& got, const std::vector<S>& want, double tolerance,
+                                 double floor = 1e-12) {
   if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
   const std::vector<float> g = to_floats(got), w = to_floats(want);
-  const double err = max_rel_error(g.data(), w.data(), g.size());
+  const double err = max_rel_error(g.data(), w.data(), g.size(), floor);
   if (err <= tolerance) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "max rel error " << err << " > tolerance " << tolerance;
 }

@@ -24,6 +24,7 @@ namespace {
 
 using namespace mt::testing::emu;
 using mt::cuda::dev_ptr;
+using mt::testing::kLseFloor;
 using mt::testing::max_rel_error;
 namespace bk = mt::cuda::flash_block_kernels;
 namespace fk = mt::cuda::flash_attention_kernels;
@@ -141,7 +142,7 @@ TYPED_TEST(FlashBlockEmulated, ForwardMatchesTheCpuTwin) {
       EXPECT_EQ(size_t(hidden), nlse) << "every query should see nothing";
     }
     EXPECT_LE(max_rel_error(out.data(), ref.data(), nout, 1e-12), tol::kFlashFwd.f32) << "out";
-    EXPECT_LE(max_rel_error(lse.data(), ref_lse.data(), nlse, 1e-12), tol::kFlashLse.f32) << "lse";
+    EXPECT_LE(max_rel_error(lse.data(), ref_lse.data(), nlse, kLseFloor), tol::kFlashLse.f32) << "lse";
     for (float x : out) ASSERT_FALSE(std::isnan(x)) << "an output element was not written, or is NaN";
   }
 }

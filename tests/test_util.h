@@ -18,6 +18,10 @@ std::vector<int32_t> random_ints(size_t n, int lo, int hi, std::mt19937_64& rng)
 
 // max_i |a_i - b_i| / max(max_i |b_i|, floor)
 double max_rel_error(const float* a, const float* b, size_t n, double floor = 1e-12);
+// The floor for comparing log-sum-exps: an error in a sum of exponentials is an absolute error in its
+// log, so lse is compared relative to max(1, |lse|). Relative to |lse| alone, a row whose one score
+// is near zero (T = 1) failed on a rounding of 6e-7 (seed 2903984997).
+inline constexpr double kLseFloor = 1.0;
 double max_rel_error(const double* a, const double* b, size_t n, double floor = 1e-12);
 
 // Packed-document ids for a (B, T) batch: per row 0, 1, 2, ... in runs of random length up to T/3,

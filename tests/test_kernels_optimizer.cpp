@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -79,6 +80,31 @@ TEST(Optimizer, AdamwWithAGradScaleIsScaleThenAdamwBitForBit) {
 TEST(Optimizer, AdamwRejectsStepZero) {
   float p = 1, m = 0, v = 0, g = 1;
   EXPECT_THROW(adamw<float>(&p, &m, &v, &g, 1, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.f, 0), mt::Error);
+}
+
+// The documented order, one value at a time: blocks of 4096, each summed in eight lanes (element i
+// into lane i % 8) then lanes 0..7, and the blocks added in order.
+double sum_squares_in_documented_order(const std::vector<float>& x) {
+  constexpr size_t kBlock = 4096;
+  double total = 0.0;
+  for (size_t b0 = 0; b0 < x.size(); b0 += kBlock) {
+    double lane[8] = {};
+    for (size_t i = b0; i < std::min(x.size(), b0 + kBlock); i++) lane[(i - b0) % 8] += double(x[i]) * double(x[i]);
+    double block = 0.0;
+    for (double l : lane) block += l;
+    total += block;
+  }
+  return total;
+}
+
+TEST(Optimizer, SumSquaresKeepsTheBlockOrderBitForBit) {
+  // Whole groups of blocks read side by side, a ragged group, a short last block.
+  std::mt19937_64 rng(mt::testing::test_seed() + 2);
+  for (int64_t N : {int64_t(7), int64_t(4096), int64_t(4 * 4096), int64_t(4 * 4096 + 1), int64_t(9 * 4096 + 5),
+                    int64_t(300007)}) {
+    const std::vector<float> x = mt::testing::random_floats(sz(N), rng, -3.f, 3.f);
+    EXPECT_EQ(sum_squares<float>(x.data(), N), sum_squares_in_documented_order(x)) << "N=" << N;
+  }
 }
 
 TEST(Optimizer, SumSquaresIsAccurateAndIndependentOfThreadCount) {

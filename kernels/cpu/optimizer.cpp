@@ -72,16 +72,46 @@ inline double block_sum_squares_impl(const T* x, int64_t n) {
 MT_SIMD_CLONES double block_sum_squares(const float* x, int64_t n) { return block_sum_squares_impl(x, n); }
 MT_SIMD_CLONES double block_sum_squares(const double* x, int64_t n) { return block_sum_squares_impl(x, n); }
 
+// kStreams whole blocks side by side, each in its own eight lanes: block_sum_squares_impl's
+// operations on each block in its order, so each block's sum has the same bits. A core reading one
+// stream of cold memory mostly waited on it (12-15 GB/s over two cores, against AdamW's 31 from
+// seven streams); four streams keep more lines in flight (17-18 GB/s; eight gain nothing more).
+constexpr int kStreams = 4;
+template <class T>
+inline void blocks_sum_squares_impl(const T* x, double* out) {
+  double acc[kStreams][8] = {};
+  for (int64_t i = 0; i < kSumBlock; i += 8)
+    for (int s = 0; s < kStreams; s++)
+      for (int l = 0; l < 8; l++) {
+        const double e = double(x[s * kSumBlock + i + l]);
+        acc[s][l] += e * e;
+      }
+  for (int s = 0; s < kStreams; s++) {
+    double t = 0.0;
+    for (int l = 0; l < 8; l++) t += acc[s][l];
+    out[s] = t;
+  }
+}
+MT_SIMD_CLONES void blocks_sum_squares(const float* x, double* out) { blocks_sum_squares_impl(x, out); }
+MT_SIMD_CLONES void blocks_sum_squares(const double* x, double* out) { blocks_sum_squares_impl(x, out); }
+
 }  // namespace
 
 template <class T>
 double sum_squares(const T* x, int64_t N) {
-  const int64_t blocks = (N + kSumBlock - 1) / kSumBlock;
+  const int64_t blocks = (N + kSumBlock - 1) / kSumBlock, groups = (blocks + kStreams - 1) / kStreams;
   std::vector<double> partial(size_t(blocks), 0.0);
 #pragma omp parallel for schedule(static) if (parallel_worth(N))
-  for (int64_t b = 0; b < blocks; b++) {
-    const int64_t i0 = b * kSumBlock;
-    partial[size_t(b)] = block_sum_squares(x + i0, std::min(kSumBlock, N - i0));
+  for (int64_t g = 0; g < groups; g++) {
+    const int64_t b0 = g * kStreams;
+    if ((b0 + kStreams) * kSumBlock <= N) {
+      blocks_sum_squares(x + b0 * kSumBlock, &partial[size_t(b0)]);
+      continue;
+    }
+    for (int64_t b = b0; b < std::min(blocks, b0 + kStreams); b++) {  // the ragged end, a block at a time
+      const int64_t i0 = b * kSumBlock;
+      partial[size_t(b)] = block_sum_squares(x + i0, std::min(kSumBlock, N - i0));
+    }
   }
   double total = 0.0;
   for (double p : partial) total += p;

@@ -127,17 +127,23 @@ __attribute__((target("avx512f"))) void transpose16(float* d, int W, const float
 }
 #pragma GCC diagnostic pop
 
-// Row k of every whole panel in one row of the source: W values (W a multiple of 16, or under 16,
-// masked) per panel, whole zmm loads and stores. Twice the SSE loop's rate on an expert's weight
-// (14-16 -> 26 GB/s over two threads, L3-resident).
-__attribute__((target("avx512f"))) int copy_row16(float* d, const float* row, int full, int W, int kc) {
+// Rows k0..k0+rows of every whole panel: W values (W a multiple of 16, or under 16, masked) per
+// panel row, whole zmm loads and stores, a panel at a time so that its rows are written as one
+// contiguous run (row by row across all panels, each row's stores landed 32 KiB apart, on the same
+// few L1 sets). An expert's 3072 x 768 weight packs at 30-37 GB/s over two threads (L3-resident),
+// against 13-16 for the SSE row loop and 19-22 for this one a row at a time.
+constexpr int kCopyRows = 16;
+__attribute__((target("avx512f"))) void copy_rows16(float* dst, const float* src, int ld, int k0, int rows, int full,
+                                                    int W, int kc) {
   const __mmask16 keep = __mmask16(W >= 16 ? 0xFFFFu : (1u << W) - 1u);
-  int j = 0;
-  for (; j < full; j += W) {
-    float* p = d + size_t(j) * size_t(kc);
-    for (int r = 0; r < W; r += 16) _mm512_mask_storeu_ps(p + r, keep, _mm512_maskz_loadu_ps(keep, row + j + r));
+  for (int j = 0; j < full; j += W) {
+    float* p = dst + size_t(j) * size_t(kc) + size_t(k0) * size_t(W);
+    const float* s = src + size_t(k0) * size_t(ld) + size_t(j);
+    for (int k = 0; k < rows; k++)
+      for (int r = 0; r < W; r += 16)
+        _mm512_mask_storeu_ps(p + size_t(k) * size_t(W) + r, keep,
+                              _mm512_maskz_loadu_ps(keep, s + size_t(k) * size_t(ld) + r));
   }
-  return j;
 }
 
 bool have_avx512() {
@@ -146,31 +152,46 @@ bool have_avx512() {
 }
 #endif
 
+// Columns j0.. of X (the last panel zero-padded), row by row.
 template <class T>
-void copy_panels(T* dst, const T* src, int ld, int kc, int width, int W) {
-  const int full = width / W * W;
+void copy_panels_from(T* dst, const T* src, int ld, int kc, int j0, int width, int W) {
   for (int k = 0; k < kc; k++) {
     const T* row = src + size_t(k) * size_t(ld);
     T* d = dst + size_t(k) * W;
-    int j = 0;
-#ifdef MT_PACK_AVX512
-    if constexpr (std::is_same_v<T, float>)
-      if ((W % 16 == 0 || W < 16) && have_avx512()) j = copy_row16(d, row, full, W, kc);
-#endif
-#if defined(__SSE__)
-    if constexpr (std::is_same_v<T, float>) {
-      if (W % 4 == 0)
-        for (; j < full; j += W)
-          for (int r = 0; r < W; r += 4) _mm_storeu_ps(d + size_t(j) * size_t(kc) + r, _mm_loadu_ps(row + j + r));
-    }
-#endif
-    for (; j < width; j += W) {
+    for (int j = j0; j < width; j += W) {
       T* p = d + size_t(j) * size_t(kc);
       const int w = std::min(W, width - j);
       for (int r = 0; r < w; r++) p[r] = row[j + r];
       for (int r = w; r < W; r++) p[r] = T(0);
     }
   }
+}
+
+template <class T>
+void copy_panels(T* dst, const T* src, int ld, int kc, int width, int W) {
+  const int full = width / W * W;
+#ifdef MT_PACK_AVX512
+  if constexpr (std::is_same_v<T, float>)
+    if ((W % 16 == 0 || W < 16) && have_avx512()) {
+      for (int k0 = 0; k0 < kc; k0 += kCopyRows) copy_rows16(dst, src, ld, k0, std::min(kCopyRows, kc - k0), full, W, kc);
+      copy_panels_from(dst, src, ld, kc, full, width, W);  // the ragged last panel, if any
+      return;
+    }
+#endif
+#if defined(__SSE__)
+  if constexpr (std::is_same_v<T, float>)
+    if (W % 4 == 0) {
+      for (int k = 0; k < kc; k++) {
+        const T* row = src + size_t(k) * size_t(ld);
+        T* d = dst + size_t(k) * W;
+        for (int j = 0; j < full; j += W)
+          for (int r = 0; r < W; r += 4) _mm_storeu_ps(d + size_t(j) * size_t(kc) + r, _mm_loadu_ps(row + j + r));
+      }
+      copy_panels_from(dst, src, ld, kc, full, width, W);
+      return;
+    }
+#endif
+  copy_panels_from(dst, src, ld, kc, 0, width, W);
 }
 
 template <class T>

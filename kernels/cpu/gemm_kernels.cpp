@@ -8,6 +8,8 @@
 // compiler vectorises for whatever the build targets.
 #include "kernels/cpu/gemm_kernels.h"
 
+#include "kernels/cpu/vec_math.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define MT_GEMM_X86 1
@@ -150,7 +152,7 @@ std::vector<MicroKernel<float>> runnable_float_micro_kernels() {
   std::vector<MicroKernel<float>> ks;
 #ifdef MT_GEMM_X86
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) ks.push_back({12, 32, run_avx512, "avx512"});
+  if (cpu_has_avx512()) ks.push_back({12, 32, run_avx512, "avx512"});
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ks.push_back({6, 16, run_avx2, "avx2"});
 #endif
   ks.push_back({4, 8, run_portable<float, 4, 8>, "portable"});

@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "kernels/cpu/vec_math.h"
+
 #if defined(__SSE__)
 #include <xmmintrin.h>
 #endif
@@ -78,11 +80,6 @@ __attribute__((target("avx512f"))) void copy_rows16(float* dst, const float* src
                               _mm512_maskz_loadu_ps(keep, s + size_t(k) * size_t(ld) + r));
   }
 }
-
-bool have_avx512() {
-  static const bool yes = [] { __builtin_cpu_init(); return bool(__builtin_cpu_supports("avx512f")); }();
-  return yes;
-}
 #endif
 
 // Columns j0.. of X (the last panel zero-padded), row by row.
@@ -105,7 +102,7 @@ void copy_panels(T* dst, const T* src, int ld, int kc, int width, int W) {
   const int full = width / W * W;
 #ifdef MT_PACK_AVX512
   if constexpr (std::is_same_v<T, float>)
-    if ((W % 16 == 0 || W < 16) && have_avx512()) {
+    if ((W % 16 == 0 || W < 16) && cpu_has_avx512()) {
       for (int k0 = 0; k0 < kc; k0 += kCopyRows) copy_rows16(dst, src, ld, k0, std::min(kCopyRows, kc - k0), full, W, kc);
       copy_panels_from(dst, src, ld, kc, full, width, W);  // the ragged last panel, if any
       return;
@@ -137,7 +134,7 @@ void transpose_panels(T* dst, const T* src, int ld, int kc, int width, int W) {
 #if defined(__SSE__)
     if constexpr (std::is_same_v<T, float>) {
 #ifdef MT_PACK_AVX512
-      if (w == W && (W % 16 == 0 || W < 16) && kc >= 16 && have_avx512()) {
+      if (w == W && (W % 16 == 0 || W < 16) && kc >= 16 && cpu_has_avx512()) {
         for (int j = 0; j < W; j += 16) transpose16(p + j, W, col + size_t(j) * size_t(ld), ld, kc, std::min(16, W - j));
         k = kc / 16 * 16;
       } else

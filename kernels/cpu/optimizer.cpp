@@ -52,48 +52,37 @@ namespace {
 #else
 #define MT_SIMD_CLONES
 #endif
-template <class T>
-inline double block_sum_squares_impl(const T* x, int64_t n) {
-  double acc[8] = {};
+// The sums of squares of `streams` blocks of n values, kSumBlock apart, read side by side, each in
+// its own eight lanes (value i into lane i % 8, the lanes then added in order): every block's sum
+// has the bits of summing it alone. A core reading one stream of cold memory mostly waited on it
+// (12-15 GB/s over two cores, against AdamW's 31 from seven streams); four streams keep more lines
+// in flight (17-18 GB/s; eight gain nothing more).
+constexpr int kStreams = 4;
+template <int kBlocks, class T>
+inline void block_sums_impl(const T* x, int64_t n, double* out) {
+  double acc[kBlocks][8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; l++) {
-      const double e = double(x[i + l]);
-      acc[l] += e * e;
-    }
-  for (int l = 0; i < n; i++, l++) {
-    const double e = double(x[i]);
-    acc[l] += e * e;
-  }
-  double s = 0.0;
-  for (int l = 0; l < 8; l++) s += acc[l];
-  return s;
-}
-MT_SIMD_CLONES double block_sum_squares(const float* x, int64_t n) { return block_sum_squares_impl(x, n); }
-MT_SIMD_CLONES double block_sum_squares(const double* x, int64_t n) { return block_sum_squares_impl(x, n); }
-
-// kStreams whole blocks side by side, each in its own eight lanes: block_sum_squares_impl's
-// operations on each block in its order, so each block's sum has the same bits. A core reading one
-// stream of cold memory mostly waited on it (12-15 GB/s over two cores, against AdamW's 31 from
-// seven streams); four streams keep more lines in flight (17-18 GB/s; eight gain nothing more).
-constexpr int kStreams = 4;
-template <class T>
-inline void blocks_sum_squares_impl(const T* x, double* out) {
-  double acc[kStreams][8] = {};
-  for (int64_t i = 0; i < kSumBlock; i += 8)
-    for (int s = 0; s < kStreams; s++)
+    for (int s = 0; s < kBlocks; s++)
       for (int l = 0; l < 8; l++) {
         const double e = double(x[s * kSumBlock + i + l]);
         acc[s][l] += e * e;
       }
-  for (int s = 0; s < kStreams; s++) {
+  if constexpr (kBlocks == 1)  // side by side, blocks are whole: n = kSumBlock, a multiple of 8
+    for (int l = 0; i < n; i++, l++) {
+      const double e = double(x[i]);
+      acc[0][l] += e * e;
+    }
+  for (int s = 0; s < kBlocks; s++) {
     double t = 0.0;
     for (int l = 0; l < 8; l++) t += acc[s][l];
     out[s] = t;
   }
 }
-MT_SIMD_CLONES void blocks_sum_squares(const float* x, double* out) { blocks_sum_squares_impl(x, out); }
-MT_SIMD_CLONES void blocks_sum_squares(const double* x, double* out) { blocks_sum_squares_impl(x, out); }
+MT_SIMD_CLONES void block_sums(const float* x, int64_t n, double* out) { block_sums_impl<1>(x, n, out); }
+MT_SIMD_CLONES void block_sums(const double* x, int64_t n, double* out) { block_sums_impl<1>(x, n, out); }
+MT_SIMD_CLONES void stream_block_sums(const float* x, double* out) { block_sums_impl<kStreams>(x, kSumBlock, out); }
+MT_SIMD_CLONES void stream_block_sums(const double* x, double* out) { block_sums_impl<kStreams>(x, kSumBlock, out); }
 
 }  // namespace
 
@@ -105,12 +94,12 @@ double sum_squares(const T* x, int64_t N) {
   for (int64_t g = 0; g < groups; g++) {
     const int64_t b0 = g * kStreams;
     if ((b0 + kStreams) * kSumBlock <= N) {
-      blocks_sum_squares(x + b0 * kSumBlock, &partial[size_t(b0)]);
+      stream_block_sums(x + b0 * kSumBlock, &partial[size_t(b0)]);
       continue;
     }
     for (int64_t b = b0; b < std::min(blocks, b0 + kStreams); b++) {  // the ragged end, a block at a time
       const int64_t i0 = b * kSumBlock;
-      partial[size_t(b)] = block_sum_squares(x + i0, std::min(kSumBlock, N - i0));
+      block_sums(x + i0, std::min(kSumBlock, N - i0), &partial[size_t(b)]);
     }
   }
   double total = 0.0;

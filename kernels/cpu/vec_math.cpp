@@ -19,6 +19,10 @@ namespace mt::cpu {
 namespace {
 
 #ifdef MT_VEC_X86
+// GCC 12's AVX-512 intrinsics start several results from _mm512_undefined_ps(), which it then flags
+// as maybe uninitialised (as in gemm_pack.cpp's transposes).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 // The bodies below take any n: the last n % 16 elements go through one masked step, whose inactive
 // lanes are neither read nor written (and add exact zeros to a sum), so a row's tail costs one vector
 // step instead of SSE and scalar passes; softmax rows of causal attention (i + 1 long) all have one.
@@ -127,21 +131,27 @@ __attribute__((target("avx512f"))) void softmax_grad_avx512(float* g, const floa
   for (int j = n; j < m; j += 16) _mm512_mask_storeu_ps(g + j, lanes_left(j, m), zero);
 }
 
-bool have_avx512() {
+#pragma GCC diagnostic pop
+#endif
+
+}  // namespace
+
+bool cpu_has_avx512() {
+#ifdef MT_VEC_X86
   static const bool yes = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") != 0;
   }();
   return yes;
-}
+#else
+  return false;
 #endif
-
-}  // namespace
+}
 
 void exp_shifted(float* out, const float* in, float shift, int n) {
   int i = 0;
 #ifdef MT_VEC_X86
-  if (have_avx512()) {
+  if (cpu_has_avx512()) {
     exp_shifted_avx512(out, in, shift, n);
     return;
   }
@@ -182,7 +192,7 @@ void exp_shifted(double* out, const double* in, double shift, int n) {
 
 float max_row(const float* x, int n) {
 #ifdef MT_VEC_X86
-  if (have_avx512() && n > 0) return max_avx512(x, n);
+  if (cpu_has_avx512() && n > 0) return max_avx512(x, n);
 #endif
   return max_lanes(x, n);
 }
@@ -192,7 +202,7 @@ float exp_shifted_sum(float* out, const float* in, float shift, int n) {
   int i = 0;
 #ifdef MT_VEC_X86
   static_assert(kLanes == 8, "exp_sum_avx512 keeps eight partial sums");
-  if (have_avx512()) {
+  if (cpu_has_avx512()) {
     exp_sum_avx512(out, in, shift, n, acc);
     i = n;
   }
@@ -207,7 +217,7 @@ float exp_shifted_sum(float* out, const float* in, float shift, int n) {
 void scale_row(float* x, float s, int n) {
   int i = 0;
 #ifdef MT_VEC_X86
-  if (have_avx512()) {
+  if (cpu_has_avx512()) {
     scale_avx512(x, s, n);
     i = n;
   }
@@ -218,14 +228,14 @@ void scale_row(float* x, float s, int n) {
 float dot_row(const float* a, const float* b, int n) {
 #ifdef MT_VEC_X86
   static_assert(kLanes == 8, "dot_avx512 keeps eight partial sums");
-  if (have_avx512()) return dot_avx512(a, b, n);
+  if (cpu_has_avx512()) return dot_avx512(a, b, n);
 #endif
   return dot_lanes(a, b, n);
 }
 
 void softmax_grad_row(float* g, const float* p, float pg, int n, int m) {
 #ifdef MT_VEC_X86
-  if (have_avx512()) {
+  if (cpu_has_avx512()) {
     softmax_grad_avx512(g, p, pg, n, m);
     return;
   }

@@ -89,6 +89,10 @@ inline float exp_fast(float x) {
 }
 inline double exp_fast(double x) { return std::exp(x); }
 
+// Whether this CPU runs AVX-512F (asked once per process; false off x86-64). The kernels' explicit
+// AVX-512 bodies (here and in the GEMM's packing) take it as their condition.
+bool cpu_has_avx512();
+
 // out[i] = exp(in[i] - shift) for i < n; out may alias in.
 void exp_shifted(float* out, const float* in, float shift, int n);
 void exp_shifted(double* out, const double* in, double shift, int n);

@@ -141,16 +141,16 @@ void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int
 }
 
 template <class S>
-void matmul_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight, int N, int IC,
+void matmul_bwd(S* dinp, GradOut dweight, float* dbias, const S* dout, const S* inp, const S* weight, int N, int IC,
                 int OC, const Ctx& ctx, const S* pre_gelu) {
-  // dout; for dweight inp and the fp32 gradient (read and written); for dinp the weight, dinp and the
-  // GELU input.
+  // dout; for dweight inp and the fp32 gradient (written, and read unless assigned); for dinp the
+  // weight, dinp and the GELU input.
   const double bytes = (double(N) * OC + (dweight ? double(N) * IC : 0.0) +
                         (dinp ? double(IC) * OC + double(N) * IC * (pre_gelu ? 2 : 1) : 0.0)) * sizeof(S) +
-                       (dweight ? 8.0 * IC * OC : 0.0);
+                       (dweight ? (dweight.assign ? 4.0 : 8.0) * IC * OC : 0.0);
   MT_DISPATCH_COST(((dinp ? 2.0 : 0.0) + (dweight ? 2.0 : 0.0)) * N * IC * OC, bytes,
-                   cpu::matmul_bwd<S>(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, pre_gelu),
-              cuda::matmul_bwd<S>(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, ctx, pre_gelu));
+                   cpu::matmul_bwd<S>(dinp, dweight.p, dbias, dout, inp, weight, N, IC, OC, pre_gelu, dweight.assign),
+              cuda::matmul_bwd<S>(dinp, dweight.p, dbias, dout, inp, weight, N, IC, OC, ctx, pre_gelu, dweight.assign));
 }
 
 template <class S>
@@ -396,7 +396,7 @@ MT_MOE_OPS_INSTANTIATE(f16)
   template void layernorm_bwd<S>(S*, float*, float*, const S*, const S*, const S*, const float*, const float*,    \
                                  int, int, bool, const Ctx&);                                                    \
   template void matmul_fwd<S>(S*, const S*, const S*, const S*, int, int, int, const Ctx&, S*, const S*);                   \
-  template void matmul_bwd<S>(S*, float*, float*, const S*, const S*, const S*, int, int, int, const Ctx&,        \
+  template void matmul_bwd<S>(S*, GradOut, float*, const S*, const S*, const S*, int, int, int, const Ctx&,        \
                               const S*);                                                                         \
   template void gelu_fwd<S>(S*, const S*, int64_t, const Ctx&);                                                   \
   template void gelu_bwd<S>(S*, const S*, const S*, int64_t, const Ctx&);                                         \

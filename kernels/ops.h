@@ -29,6 +29,18 @@ namespace mt::ops {
 
 class OpTimer;  // kernels/op_timer.h
 
+// Where a parameter gradient goes: added to p (+=), as parameter gradients are, or, with assign,
+// written over it without reading it: the step's first contribution to a buffer whose old contents
+// are stale (ParamStore::grad_for_write), so nothing had to zero it first. The same bits either way:
+// a product summed from +0 is never -0, so 0 + x and x agree.
+struct GradOut {
+  float* p = nullptr;
+  bool assign = false;
+  GradOut() = default;
+  GradOut(float* to, bool assign_ = false) : p(to), assign(assign_) {}  // NOLINT: a float* accumulates
+  explicit operator bool() const { return p != nullptr; }
+};
+
 struct Ctx {
   Device device = Device::cpu;
   void* stream = nullptr;    // cudaStream_t on the CUDA backend
@@ -108,12 +120,13 @@ template <class S>
 void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, const Ctx& ctx,
                 S* pre_gelu = nullptr, const S* residual = nullptr);
 // dinp = dout @ weight (skipped if dinp == nullptr); dweight += dout^T @ inp (skipped if dweight ==
-// nullptr; inp is then not read); dbias += colsum(dout) (skipped if dbias == nullptr). Called once
+// nullptr; inp is then not read; = with dweight.assign, all IC x OC elements); dbias += colsum(dout)
+// (skipped if dbias == nullptr). Called once
 // with only dinp and once with only dweight/dbias, the results are those of one call, bit for bit
 // (tensor parallelism does so to overlap a collective with the second GEMM). If pre_gelu != nullptr (the pre-activation of the layer that
 // produced inp), dinp = gelu'(pre_gelu) * (dout @ weight), rounded once: the backward of GELU fused.
 template <class S>
-void matmul_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight, int N, int IC,
+void matmul_bwd(S* dinp, GradOut dweight, float* dbias, const S* dout, const S* inp, const S* weight, int N, int IC,
                 int OC, const Ctx& ctx, const S* pre_gelu = nullptr);
 
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).

@@ -111,6 +111,7 @@ void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& 
   // copied to) *defer for layer_weight_backward; the LayerNorm backward, which makes both kinds at
   // once, puts its weight gradients in a scratch buffer that nobody reads.
   auto gw = [&](int i) { return defer ? nullptr : g(i); };
+  auto gwout = [&](int i, int64_t n) { return defer ? ops::GradOut() : gout(i, n); };
   float* ln_dw = defer ? ws.ln_scratch.f32() : nullptr;
   auto keep = [&](Buffer& to, const S* from, int64_t elems) {
     ar_.mem().move(to.data(), from, size_t(elems) * sizeof(S));
@@ -126,9 +127,9 @@ void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& 
   } else {
     dx_all = gathered(ws.dx_all, dx);
     if (defer) keep(defer->d_mlp_out, dx_all, all_rows_elems());
-    ops::matmul_bwd(dfc, gw(lp.fcproj_w), gw(lp.fcproj_b), dx_all, p(a.fch_gelu), w(lp.fcproj_w), N, F, C, c_,
-                    p(a.fch));
-    column_parallel_bwd(dln2, gw(lp.fc_w), gw(lp.fc_b), dfc, p(a.ln2), w(lp.fc_w), F, ws);
+    ops::matmul_bwd(dfc, gwout(lp.fcproj_w, int64_t(F) * C), gw(lp.fcproj_b), dx_all, p(a.fch_gelu), w(lp.fcproj_w), N,
+                    F, C, c_, p(a.fch));
+    column_parallel_bwd(dln2, gwout(lp.fc_w, int64_t(F) * C), gw(lp.fc_b), dfc, p(a.ln2), w(lp.fc_w), F, ws);
   }
   // dres2 = residual path (already in dx) + LayerNorm path, accumulated by the LayerNorm backward.
   ops::layernorm_bwd(dx, defer ? ln_dw : g(lp.ln2_w), defer ? ln_dw + C : g(lp.ln2_b), dln2, p(a.res2),
@@ -136,7 +137,8 @@ void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& 
   // Attention: res2 = x + proj(attn(qkv(ln1(x))))
   dx_all = gathered(ws.dx_all, dx);
   if (defer) keep(defer->d_attn_out, dx_all, all_rows_elems());
-  ops::matmul_bwd(p(ws.datty), gw(lp.proj_w), gw(lp.proj_b), dx_all, p(a.atty), w(lp.proj_w), N, Cl, C, c_);
+  ops::matmul_bwd(p(ws.datty), gwout(lp.proj_w, int64_t(Cl) * C), gw(lp.proj_b), dx_all, p(a.atty), w(lp.proj_w), N,
+                  Cl, C, c_);
   if (cp_.active()) {
     cp_.backward(dqkv, p(ws.datty), p(a.qkv), p(a.atty), a.lse.f32(), doc, doc ? mb_.doc_ids : nullptr, B_, T_, Cl,
                  NHl_, c_);
@@ -151,7 +153,8 @@ void Pass<S>::layer_backward(int l, S* dx, const S* x, LayerActs& a, Workspace& 
     }
     ops::attention_bwd(dqkv, ws.att_scratch.f32(), p(ws.datty), p(a.qkv), att, doc, B_, T_, Cl, NHl_, c_);
   }
-  column_parallel_bwd(dln1, gw(lp.qkv_w), gw(lp.qkv_b), dqkv, p(a.ln1), w(lp.qkv_w), 3 * Cl, ws);
+  column_parallel_bwd(dln1, gwout(lp.qkv_w, int64_t(3) * Cl * C), gw(lp.qkv_b), dqkv, p(a.ln1), w(lp.qkv_w), 3 * Cl,
+                      ws);
   ops::layernorm_bwd(dx, defer ? ln_dw : g(lp.ln1_w), defer ? ln_dw + C : g(lp.ln1_b), dln1, x, w(lp.ln1_w),
                      a.ln1_mean.f32(), a.ln1_rstd.f32(), Ns, C, true, c_);
 }
@@ -167,22 +170,23 @@ void Pass<S>::layer_weight_backward(int l, const S* x, const LayerActs& a, const
   if (m_.cfg_.is_moe_layer(l)) {
     moe_weight_backward(l, a, d.moe);
   } else {
-    ops::matmul_bwd(static_cast<S*>(nullptr), g(lp.fcproj_w), g(lp.fcproj_b), p(d.d_mlp_out), p(a.fch_gelu),
-                    w(lp.fcproj_w), N, F, C, c_);
-    column_parallel_bwd(nullptr, g(lp.fc_w), g(lp.fc_b), p(d.d_fc), p(a.ln2), w(lp.fc_w), F, ws);
+    ops::matmul_bwd(static_cast<S*>(nullptr), gout(lp.fcproj_w, int64_t(F) * C), g(lp.fcproj_b), p(d.d_mlp_out),
+                    p(a.fch_gelu), w(lp.fcproj_w), N, F, C, c_);
+    column_parallel_bwd(nullptr, gout(lp.fc_w, int64_t(F) * C), g(lp.fc_b), p(d.d_fc), p(a.ln2), w(lp.fc_w), F, ws);
   }
   ops::layernorm_bwd(p(ws.dln), g(lp.ln2_w), g(lp.ln2_b), p(d.d_ln2), p(a.res2), w(lp.ln2_w), a.ln2_mean.f32(),
                      a.ln2_rstd.f32(), Ns, C, false, c_);
-  ops::matmul_bwd(static_cast<S*>(nullptr), g(lp.proj_w), g(lp.proj_b), p(d.d_attn_out), p(a.atty), w(lp.proj_w), N,
-                  Cl, C, c_);
-  column_parallel_bwd(nullptr, g(lp.qkv_w), g(lp.qkv_b), p(d.d_qkv), p(a.ln1), w(lp.qkv_w), 3 * Cl, ws);
+  ops::matmul_bwd(static_cast<S*>(nullptr), gout(lp.proj_w, int64_t(Cl) * C), g(lp.proj_b), p(d.d_attn_out),
+                  p(a.atty), w(lp.proj_w), N, Cl, C, c_);
+  column_parallel_bwd(nullptr, gout(lp.qkv_w, int64_t(3) * Cl * C), g(lp.qkv_b), p(d.d_qkv), p(a.ln1), w(lp.qkv_w),
+                      3 * Cl, ws);
   ops::layernorm_bwd(p(ws.dln), g(lp.ln1_w), g(lp.ln1_b), p(d.d_ln1), x, w(lp.ln1_w), a.ln1_mean.f32(),
                      a.ln1_rstd.f32(), Ns, C, false, c_);
 }
 
 template <class S>
-void Pass<S>::column_parallel_bwd(S* dinp_own, float* dw, float* db, const S* dout, const S* inp_own, const S* w,
-                                  int OC, Workspace& ws) {
+void Pass<S>::column_parallel_bwd(S* dinp_own, ops::GradOut dw, float* db, const S* dout, const S* inp_own,
+                                  const S* w, int OC, Workspace& ws) {
   const int N = N_, C = C_;
   if (!tp_.active()) {
     ops::matmul_bwd(dinp_own, dw, db, dout, inp_own, w, N, C, OC, c_);
@@ -232,8 +236,9 @@ void Pass<S>::classifier(float* losses, const S* lnf, S* dlnf, const int32_t* ta
     }
     if (grads) {
       const auto t0 = std::chrono::steady_clock::now();
-      ops::matmul_bwd(dlnf + int64_t(r0) * C, g(m_.wte_), nullptr, p(logits), lnf + int64_t(r0) * C, w(m_.wte_), n,
-                      C, Vl, c_);
+      // The first chunk of rows writes wte's gradient over (when it is the step's first contribution).
+      ops::matmul_bwd(dlnf + int64_t(r0) * C, gout(m_.wte_, int64_t(Vl) * C), nullptr, p(logits),
+                      lnf + int64_t(r0) * C, w(m_.wte_), n, C, Vl, c_);
       // Backward's work inside the forward (GPT::PhaseTimes): the forward's clock is running around it.
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       m_.times_.forward -= dt;

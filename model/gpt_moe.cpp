@@ -274,16 +274,18 @@ void Pass<S>::moe_backward(int l, const S* dx, S* dln, LayerActs& a, MoeGrads* d
   // in *defer (the gradients of the experts' rows and hidden states, the router's logits, the shared
   // experts' outputs) for moe_weight_backward.
   auto gw = [&](int i) { return defer ? nullptr : g(i); };
+  auto gwout = [&](int i, int64_t n) { return defer ? ops::GradOut() : gout(i, n); };
   // Combine, then the experts.
   Buffer drows = act(M * C), dgate = f32(int64_t(N) * K);
   const PlanView pv = plan_view(m);
   ops::moe_combine_bwd(p(drows), dgate.f32(), dx, p(m.out), m.gate.f32(), pv.row_of, m.assignment_of.i32(), M, N, K,
                        C, c_);
   Buffer din = act(M * C);
-  auto grads_of = [&](std::vector<MlpParams>::const_iterator b, std::vector<MlpParams>::const_iterator e) {
+  // Experts first .. first + plan.E - 1, as the plan's experts 0 .. E - 1.
+  auto grads_of = [&](int first, const moe::DispatchPlan& plan) {
     std::vector<moe::ExpertGrads> eg;
-    for (; b != e; ++b)  // zb1's B_input: none (the GEMMs skip a nullptr gradient)
-      eg.push_back(defer ? moe::ExpertGrads{} : moe::ExpertGrads{xg(b->fc_w), xg(b->fc_b), xg(b->proj_w), xg(b->proj_b)});
+    for (int e = 0; e < plan.E; e++)  // zb1's B_input: none (the GEMMs skip a nullptr gradient)
+      eg.push_back(defer ? moe::ExpertGrads{} : expert_grads(lp.experts[size_t(first + e)], plan.rows_of(e)));
     return eg;
   };
   const std::function<const S*(int)> wf = [&](int i) { return xw(i); };
@@ -297,8 +299,7 @@ void Pass<S>::moe_backward(int l, const S* dx, S* dln, LayerActs& a, MoeGrads* d
       moe::to_experts(p(dmine), p(drows), m.ex, C, data, p(staging), ar_.mem());
     }
     drows.reset();
-    const std::vector<moe::ExpertGrads> local =
-        grads_of(lp.experts.begin() + m.ex.rank * m.ex.local, lp.experts.begin() + (m.ex.rank + 1) * m.ex.local);
+    const std::vector<moe::ExpertGrads> local = grads_of(m.ex.rank * m.ex.local, m.ex.experts);
     moe::experts_backward(p(dinmine), p(dh), local, p(dmine), p(m.rows), p(m.h_pre), p(m.h), m.ex.experts,
                           local_experts(lp, m.ex, wf), C, F, c_);
     {
@@ -311,7 +312,7 @@ void Pass<S>::moe_backward(int l, const S* dx, S* dln, LayerActs& a, MoeGrads* d
     }
   } else {
     Buffer dh = act(M * F);
-    moe::experts_backward(p(din), p(dh), grads_of(lp.experts.begin(), lp.experts.end()), p(drows), p(m.rows),
+    moe::experts_backward(p(din), p(dh), grads_of(0, m.plan), p(drows), p(m.rows),
                           p(m.h_pre), p(m.h), m.plan, expert_weights<S>(lp.experts, wf), C, F, c_);
     if (defer) {
       defer->d_out = std::move(drows);
@@ -350,9 +351,9 @@ void Pass<S>::moe_backward(int l, const S* dx, S* dln, LayerActs& a, MoeGrads* d
     Buffer dpart = act(NC_), dfc = act(int64_t(N) * F), d32;
     for (size_t i = 0; i < lp.shared.size(); i++) {
       const MlpParams& sh = lp.shared[i];
-      ops::matmul_bwd(p(dfc), gw(sh.proj_w), gw(sh.proj_b), dx, p(m.shared_h[i]), w(sh.proj_w), N, F, C, c_,
-                      p(m.shared_pre[i]));
-      ops::matmul_bwd(p(dpart), gw(sh.fc_w), gw(sh.fc_b), p(dfc), ln2, w(sh.fc_w), N, C, F, c_);
+      ops::matmul_bwd(p(dfc), gwout(sh.proj_w, int64_t(C) * F), gw(sh.proj_b), dx, p(m.shared_h[i]), w(sh.proj_w), N,
+                      F, C, c_, p(m.shared_pre[i]));
+      ops::matmul_bwd(p(dpart), gwout(sh.fc_w, int64_t(F) * C), gw(sh.fc_b), p(dfc), ln2, w(sh.fc_w), N, C, F, c_);
       if (defer) {
         defer->d_shared_fc.push_back(std::move(dfc));
         if (i + 1 < lp.shared.size()) dfc = act(int64_t(N) * F);
@@ -391,12 +392,10 @@ void Pass<S>::moe_weight_backward(int l, const LayerActs& a, const MoeGrads& d) 
   MT_CHECK(a.moe != nullptr && d.d_logits, "mixture layer %d: W without its B_input", l);
   const MoeActs& m = *a.moe;
   const int e0 = m.ep ? m.ex.rank * m.ex.local : 0, e1 = m.ep ? (m.ex.rank + 1) * m.ex.local : E;
+  const moe::DispatchPlan& plan = m.ep ? m.ex.experts : m.plan;
   std::vector<moe::ExpertGrads> eg;
-  for (int e = e0; e < e1; e++) {
-    const MlpParams& x = lp.experts[size_t(e)];
-    eg.push_back({xg(x.fc_w), xg(x.fc_b), xg(x.proj_w), xg(x.proj_b)});
-  }
-  moe::experts_weight_backward(eg, p(d.d_out), p(d.d_h), p(m.rows), p(m.h), m.ep ? m.ex.experts : m.plan, C, F, c_);
+  for (int e = e0; e < e1; e++) eg.push_back(expert_grads(lp.experts[size_t(e)], plan.rows_of(e - e0)));
+  moe::experts_weight_backward(eg, p(d.d_out), p(d.d_h), p(m.rows), p(m.h), plan, C, F, c_);
   const float* x32 = nullptr;
   if constexpr (std::is_same_v<S, float>) {
     x32 = p(a.ln2);
@@ -407,11 +406,18 @@ void Pass<S>::moe_weight_backward(int l, const LayerActs& a, const MoeGrads& d) 
   const S* none = nullptr;  // the weights: not read without an input gradient
   for (size_t i = 0; i < lp.shared.size(); i++) {
     const MlpParams& sh = lp.shared[i];
-    ops::matmul_bwd(static_cast<S*>(nullptr), g(sh.proj_w), g(sh.proj_b), p(d.d_x), p(m.shared_h[i]), none, N, F, C,
-                    c_);
-    ops::matmul_bwd(static_cast<S*>(nullptr), g(sh.fc_w), g(sh.fc_b), p(d.d_shared_fc[i]), p(a.ln2), none, N, C, F,
-                    c_);
+    ops::matmul_bwd(static_cast<S*>(nullptr), gout(sh.proj_w, int64_t(C) * F), g(sh.proj_b), p(d.d_x),
+                    p(m.shared_h[i]), none, N, F, C, c_);
+    ops::matmul_bwd(static_cast<S*>(nullptr), gout(sh.fc_w, int64_t(F) * C), g(sh.fc_b), p(d.d_shared_fc[i]),
+                    p(a.ln2), none, N, C, F, c_);
   }
+}
+
+template <class S>
+moe::ExpertGrads Pass<S>::expert_grads(const MlpParams& x, int64_t rows) const {
+  if (rows == 0) return {};
+  const int64_t n = int64_t(4) * C_ * C_;  // fc (F, C) and proj (C, F)
+  return {xgout(x.fc_w, n), xgout(x.proj_w, n), xg(x.fc_b), xg(x.proj_b)};
 }
 
 template void Pass<float>::route_and_plan(int, const float*, MoeActs&);

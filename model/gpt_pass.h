@@ -8,6 +8,7 @@
 
 #include "model/gpt.h"
 #include "moe/dispatch.h"
+#include "moe/experts.h"
 #include "moe/ep_exchange.h"
 #include "moe/router.h"
 #include "moe/token_group.h"
@@ -166,8 +167,8 @@ class Pass {
   // The backward of a column-parallel GEMM (c_attn, c_fc) whose input is this rank's rows `inp_own`
   // of a LayerNorm output: dinp_own = this rank's rows of the input gradient, summed over tp.
   // dw == nullptr: the input gradient only; dinp_own == nullptr: the weight gradients only.
-  void column_parallel_bwd(S* dinp_own, float* dw, float* db, const S* dout, const S* inp_own, const S* w, int OC,
-                           Workspace& ws);
+  void column_parallel_bwd(S* dinp_own, ops::GradOut dw, float* db, const S* dout, const S* inp_own, const S* w,
+                           int OC, Workspace& ws);
   // A row-parallel bias is added by one rank, so that the sum over tp holds it once.
   const S* bias_once(int i) const { return tp_.rank() == 0 ? w(i) : nullptr; }
   // dense_mlp: the layer's MLP is dense (a mixture layer keeps MoeActs instead of fch, fch_gelu).
@@ -182,6 +183,9 @@ class Pass {
   // Unit u's parameters (and gradient buffer) about to be used: the hooks materialise them.
   void acquire(int u, bool grads) { m_.acquire(u, grads); }
   float* g(int i) const { return s_.grad(i); }
+  // Entry i's gradient for a GEMM that sets all n of its elements: written over at the step's first
+  // contribution, added to after (ParamStore::grad_for_write).
+  ops::GradOut gout(int i, int64_t n) const { return grad_out(s_, i, n); }
   // The same for a routed expert's entry i (in the expert store when expert parallelism holds the
   // experts apart, GPT::expert_store).
   const S* xw(int i) const {
@@ -190,6 +194,15 @@ class Pass {
     return xs_.compute_as<S>(i);
   }
   float* xg(int i) const { return xs_.grad(i); }
+  ops::GradOut xgout(int i, int64_t n) const { return grad_out(xs_, i, n); }
+  static ops::GradOut grad_out(ParamStore& s, int i, int64_t n) {
+    bool assign = false;
+    float* p = s.grad_for_write(i, n, &assign);
+    return {p, assign};
+  }
+  // A routed expert's gradients for a backward over `rows` of its rows: none without rows (the
+  // backward skips it, and an entry it does not write must not be claimed for assignment).
+  moe::ExpertGrads expert_grads(const MlpParams& x, int64_t rows) const;
 
   // A mixture layer's MLP (model/gpt_moe.cpp): x_next = res2 + shared experts + the gate-weighted
   // routed experts of ln2; its backward leaves dL/d ln2 in dln and adds the weights' gradients,

@@ -22,8 +22,10 @@ template <class S>
 struct ExpertWeights {
   const S *fc = nullptr, *fc_b = nullptr, *proj = nullptr, *proj_b = nullptr;
 };
+// The weights' gradients may be assigned (ops::GradOut): an expert's GEMMs then write them over.
 struct ExpertGrads {
-  float *fc = nullptr, *fc_b = nullptr, *proj = nullptr, *proj_b = nullptr;
+  ops::GradOut fc, proj;
+  float *fc_b = nullptr, *proj_b = nullptr;
 };
 
 // out (M, C), h_pre and h (M, F): for each expert e, rows [offset e, offset e+1) of `in` (M, C)

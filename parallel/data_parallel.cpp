@@ -184,7 +184,8 @@ void DataParallel::complete(Pending& p) {
 void DataParallel::flush_bucket() {
   if (bucket_begin_ < 0) return;
   Pending p;
-  p.handle = tc_.all_reduce_async(store_.grads() + bucket_begin_, size_t(bucket_end_ - bucket_begin_), DType::f32,
+  float* grads = store_.grads_settled(bucket_begin_, bucket_end_);  // the entries backward has not written: zeroed
+  p.handle = tc_.all_reduce_async(grads + bucket_begin_, size_t(bucket_end_ - bucket_begin_), DType::f32,
                                   ReduceOp::sum);
   pending_.push_back(std::move(p));
   stats_.reductions++;
@@ -264,6 +265,9 @@ void DataParallel::grads_ready(int u) {
 }
 
 void DataParallel::finish_grads() {
+  // Entries no micro-batch wrote (an expert that got no rows) are zeroed now: from here on the
+  // gradient is read through grad_shard_ as well, which does not zero them.
+  if (store_.full_grads()) store_.settle_grads();
   flush_bucket();
   const auto t0 = clock_type::now();
   for (Pending& p : pending_) {

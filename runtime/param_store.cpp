@@ -120,6 +120,7 @@ void* ParamStore::compute_entry(int i) const {
 }
 
 float* ParamStore::grad(int i) const {
+  settle(i);
   const ParamEntry& e = entries_[size_t(i)];
   float* base = unit_grads_[size_t(e.unit)];
   MT_CHECK(base != nullptr, "gradients of unit '%s' are not materialised", units_[size_t(e.unit)].name.c_str());
@@ -150,7 +151,52 @@ void ParamStore::refresh_compute() {
 
 void ParamStore::zero_grads() {
   MT_CHECK(full_grads(), "zero_grads needs full gradient storage");
-  mem_.zero(grads(), size_t(total_) * sizeof(float));
+  waiting_.assign(entries_.size(), 1);
+  num_waiting_ = int64_t(entries_.size());
+}
+
+void ParamStore::settle(int i) const {
+  if (num_waiting_ == 0 || !waiting_[size_t(i)]) return;
+  const ParamEntry& e = entries_[size_t(i)];
+  mem_.zero(grads_.f32() + e.offset, size_t(e.numel) * sizeof(float));
+  waiting_[size_t(i)] = 0;
+  num_waiting_--;
+}
+
+void ParamStore::settle_grads() const {
+  for (int i = 0; num_waiting_ > 0 && i < int(entries_.size()); i++) settle(i);
+}
+
+float* ParamStore::grads() const {
+  if (!full_grads()) return nullptr;
+  settle_grads();
+  return grads_.f32();
+}
+
+float* ParamStore::grads_settled(int64_t begin, int64_t end) const {
+  if (!full_grads()) return nullptr;
+  for (int i = 0; num_waiting_ > 0 && i < int(entries_.size()); i++) {
+    const ParamEntry& e = entries_[size_t(i)];
+    if (e.offset < end && e.offset + e.numel > begin) settle(i);
+  }
+  return grads_.f32();
+}
+
+float* ParamStore::unit_grads(int u) const {
+  if (num_waiting_ > 0) {
+    const ParamUnit& unit = units_[size_t(u)];
+    grads_settled(unit.begin, unit.end);
+  }
+  return unit_grads_[size_t(u)];
+}
+
+float* ParamStore::grad_for_write(int i, int64_t n, bool* assign) {
+  *assign = num_waiting_ > 0 && waiting_[size_t(i)] && n == entries_[size_t(i)].numel;
+  if (*assign) {
+    waiting_[size_t(i)] = 0;
+    num_waiting_--;
+  }
+  return grad(i);
 }
 
 }  // namespace mt

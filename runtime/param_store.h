@@ -110,10 +110,14 @@ class ParamStore {
   bool full_storage() const { return storage_ == Storage::full; }
 
   // Full buffers (nullptr when not held: per-unit compute/grads, master once released). The compute
-  // copy holds compute_dtype() elements (fp32: the master's buffer).
+  // copy holds compute_dtype() elements (fp32: the master's buffer). grads() zeroes the entries still
+  // waiting for their first write first (see zero_grads), so its reader sees the step's gradient.
   float* master() const { return master_.f32(); }
   void* compute() const { return full_compute() ? (compute_ ? compute_.data() : master_.data()) : nullptr; }
-  float* grads() const { return full_grads() ? grads_.f32() : nullptr; }
+  float* grads() const;
+  // The full gradient buffer with only the entries meeting [begin, end) zeroed if still waiting: a
+  // reduction of that range while backward goes on writing the others.
+  float* grads_settled(int64_t begin, int64_t end) const;
   float* master(int i) const;
   // Pointers into the unit's current buffers; fail if the unit is not materialised. compute_as<S>
   // also fails unless S is the compute dtype.
@@ -123,9 +127,16 @@ class ParamStore {
              dtype_name(dtype_of<S>()));
     return static_cast<S*>(compute_entry(i));
   }
+  // Entry i's gradient, for a writer that adds to it (zeroed first if it still waits for its first
+  // write).
   float* grad(int i) const;
+  // Entry i's gradient for a writer that will set all n of its elements, as a weight gradient's GEMM
+  // does: *assign tells it whether to write over the buffer (the step's first contribution, whose old
+  // contents are stale, so nothing needs zeroing or reading: GEMM beta = 0) or to add to it. n other
+  // than the entry's numel gets the buffer zeroed and assign = false, as grad(i) does.
+  float* grad_for_write(int i, int64_t n, bool* assign);
   void* unit_compute(int u) const { return unit_compute_[size_t(u)]; }
-  float* unit_grads(int u) const { return unit_grads_[size_t(u)]; }
+  float* unit_grads(int u) const;  // zeroes the unit's entries still waiting, as grad() does
   size_t compute_bytes(int64_t n) const { return size_t(n) * dtype_size(compute_dtype_); }
   // Per-unit storage: points unit u's compute (or grads) at a caller-owned buffer of units()[u].size()
   // elements (nullptr: not materialised).
@@ -137,7 +148,14 @@ class ParamStore {
 
   // compute = master rounded to the compute dtype (full storage only).
   void refresh_compute();
-  void zero_grads();  // full storage only; per-unit grads are zeroed by their owner
+  // The step's gradients start from zero (full storage only; per-unit grads are zeroed by their
+  // owner). Nothing is written here: each entry waits for its first write (grad_for_write assigns it;
+  // grad, unit_grads and grads zero it first), so a weight gradient's GEMM writes its buffer once
+  // instead of zeroing it in one pass and reading it back in another. Padding stays zero throughout:
+  // no writer touches it.
+  void zero_grads();
+  // Zeroes now every entry still waiting for its first write.
+  void settle_grads() const;
 
  private:
   std::vector<ParamEntry> entries_;
@@ -153,6 +171,11 @@ class ParamStore {
   DType compute_dtype_ = DType::f32;
   MemOps mem_ = host_memory();
   Buffer master_, compute_, grads_;
+  // Per entry: its gradient waits for the step's first write (full storage only). Zeroing on first
+  // use is the buffer's state, not the reader's, hence mutable: a const accessor may settle it.
+  mutable std::vector<uint8_t> waiting_;
+  mutable int64_t num_waiting_ = 0;
+  void settle(int i) const;
 };
 
 // How a model tells the owner of the parameters when it uses each unit. Data parallelism implements

@@ -192,10 +192,11 @@ TYPED_TEST(CudaOps, MatmulBackwardAssignsDinpAndAccumulatesDweightDbias) {
   using S = TypeParam;
   struct Shape { int N, IC, OC; };
   for (Shape s : {Shape{1, 1, 1}, Shape{7, 13, 5}, Shape{37, 101, 53}, Shape{19, 40, 24}, Shape{64, 257, 383}}) {
-    for (int variant = 0; variant < 3; variant++) {  // 0: dweight only, 1: all three, 2: dinp through GELU
-      const bool full = variant > 0, gelu = variant == 2;
+    // 0: dweight only, 1: all three, 2: dinp through GELU, 3: dweight only, assigned over its old contents
+    for (int variant = 0; variant < 4; variant++) {
+      const bool full = variant == 1 || variant == 2, gelu = variant == 2, assign = variant == 3;
       SCOPED_TRACE(testing::Message() << "N=" << s.N << " IC=" << s.IC << " OC=" << s.OC << " full=" << full
-                                      << " gelu=" << gelu);
+                                      << " gelu=" << gelu << " assign=" << assign);
       auto inp = this->values(size_t(s.N) * s.IC), w = this->values(size_t(s.OC) * s.IC);
       auto dout = this->values(size_t(s.N) * s.OC), pre = this->values(inp.size(), -3.f, 3.f);
       auto dw = random_floats(w.size(), this->rng), db = random_floats(size_t(s.OC), this->rng);
@@ -203,9 +204,9 @@ TYPED_TEST(CudaOps, MatmulBackwardAssignsDinpAndAccumulatesDweightDbias) {
       DeviceArray<S> d_inp(inp), d_w(w), d_dout(dout), d_pre(pre), d_dinp(this->values(dinp.size()));
       DeviceArray<float> d_dw(dw), d_db(db);
       mt::cpu::matmul_bwd<S>(full ? dinp.data() : nullptr, dw.data(), full ? db.data() : nullptr, dout.data(),
-                             inp.data(), w.data(), s.N, s.IC, s.OC, gelu ? pre.data() : nullptr);
+                             inp.data(), w.data(), s.N, s.IC, s.OC, gelu ? pre.data() : nullptr, assign);
       mt::cuda::matmul_bwd<S>(full ? d_dinp.get() : nullptr, d_dw.get(), full ? d_db.get() : nullptr, d_dout.get(),
-                              d_inp.get(), d_w.get(), s.N, s.IC, s.OC, this->gpu, gelu ? d_pre.get() : nullptr);
+                              d_inp.get(), d_w.get(), s.N, s.IC, s.OC, this->gpu, gelu ? d_pre.get() : nullptr, assign);
       EXPECT_TRUE(close(d_dw.host(), dw, this->tol_of(tol::kMatmulParamGrads))) << "dweight";
       EXPECT_TRUE(close(d_db.host(), db, this->tol_of(tol::kMatmulParamGrads))) << "dbias";  // unchanged when skipped
       if (full) {

@@ -5,6 +5,7 @@
 // to fp32.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -255,6 +256,50 @@ TEST(MoeModel, SplitBackwardGradientsAreBitwiseTheUnsplitBackwards) {
               << what << ": the gradient of " << e.name << " differs from the unsplit backward's";
         EXPECT_EQ(split.arena.stats().live[size_t(MemCategory::activations)], 0u) << what << ": activations leaked";
       }
+  }
+}
+
+// A step's gradients start from stale buffers that zero_grads does not touch: each weight GEMM's
+// first contribution is written over them, every other writer finds its entry zeroed first, and an
+// expert that gets no rows is zeroed when the gradient is read. Over NaN-filled entries, two
+// micro-batches accumulated give the bits of buffers zeroed in full beforehand (dense and mixture
+// layers, shared experts, the tied embedding), in fp32 and bf16, with experts left idle.
+TEST(MoeModel, GradientsOverStaleBuffersAreTheBitsOfZeroedOnes) {
+  std::mt19937_64 rng(testing::test_seed());
+  GPTConfig cfg = small_moe(0, 1);
+  cfg.moe.experts = 8;
+  cfg.moe.top_k = 1;
+  cfg.moe.every = 2;  // layer 1 only
+  const int T = 3;    // three tokens a micro-batch for eight experts: most get none
+  std::vector<std::vector<int32_t>> tokens, targets;
+  for (int k = 0; k < 2; k++) {
+    tokens.push_back(testing::random_ints(T, 0, cfg.vocab_size - 1, rng));
+    targets.push_back(testing::random_ints(T, 0, cfg.vocab_size - 1, rng));
+  }
+  for (DType t : {DType::f32, DType::bf16}) {
+    Model lazy(cfg, t), eager(cfg, t);
+    const int n = int(lazy.store.entries().size());
+    for (int i = 0; i < n; i++) std::fill_n(lazy.store.grad(i), lazy.store.entry(i).numel, std::nanf(""));
+    lazy.store.zero_grads();
+    eager.store.zero_grads();
+    eager.store.settle_grads();  // all zeroed now: every writer adds
+    for (Model* m : {&lazy, &eager})
+      for (int k = 0; k < 2; k++)
+        m->gpt.forward_backward(MicroBatch{1, T, tokens[size_t(k)].data(), targets[size_t(k)].data(), nullptr, nullptr},
+                                1.f / 64);
+    int idle = 0;
+    for (int i = 0; i < n; i++) {
+      const ParamEntry& e = lazy.store.entry(i);
+      const float *got = lazy.store.grad(i), *want = eager.store.grad(i);
+      EXPECT_EQ(0, std::memcmp(got, want, size_t(e.numel) * 4)) << dtype_name(t) << ": " << e.name;
+      if (e.name.find(".experts.") != std::string::npos && e.name.find("c_fc.weight") != std::string::npos &&
+          std::all_of(got, got + e.numel, [](float x) { return x == 0.f; }))
+        idle++;
+    }
+    EXPECT_GE(idle, 2) << "experts with no rows in either micro-batch";
+    const float* all = lazy.store.grads();
+    EXPECT_TRUE(std::none_of(all, all + lazy.store.total_numel(), [](float x) { return std::isnan(x); }))
+        << dtype_name(t) << ": a stale value survived";
   }
 }
 

@@ -11,6 +11,8 @@
 // compute the master weights rounded to the compute dtype.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -348,7 +350,7 @@ TEST(ParamStore, RefreshComputeRoundsMasterToTheComputeDtypeAndZeroGradsClears) 
     auto vals = mt::testing::random_floats(size_t(ps.total_numel()), rng, -70000.f, 70000.f);
     vals[3] = 1e-6f;  // an f16 subnormal
     std::copy(vals.begin(), vals.end(), ps.master());
-    for (int64_t i = 0; i < ps.total_numel(); i++) ps.grads()[i] = 1.f;
+    for (int i = 0; i < 2; i++) std::fill_n(ps.grad(i), ps.entry(i).numel, 1.f);  // padding stays zero
     ps.refresh_compute();
     for (int64_t i = 0; i < ps.total_numel(); i++) {
       const float m = vals[size_t(i)];
@@ -362,6 +364,71 @@ TEST(ParamStore, RefreshComputeRoundsMasterToTheComputeDtypeAndZeroGradsClears) 
     ps.zero_grads();
     for (int64_t i = 0; i < ps.total_numel(); i++) ASSERT_EQ(ps.grads()[i], 0.f);
   }
+}
+
+// zero_grads writes nothing: each entry's first writer either sets the whole of it (grad_for_write
+// with the entry's numel: assign, the stale contents neither zeroed nor read) or finds it zeroed
+// (grad, grad_for_write with another count, unit_grads, grads, grads_settled over a range that meets
+// it, settle_grads). Entries outside a settled range keep waiting; padding is never touched.
+TEST(ParamStore, ZeroGradsLeavesEachEntryToItsFirstWriter) {
+  ParamStore ps;
+  ps.begin_unit("u0");
+  const int a = ps.add("a", {37, 5}, true), b = ps.add("b", {11}, false);
+  ps.begin_unit("u1");
+  const int c = ps.add("c", {16}, true), d = ps.add("d", {3, 3}, true);
+  Arena arena;
+  ps.finalize(arena, DType::f32);
+  const auto stale = [&](int i) { std::fill_n(ps.grad(i), ps.entry(i).numel, 7.f); };
+  const auto all_are = [&](int i, float v) {
+    const float* g = ps.grads_settled(0, 0) + ps.entry(i).offset;  // an empty range settles nothing
+    return std::all_of(g, g + ps.entry(i).numel, [v](float x) { return x == v; });
+  };
+  for (int i : {a, b, c, d}) stale(i);
+  ps.zero_grads();
+  bool assign = false;
+  float* pa = ps.grad_for_write(a, 185, &assign);
+  EXPECT_TRUE(assign) << "the first whole write assigns";
+  EXPECT_EQ(pa, ps.grads_settled(0, 0) + ps.entry(a).offset);
+  EXPECT_TRUE(all_are(a, 7.f)) << "an assigned entry is not zeroed first";
+  ps.grad_for_write(a, 185, &assign);
+  EXPECT_FALSE(assign) << "the second write adds";
+  EXPECT_TRUE(all_are(b, 7.f)) << "b still waits";
+  ps.grad_for_write(c, 15, &assign);
+  EXPECT_FALSE(assign) << "a partial write cannot assign";
+  EXPECT_TRUE(all_are(c, 0.f)) << "so the entry is zeroed for it";
+  ps.grad_for_write(c, 16, &assign);
+  EXPECT_FALSE(assign) << "c is written already";
+  EXPECT_TRUE(all_are(d, 7.f));
+  ps.unit_grads(1);  // settles d, the rest of unit 1
+  EXPECT_TRUE(all_are(d, 0.f));
+  EXPECT_TRUE(all_are(b, 7.f)) << "unit 0 untouched";
+  EXPECT_EQ(ps.grad(b)[0], 0.f) << "an accumulating writer finds zeros";
+
+  for (int i : {a, b, c, d}) stale(i);
+  ps.zero_grads();
+  ps.grads_settled(ps.entry(b).offset, ps.entry(b).offset + 1);
+  EXPECT_TRUE(all_are(b, 0.f));
+  EXPECT_TRUE(all_are(a, 7.f) && all_are(c, 7.f) && all_are(d, 7.f)) << "only the range's entries are settled";
+  ps.settle_grads();
+  for (int i : {a, c, d}) EXPECT_TRUE(all_are(i, 0.f)) << ps.entry(i).name;
+  ps.grad_for_write(d, 9, &assign);
+  EXPECT_FALSE(assign) << "settled: the entry is no longer waiting";
+
+  for (int i : {a, b, c, d}) stale(i);
+  ps.zero_grads();
+  const float* g = ps.grads();  // every waiting entry zeroed
+  for (int64_t i = 0; i < ps.total_numel(); i++) ASSERT_EQ(g[i], 0.f) << "element " << i;
+
+  // Per-unit gradients are their owner's to zero: nothing waits, nothing is assigned.
+  ParamStore pu;
+  pu.add("w", {5, 7}, true);
+  Arena arena2;
+  pu.finalize(arena2, DType::f32, 1, Storage::per_unit_grads);
+  std::vector<float> unit(size_t(pu.units()[0].size()), 3.f);
+  pu.set_unit_grads(0, unit.data());
+  EXPECT_EQ(pu.grad_for_write(0, 35, &assign), unit.data());
+  EXPECT_FALSE(assign);
+  EXPECT_EQ(unit[0], 3.f);
 }
 
 }  // namespace

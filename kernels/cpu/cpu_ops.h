@@ -37,9 +37,10 @@ void layernorm_bwd(S* dinp, acc_t<S>* dweight, acc_t<S>* dbias, const S* dout, c
 template <class S>
 void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int IC, int OC, S* pre_gelu = nullptr,
                 const S* residual = nullptr);
+// dweight_assign: dweight = dout^T @ inp instead of +=, its old contents not read (ops::GradOut).
 template <class S>
 void matmul_bwd(S* dinp, acc_t<S>* dweight, acc_t<S>* dbias, const S* dout, const S* inp, const S* weight, int N,
-                int IC, int OC, const S* pre_gelu = nullptr);
+                int IC, int OC, const S* pre_gelu = nullptr, bool dweight_assign = false);
 template <class S>
 void gelu_fwd(S* out, const S* inp, int64_t N);
 template <class S>

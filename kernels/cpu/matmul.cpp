@@ -117,14 +117,15 @@ void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int
 
 template <class S>
 void matmul_bwd(S* dinp, acc_t<S>* dweight, acc_t<S>* dbias, const S* dout, const S* inp, const S* weight, int N,
-                int IC, int OC, const S* pre_gelu) {
+                int IC, int OC, const S* pre_gelu, bool dweight_assign) {
+  if (dweight && dweight_assign && N == 0) std::fill_n(dweight, int64_t(IC) * OC, acc_t<S>(0));  // an empty sum
   if constexpr (kWide<S>) {
     if (dinp) {
       gemm<S>(false, false, N, IC, OC, S(1), dout, OC, weight, IC, S(0), dinp, IC);
       // dinp * gelu'(pre_gelu) in place: bitwise the unfused gelu_bwd(dinp, dinp_unfused, pre_gelu).
       if (pre_gelu) gelu_bwd<S>(dinp, dinp, pre_gelu, int64_t(N) * IC);
     }
-    if (dweight) gemm<S>(true, false, OC, IC, N, S(1), dout, OC, inp, IC, S(1), dweight, IC);
+    if (dweight) gemm<S>(true, false, OC, IC, N, S(1), dout, OC, inp, IC, dweight_assign ? S(0) : S(1), dweight, IC);
     if (dbias) bias_grad(dbias, dout, N, OC);
   } else {
     const std::vector<float> w = dinp ? load_all(weight, int64_t(OC) * IC) : std::vector<float>();
@@ -145,7 +146,9 @@ void matmul_bwd(S* dinp, acc_t<S>* dweight, acc_t<S>* dbias, const S* dout, cons
         }
       }
       if (dinp) convert<S, float>(dinp + in_off, acc.data(), n_in);
-      if (dweight) gemm<float>(true, false, OC, IC, n, 1.f, d.data(), OC, x.data(), IC, 1.f, dweight, IC);
+      // The first chunk writes over an assigned gradient; the others add to it.
+      const float beta = dweight_assign && i0 == 0 ? 0.f : 1.f;
+      if (dweight) gemm<float>(true, false, OC, IC, n, 1.f, d.data(), OC, x.data(), IC, beta, dweight, IC);
       if (dbias) bias_grad(dbias, d.data(), n, OC);
     }
   }
@@ -153,7 +156,7 @@ void matmul_bwd(S* dinp, acc_t<S>* dweight, acc_t<S>* dbias, const S* dout, cons
 
 #define MT_MATMUL_INSTANTIATE(S)                                                                                 \
   template void matmul_fwd<S>(S*, const S*, const S*, const S*, int, int, int, S*, const S*);                    \
-  template void matmul_bwd<S>(S*, acc_t<S>*, acc_t<S>*, const S*, const S*, const S*, int, int, int, const S*);
+  template void matmul_bwd<S>(S*, acc_t<S>*, acc_t<S>*, const S*, const S*, const S*, int, int, int, const S*, bool);
 MT_MATMUL_INSTANTIATE(float)
 MT_MATMUL_INSTANTIATE(double)
 MT_MATMUL_INSTANTIATE(bf16)

@@ -34,7 +34,7 @@ void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int
                 S* pre_gelu, const S* residual);
 template <class S>
 void matmul_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight, int N, int IC,
-                int OC, const ops::Ctx& ctx, const S* pre_gelu);
+                int OC, const ops::Ctx& ctx, const S* pre_gelu, bool dweight_assign);
 template <class S>
 void gelu_fwd(S* out, const S* inp, int64_t N, const ops::Ctx& ctx);
 template <class S>

@@ -33,20 +33,23 @@ void matmul_fwd(S* out, const S* inp, const S* weight, const S* bias, int N, int
 
 template <class S>
 void matmul_bwd(S* dinp, float* dweight, float* dbias, const S* dout, const S* inp, const S* weight, int N, int IC,
-                int OC, const ops::Ctx& ctx, const S* pre_gelu) {
+                int OC, const ops::Ctx& ctx, const S* pre_gelu, bool dweight_assign) {
   MT_CHECK(N >= 0 && IC > 0 && OC > 0, "matmul_bwd: bad sizes N=%d IC=%d OC=%d", N, IC, OC);
-  if (N == 0) return;
+  if (N == 0) {
+    if (dweight && dweight_assign) MT_CUDA_CHECK(cudaMemsetAsync(dweight, 0, size_t(IC) * OC * 4, stream_of(ctx)));
+    return;
+  }
   if (dbias) {
     column_sums<1>({{dbias}}, BiasGradTerm<dev_t<S>>{dev_ptr(dout)}, N, OC, stream_of(ctx));
   }
-  if (dweight) gemm(dweight_gemm(dweight, dout, inp, N, IC, OC), ctx);
+  if (dweight) gemm(dweight_gemm(dweight, dout, inp, N, IC, OC, dweight_assign), ctx);
   if (dinp) gemm(dinp_gemm(dinp, dout, weight, N, IC, OC, pre_gelu), ctx);
 }
 
 #define MT_MATMUL_INSTANTIATE(S)                                                                           \
   template void matmul_fwd<S>(S*, const S*, const S*, const S*, int, int, int, const ops::Ctx&, S*, const S*); \
   template void matmul_bwd<S>(S*, float*, float*, const S*, const S*, const S*, int, int, int, const ops::Ctx&, \
-                              const S*);
+                              const S*, bool);
 MT_MATMUL_INSTANTIATE(float)
 MT_MATMUL_INSTANTIATE(bf16)
 MT_MATMUL_INSTANTIATE(f16)

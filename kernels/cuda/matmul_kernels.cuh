@@ -34,16 +34,16 @@ Gemm fwd_gemm(S* out, const S* inp, const S* weight, const S* bias, int N, int I
   return g;
 }
 
-// dweight (IC x OC, fp32) += inp dout^T.
+// dweight (IC x OC, fp32) += inp dout^T (= with assign: the old contents are not read).
 template <class S>
-Gemm dweight_gemm(float* dweight, const S* dout, const S* inp, int N, int IC, int OC) {
+Gemm dweight_gemm(float* dweight, const S* dout, const S* inp, int N, int IC, int OC, bool assign = false) {
   Gemm g;
   g.m = IC, g.n = OC, g.k = N;
   g.ab_type = dtype_of<S>(), g.d_type = DType::f32;
   g.a = inp, g.lda = IC;
   g.trans_b = true, g.b = dout, g.ldb = OC;
   g.d = dweight, g.ldd = IC;
-  g.beta = 1.f;  // parameter gradients accumulate
+  g.beta = assign ? 0.f : 1.f;  // parameter gradients accumulate
   return g;
 }
 

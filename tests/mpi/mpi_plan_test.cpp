@@ -163,8 +163,9 @@ TEST(Plan, ExpertParallelModelStateEqualsTheTrainers) {
       EXPECT_EQ(mp.bytes[size_t(MemCategory::optimizer)], m.peak[size_t(MemCategory::optimizer)]) << what << ": optimizer";
       // Dropless without ep every mixture buffer's size is known; under ep the rows a rank's experts
       // receive follow the routing (mpi_moe_cp_test bounds them on more tokens).
-      if (ep == 1)
+      if (ep == 1) {
         EXPECT_EQ(mp.bytes[size_t(MemCategory::activations)], m.peak[size_t(MemCategory::activations)]) << what << ": activations";
+      }
       const size_t g = m.peak[size_t(MemCategory::grads)];
       if (zero < 2) {
         EXPECT_EQ(mp.bytes[size_t(MemCategory::grads)], g) << what << ": grads";

@@ -102,9 +102,16 @@ TEST(Optimizer, SumSquaresKeepsTheBlockOrderBitForBit) {
   std::mt19937_64 rng(mt::testing::test_seed() + 2);
   for (int64_t N : {int64_t(7), int64_t(4096), int64_t(4 * 4096), int64_t(4 * 4096 + 1), int64_t(9 * 4096 + 5),
                     int64_t(300007)}) {
-    const std::vector<float> x = mt::testing::random_floats(sz(N), rng, -3.f, 3.f);
+    // Magnitudes from 2^-12 to 2^26, so that the sum's last bits depend on which lane takes which value.
+    std::vector<float> x = mt::testing::random_floats(sz(N), rng, -1.f, 1.f);
+    for (float& v : x) v = std::ldexp(v, int(rng() % 39) - 12);
     EXPECT_EQ(sum_squares<float>(x.data(), N), sum_squares_in_documented_order(x)) << "N=" << N;
   }
+  // A short block's tail goes lane by lane too: 1.25^2 joins lane 1's 1 (together they round 2^54 up
+  // by an ulp, 4), not lane 0's 2^54 (where each alone would vanish).
+  std::vector<float> x(13, 0.f);
+  x[0] = std::ldexp(1.f, 27), x[1] = 1.f, x[9] = 1.25f;
+  EXPECT_EQ(sum_squares<float>(x.data(), 13), std::ldexp(1.0, 54) + 4.0);
 }
 
 TEST(Optimizer, SumSquaresIsAccurateAndIndependentOfThreadCount) {

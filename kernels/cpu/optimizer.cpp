@@ -4,7 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/vec_math.h"
@@ -44,22 +49,14 @@ void adamw(T* params, T* m, T* v, const T* grads, int64_t N, T lr, T beta1, T be
 
 namespace {
 
-// Sum of squares of one block in eight double lanes combined in a fixed order. The same source is
-// compiled for AVX-512, AVX2 and the baseline and picked at load time (GCC function multiversioning):
-// identical operations in identical order, so every version gives the same bits, only faster.
-#if defined(__x86_64__) && defined(__GNUC__)
-#define MT_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define MT_SIMD_CLONES
-#endif
-// The sums of squares of `streams` blocks of n values, kSumBlock apart, read side by side, each in
-// its own eight lanes (value i into lane i % 8, the lanes then added in order): every block's sum
-// has the bits of summing it alone. A core reading one stream of cold memory mostly waited on it
-// (12-15 GB/s over two cores, against AdamW's 31 from seven streams); four streams keep more lines
-// in flight (17-18 GB/s; eight gain nothing more).
+// The sums of squares of `kBlocks` blocks of n values, kSumBlock apart, read side by side, each in
+// its own eight double lanes (value i into lane i % 8, the lanes then added in order): every block's
+// sum has the bits of summing it alone, whatever the number of blocks read together. A core reading
+// one stream of cold memory mostly waited on it; several streams keep more lines in flight.
+// (A float squared in double is exact, so the order of a lane's adds is all that fixes the bits.)
 constexpr int kStreams = 4;
 template <int kBlocks, class T>
-inline void block_sums_impl(const T* x, int64_t n, double* out) {
+void block_sums_portable(const T* x, int64_t n, double* out) {
   double acc[kBlocks][8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -68,10 +65,10 @@ inline void block_sums_impl(const T* x, int64_t n, double* out) {
         const double e = double(x[s * kSumBlock + i + l]);
         acc[s][l] += e * e;
       }
-  if constexpr (kBlocks == 1)  // side by side, blocks are whole: n = kSumBlock, a multiple of 8
-    for (int l = 0; i < n; i++, l++) {
-      const double e = double(x[i]);
-      acc[0][l] += e * e;
+  for (int l = 0, tail = int(std::min<int64_t>(n - i, 8)); l < tail; l++)  // a lone block's ragged tail
+    for (int s = 0; s < kBlocks; s++) {
+      const double e = double(x[s * kSumBlock + i + l]);
+      acc[s][l] += e * e;
     }
   for (int s = 0; s < kBlocks; s++) {
     double t = 0.0;
@@ -79,10 +76,48 @@ inline void block_sums_impl(const T* x, int64_t n, double* out) {
     out[s] = t;
   }
 }
-MT_SIMD_CLONES void block_sums(const float* x, int64_t n, double* out) { block_sums_impl<1>(x, n, out); }
-MT_SIMD_CLONES void block_sums(const double* x, int64_t n, double* out) { block_sums_impl<1>(x, n, out); }
-MT_SIMD_CLONES void stream_block_sums(const float* x, double* out) { block_sums_impl<kStreams>(x, kSumBlock, out); }
-MT_SIMD_CLONES void stream_block_sums(const double* x, double* out) { block_sums_impl<kStreams>(x, kSumBlock, out); }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// The same lanes in one AVX-512 register per block. GCC's vectoriser turned the portable loop into
+// single-float loads and inserts (about 17 GB/s on two cores, hot or cold: bound by the shuffles, not
+// by memory); explicit 8-float loads widened to double run at the memory's pace.
+// GCC 12 reports the conversion intrinsic's undefined upper half as uninitialised: a false alarm.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+template <int kBlocks>
+__attribute__((target("avx512f"))) void block_sums_avx512(const float* x, int64_t n, double* out) {
+  __m512d acc[kBlocks];
+  for (int s = 0; s < kBlocks; s++) acc[s] = _mm512_setzero_pd();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int s = 0; s < kBlocks; s++) {
+      const __m512d e = _mm512_cvtps_pd(_mm256_loadu_ps(x + s * kSumBlock + i));
+      acc[s] = _mm512_add_pd(acc[s], _mm512_mul_pd(e, e));
+    }
+  for (int s = 0; s < kBlocks; s++) {
+    alignas(64) double lanes[8];
+    _mm512_store_pd(lanes, acc[s]);
+    for (int l = 0, tail = int(std::min<int64_t>(n - i, 8)); l < tail; l++) {  // a lone block's ragged tail
+      const double e = double(x[s * kSumBlock + i + l]);
+      lanes[l] += e * e;
+    }
+    double t = 0.0;
+    for (int l = 0; l < 8; l++) t += lanes[l];
+    out[s] = t;
+  }
+}
+#pragma GCC diagnostic pop
+#endif
+
+template <int kBlocks, class T>
+void block_sums(const T* x, int64_t n, double* out) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if constexpr (std::is_same_v<T, float>)
+    if (cpu_has_avx512()) return block_sums_avx512<kBlocks>(x, n, out);
+#endif
+  block_sums_portable<kBlocks>(x, n, out);
+}
 
 }  // namespace
 
@@ -94,12 +129,12 @@ double sum_squares(const T* x, int64_t N) {
   for (int64_t g = 0; g < groups; g++) {
     const int64_t b0 = g * kStreams;
     if ((b0 + kStreams) * kSumBlock <= N) {
-      stream_block_sums(x + b0 * kSumBlock, &partial[size_t(b0)]);
+      block_sums<kStreams>(x + b0 * kSumBlock, kSumBlock, &partial[size_t(b0)]);
       continue;
     }
     for (int64_t b = b0; b < std::min(blocks, b0 + kStreams); b++) {  // the ragged end, a block at a time
       const int64_t i0 = b * kSumBlock;
-      block_sums(x + i0, std::min(kSumBlock, N - i0), &partial[size_t(b)]);
+      block_sums<1>(x + i0, std::min(kSumBlock, N - i0), &partial[size_t(b)]);
     }
   }
   double total = 0.0;

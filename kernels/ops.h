@@ -8,7 +8,9 @@
 //    storage type S of the run: float, bf16 or f16 (runtime/storage.h), instantiated for all three.
 //    Kernels load S into fp32, compute in fp32 and round once on store. Parameter gradients, LayerNorm
 //    statistics, losses and the optimizer state are always fp32 (`float*` below);
-//  - parameter gradients ACCUMULATE (+=), activation gradients are ASSIGNED (=) unless a flag says so;
+//  - parameter gradients ACCUMULATE (+=), except a weight gradient given as an assigned GradOut (the
+//    step's first contribution, written over); activation gradients are ASSIGNED (=) unless a flag
+//    says so;
 //  - shapes in comments: B batch, T time, C channels, NH heads, hs = C/NH, V vocab, Vp padded vocab,
 //    N rows (= B*T), IC/OC in/out features;
 //  - CPU results are bitwise deterministic for a fixed thread count; so are CUDA results for a

@@ -55,6 +55,19 @@ namespace {
 // one stream of cold memory mostly waited on it; several streams keep more lines in flight.
 // (A float squared in double is exact, so the order of a lane's adds is all that fixes the bits.)
 constexpr int kStreams = 4;
+// One block's end: the squares of its ragged tail (n_tail < 8 values, a lone last block's) into
+// lanes 0.., then the lanes added in order.
+template <class T>
+double finish_lanes(double (&lanes)[8], const T* tail, int64_t n_tail) {
+  for (int l = 0; l < int(std::min<int64_t>(n_tail, 8)); l++) {
+    const double e = double(tail[l]);
+    lanes[l] += e * e;
+  }
+  double t = 0.0;
+  for (int l = 0; l < 8; l++) t += lanes[l];
+  return t;
+}
+
 template <int kBlocks, class T>
 void block_sums_portable(const T* x, int64_t n, double* out) {
   double acc[kBlocks][8] = {};
@@ -65,16 +78,7 @@ void block_sums_portable(const T* x, int64_t n, double* out) {
         const double e = double(x[s * kSumBlock + i + l]);
         acc[s][l] += e * e;
       }
-  for (int l = 0, tail = int(std::min<int64_t>(n - i, 8)); l < tail; l++)  // a lone block's ragged tail
-    for (int s = 0; s < kBlocks; s++) {
-      const double e = double(x[s * kSumBlock + i + l]);
-      acc[s][l] += e * e;
-    }
-  for (int s = 0; s < kBlocks; s++) {
-    double t = 0.0;
-    for (int l = 0; l < 8; l++) t += acc[s][l];
-    out[s] = t;
-  }
+  for (int s = 0; s < kBlocks; s++) out[s] = finish_lanes(acc[s], x + s * kSumBlock + i, n - i);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -98,13 +102,7 @@ __attribute__((target("avx512f"))) void block_sums_avx512(const float* x, int64_
   for (int s = 0; s < kBlocks; s++) {
     alignas(64) double lanes[8];
     _mm512_store_pd(lanes, acc[s]);
-    for (int l = 0, tail = int(std::min<int64_t>(n - i, 8)); l < tail; l++) {  // a lone block's ragged tail
-      const double e = double(x[s * kSumBlock + i + l]);
-      lanes[l] += e * e;
-    }
-    double t = 0.0;
-    for (int l = 0; l < 8; l++) t += lanes[l];
-    out[s] = t;
+    out[s] = finish_lanes(lanes, x + s * kSumBlock + i, n - i);
   }
 }
 #pragma GCC diagnostic pop

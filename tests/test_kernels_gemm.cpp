@@ -80,7 +80,10 @@ const Case kCases[] = {{1, 1, 1, false, false},     {3, 5, 7, false, true},     
                        {13, 11, 17, true, true},    {67, 9, 5, false, true},     {5, 263, 3, true, false},
                        {70, 300, 301, false, true}, {130, 257, 300, true, true}, {129, 31, 520, false, false},
                        {401, 45, 33, true, false},  {3, 4133, 19, false, true},
-                       // k beyond 64 slices: the deep slices (kDeepKC) with a ragged last one
+                       // Several blocks of B a slice (kBlockBytes: 1024 floats or 512 doubles wide at
+                       // k 256), with ragged edges
+                       {29, 2100, 300, false, true}, {27, 1100, 270, true, false},
+                       // k over many slices, with a ragged last one
                        {14, 37, 16411, false, true}, {13, 40, 16500, true, false}};
 
 template <class T>
@@ -136,7 +139,8 @@ TEST(Gemm, BuiltinIsBitwiseIndependentOfThreadCountAndGemmIsRepeatable) {
   const int saved = omp_get_max_threads();
   // Threads tile C by rows (M > N), by columns (N > M) or both (4 and 6 threads), with ragged tiles.
   for (const Case& c : {Case{200, 300, 280, true, false}, Case{300, 70, 280, false, true},
-                        Case{50, 700, 140, false, false}, Case{130, 257, 300, true, true}}) {
+                        Case{50, 700, 140, false, false}, Case{130, 257, 300, true, true},
+                        Case{40, 2200, 300, false, true}}) {
     Problem<float> p(c, rng, 1.f, 1.f);
     auto run = [&](bool builtin, int threads) {
       omp_set_num_threads(threads);
@@ -162,7 +166,7 @@ template <class T>
 void check_prepacked(std::mt19937_64& rng) {
   const Case shapes[] = {{1, 1, 1, false, false},    {7, 5, 3, false, true},     {48, 64, 256, false, true},
                          {48, 64, 256, true, false}, {29, 301, 270, true, true}, {200, 33, 520, false, false},
-                         {13, 35, 16700, false, true}};
+                         {13, 35, 16700, false, true}, {20, 1100, 300, false, true}};
   PackedB<T> packed;  // reused across shapes, as a thread's buffers are
   GemmScratch<T> ws;
   for (const Case& c : shapes) {

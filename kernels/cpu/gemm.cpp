@@ -30,28 +30,31 @@ namespace mt::cpu {
 
 namespace {
 
-// Cache blocking of the built-in GEMM (Goto & van de Geijn 2008, the BLIS loop order): for each
-// NC-wide column block of a thread's share of C and each KC-deep slice of k, op(B)[k slice, column
-// block] is packed into NR-wide panels; the thread then takes MC-row blocks of its share, packs
-// op(A)[rows, k slice] into MR-row panels and sweeps the micro-kernel over them. A kc x NR panel of B
-// (32 KiB for AVX-512 floats) stays in L1 while the MC x KC block of A streams from L2.
+// Cache blocking of the built-in GEMM (Goto & van de Geijn 2008): for each column block of a thread's
+// share of C and each KC-deep slice of k, op(B)[k slice, column block] is packed into NR-wide panels
+// sized to stay in L2 (kBlockBytes); the thread then takes MC-row blocks of its share, packs
+// op(A)[rows, k slice] into MR-row panels, and runs each MR x kc panel of A (12 KiB for AVX-512
+// floats, held in L1) across every panel of the block of B, which streams from L2 while C is written
+// row by row. The other way round (a kc x NR panel of B held in L1 while the MC x KC block of A
+// streamed from L2, and 4096 columns a block: a 4 MB slice of B that spilled out of L2) measured
+// 10-20% slower on the 2-core AVX-512 machine for every product of a GPT-2 step (docs/perf.md,
+// issue 32's seventh pass), and needed three-times-deeper slices for the classifier's products to
+// limit their passes over a large C; this order does best with one slice depth everywhere.
 constexpr int KC = 256;
-// Every k slice after the first reads and writes all of C again. Where C is far larger than the caches
-// (GPT-2's classifier: 1024 x 50304 floats, 206 MB, in its forward and weight gradient) or k runs to
-// hundreds of slices (its input gradient, k = 50304), those passes cost more than a kc x NR panel of B
-// outgrowing L1: such products take slices three times deeper. Measured on the 2-core AVX-512
-// machine, the three classifier products ran 10-13% faster (docs/perf.md); the layers' products, with
-// C of 3-12 MB, showed no gain beyond the noise and keep KC.
-constexpr int kDeepKC = 768;
-constexpr double kDeepCBytes = 64.0 * (1 << 20);
-constexpr int kDeepK = 64 * KC;
+constexpr size_t kBlockBytes = size_t(1) << 20;  // a packed block of B: half of a core's 2 MiB L2
 
-template <class T>
-int slice_depth(int M, int N, int K) {
-  const bool deep = double(M) * double(N) * sizeof(T) > kDeepCBytes || K > kDeepK;
-  return std::min(deep ? kDeepKC : KC, std::max(K, 1));
+int slice_depth(int K) {
+  return std::min(KC, std::max(K, 1));
 }
-constexpr int NC = 4096;
+
+// Columns per block of B: equal widths, a multiple of NR, each block's kc x width panels within
+// kBlockBytes (at least one panel).
+template <class T>
+int block_width(int columns, int kc, int NR) {
+  const int fit = std::max(NR, int(kBlockBytes / (size_t(kc) * sizeof(T))) / NR * NR);
+  const int blocks = (columns + fit - 1) / fit;
+  return ((columns + blocks - 1) / blocks + NR - 1) / NR * NR;
+}
 constexpr int kRowsPerBlock = 192;  // MC is the multiple of MR nearest below this
 constexpr int kDirectPanels = 4;    // up to this many NR-wide column panels, A is not packed
 
@@ -86,19 +89,19 @@ void multiply_block(const MicroKernel<T>& uk, bool trans_a, bool direct_a, const
     pack_a(apack, trans_a, A, lda, ic, mc, pc, kc, MR);
   else if (full < mc)  // only the ragged last panel needs zero padding
     pack_a(apack + size_t(full) * kc, trans_a, A, lda, ic + full, mc - full, pc, kc, MR);
-  for (int jp = 0; jp < panels; jp++) {
-    const int nr = std::min(NR, nc - jp * NR);
-    const T* bp = b + size_t(jp) * bstride;
-    for (int ir = 0; ir < mc; ir += MR) {
-      const int mr = std::min(MR, mc - ir);
-      const T* ap = apack + size_t(ir) * kc;
-      int64_t rs = 1, ks = MR;
-      if (direct_a && ir < full) {
-        const int64_t i = ic + ir;
-        ap = trans_a ? A + int64_t(pc) * lda + i : A + i * lda + pc;
-        rs = trans_a ? 1 : lda;
-        ks = trans_a ? lda : 1;
-      }
+  for (int ir = 0; ir < mc; ir += MR) {
+    const int mr = std::min(MR, mc - ir);
+    const T* ap = apack + size_t(ir) * kc;
+    int64_t rs = 1, ks = MR;
+    if (direct_a && ir < full) {
+      const int64_t i = ic + ir;
+      ap = trans_a ? A + int64_t(pc) * lda + i : A + i * lda + pc;
+      rs = trans_a ? 1 : lda;
+      ks = trans_a ? lda : 1;
+    }
+    for (int jp = 0; jp < panels; jp++) {
+      const int nr = std::min(NR, nc - jp * NR);
+      const T* bp = b + size_t(jp) * bstride;
       T* c = C + size_t(ic + ir) * size_t(ldc) + size_t(jc + jp * NR);
       if (mr == MR && nr == NR) {
         uk.run(kc, ap, rs, ks, bp, c, ldc, alpha, beta, first);
@@ -173,16 +176,19 @@ void gemm_prepacked(bool trans_a, int M, int N, int K, T alpha, const T* A, int 
     return;
   }
   const int MR = uk.mr, NR = uk.nr, MC = std::max(1, kRowsPerBlock / MR) * MR;
-  const int KS = slice_depth<T>(M, N, K);
+  const int KS = slice_depth(K);
   T* apack = scratch.apack.reserve(size_t(std::min(MC, (M + MR - 1) / MR * MR)) * size_t(KS));
   T* edge = scratch.edge.reserve(size_t(MR) * size_t(NR));
   const bool direct_a = (N + NR - 1) / NR <= kDirectPanels;
-  for (int pc = 0; pc < K; pc += KS) {
-    const int kc = std::min(KS, K - pc);
-    for (int ic = 0; ic < M; ic += MC)
-      multiply_block(uk, trans_a, direct_a, A, lda, ic, std::min(MC, M - ic), pc, kc, B.at(0, k0 + pc),
-                     size_t(B.rows()) * NR, 0, N, alpha, beta, pc == 0, C, ldc, apack, edge);
-  }
+  const int nc_max = block_width<T>(N, KS, NR);
+  for (int jc = 0; jc < N; jc += nc_max)
+    for (int pc = 0; pc < K; pc += KS) {
+      const int kc = std::min(KS, K - pc);
+      for (int ic = 0; ic < M; ic += MC)
+        multiply_block(uk, trans_a, direct_a, A, lda, ic, std::min(MC, M - ic), pc, kc, B.at(jc / NR, k0 + pc),
+                       size_t(B.rows()) * NR, jc, std::min(nc_max, N - jc), alpha, beta, pc == 0, C, ldc, apack,
+                       edge);
+    }
 }
 
 template <class T>
@@ -200,9 +206,7 @@ void multiply_range(const MicroKernel<T>& uk, bool trans_a, bool trans_b, bool d
                     int j0, int j1, int K, T alpha, const T* A, int lda, const T* B, int ldb, T beta, T* C, int ldc) {
   if (i0 >= i1 || j0 >= j1) return;
   const int MR = uk.mr, NR = uk.nr, MC = std::max(1, kRowsPerBlock / MR) * MR;
-  // Column blocks of equal width (a multiple of NR) no wider than NC: A is packed once per block.
-  const int col_blocks = (j1 - j0 + NC - 1) / NC;
-  const int nc_max = ((j1 - j0 + col_blocks - 1) / col_blocks + NR - 1) / NR * NR;
+  const int nc_max = block_width<T>(j1 - j0, KS, NR);  // A is packed once per column block
   auto bpack = aligned_buffer<T>(size_t(nc_max) * size_t(KS));
   auto apack = aligned_buffer<T>(size_t(std::min(MC, (i1 - i0 + MR - 1) / MR * MR)) * size_t(KS));
   auto edge = aligned_buffer<T>(size_t(MR) * size_t(NR));
@@ -252,7 +256,7 @@ void gemm_packed(const MicroKernel<T>& uk, bool trans_a, bool trans_b, int M, in
       }
     return;
   }
-  const int MR = uk.mr, NR = uk.nr, KS = slice_depth<T>(M, N, K);
+  const int MR = uk.mr, NR = uk.nr, KS = slice_depth(K);
   // With only a few column panels each element of A is used by few micro-kernel calls, and packing
   // A would cost as much as the product (e.g. attention's P @ V with 64 columns): the micro-kernel
   // then reads op(A) in place.

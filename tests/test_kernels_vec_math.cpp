@@ -57,6 +57,28 @@ TEST(VecMath, SimdBodyAndScalarTailAgreeBitwise) {
   EXPECT_EQ(w, y);
 }
 
+// The AVX2 body, which this CPU may not take by itself (AVX-512 comes first): the same bits as
+// exp_fast, element by element, NaN and the clamps included.
+TEST(VecMath, Avx2BodyHasTheBitsOfExpFast) {
+  std::mt19937_64 rng(mt::testing::test_seed() + 5);
+  std::vector<float> x = mt::testing::random_floats(1031, rng, -100.f, 100.f);
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  x[6] = -std::numeric_limits<float>::infinity();
+  x[7] = std::numeric_limits<float>::infinity();
+  std::vector<float> y(x.size(), -1.f);
+  const int done = exp_shifted_avx2_part(y.data(), x.data(), 1.25f, int(x.size()));
+  if (done == 0) GTEST_SKIP() << "this CPU has no AVX2 and FMA";
+  ASSERT_EQ(done, int(x.size()) / 8 * 8);
+  for (int i = 0; i < done; i++) {
+    const float want = exp_fast(x[size_t(i)] - 1.25f);
+    if (std::isnan(want))
+      ASSERT_TRUE(std::isnan(y[size_t(i)])) << i;
+    else
+      ASSERT_EQ(y[size_t(i)], want) << "element " << i << " x=" << x[size_t(i)];
+  }
+  for (size_t i = size_t(done); i < y.size(); i++) ASSERT_EQ(y[i], -1.f) << "past the body: " << i;
+}
+
 TEST(VecMath, ExpClampsAndKeepsNan) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> x = {-inf, -1000.f, 1000.f, inf, nan, 0.f, nan, -inf}, y(x.size());

@@ -34,9 +34,14 @@ void forward_tile(A* P, const A* V, int br, int bc, int hs, A* m, A* l, A* O, Se
       continue;
     }
     const A corr = m[r] == neg_inf ? A(0) : exp_fast(A(m[r] - m_new));
+    // exp over the row in one vectorised call (exp_fast one element at a time is a chain of library
+    // calls on builds without FMA), then the hidden keys back to exact zeros.
+    bool hidden[kBc];
+    for (int c = 0; c < bc; c++) hidden[c] = p[c] == neg_inf;
+    exp_shifted(p, p, m_new, bc);
     A rowsum = A(0);
     for (int c = 0; c < bc; c++) {
-      p[c] = p[c] == neg_inf ? A(0) : exp_fast(A(p[c] - m_new));
+      if (hidden[c]) p[c] = A(0);
       rowsum += p[c];
     }
     l[r] = corr * l[r] + rowsum;
@@ -56,7 +61,9 @@ void backward_tile(A* P, A* dS, const A* Q, const A* dO, const A* K, const A* V,
                    int bc, int hs, A scale, A* dQ, int ldq, A* dK, A* dV, int ldkv, Sees sees) {
   for (int r = 0; r < br; r++) {
     A* p = P + size_t(r) * kBc;
-    for (int c = 0; c < bc; c++) p[c] = sees(r, c) ? exp_fast(A(p[c] - L[r])) : A(0);
+    exp_shifted(p, p, L[r], bc);
+    for (int c = 0; c < bc; c++)
+      if (!sees(r, c)) p[c] = A(0);
   }
   gemm<A>(true, false, bc, hs, br, A(1), P, kBc, dO, hs, A(1), dV, ldkv);
   gemm<A>(false, true, br, bc, hs, A(1), dO, hs, V, hs, A(0), dS, kBc);

@@ -1,14 +1,11 @@
 // exp over arrays (see vec_math.h): an AVX-512 body, sixteen floats at a time with one masked step
-// for the last n % 16, where the CPU has it; elsewhere an SSE2 body, four at a time, and exp_fast for
-// the tail. Each performs exactly the operations of exp_fast (multiplies and adds, never fused), so
-// every element has the same bits whichever body computed it. The softmax's other passes over a row
-// (its maximum, the sum of its exps, the scaling) get AVX-512 bodies too, each with the bits of the
-// portable loop in vec_math.h.
+// for the last n % 16, where the CPU has it; elsewhere an AVX2 body, eight at a time, where the CPU
+// has AVX2 and FMA, and exp_fast for the rest. Each performs exactly the operations of exp_fast (the
+// same fused multiply-adds, 2^n applied by an exact scaling), so every element has the same bits
+// whichever body computed it. The softmax's other passes over a row (its maximum, the sum of its
+// exps, the scaling) get AVX-512 bodies too, each with the bits of the portable loop in vec_math.h.
 #include "kernels/cpu/vec_math.h"
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define MT_VEC_X86 1
@@ -44,26 +41,26 @@ __attribute__((target("avx512f"))) inline void exp_avx512_body(float* out, const
   const __m512 c7 = _mm512_set1_ps(1.0f / 5040.0f), c6 = _mm512_set1_ps(1.0f / 720.0f);
   const __m512 c5 = _mm512_set1_ps(1.0f / 120.0f), c4 = _mm512_set1_ps(1.0f / 24.0f);
   const __m512 c3 = _mm512_set1_ps(1.0f / 6.0f), c2 = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
-  const __m512i bias = _mm512_set1_epi32(127);
   __m256 sum = kSum ? _mm256_loadu_ps(acc) : _mm256_setzero_ps();
   for (int i = 0; i < n; i += 16) {
     const __mmask16 m = lanes_left(i, n);
     __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, in + i), vshift);
     x = _mm512_max_ps(lo, x);  // as max_ps below: NaN in x survives
     x = _mm512_min_ps(hi, x);
-    const __m512 nf = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, log2e), shifter), shifter);
-    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(nf, ln2_hi));
-    r = _mm512_sub_ps(r, _mm512_mul_ps(nf, ln2_lo));
+    const __m512 nf = _mm512_sub_ps(_mm512_fmadd_ps(x, log2e, shifter), shifter);
+    __m512 r = _mm512_fnmadd_ps(nf, ln2_hi, x);  // x - nf ln2_hi, one rounding: fma(-nf, ln2_hi, x)
+    r = _mm512_fnmadd_ps(nf, ln2_lo, r);
     __m512 p = c7;
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), c6);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), c5);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), c4);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), c3);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), c2);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), one);
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(nf), bias), 23);
-    const __m512 y = _mm512_maskz_mov_ps(m, _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
+    p = _mm512_fmadd_ps(p, r, c6);
+    p = _mm512_fmadd_ps(p, r, c5);
+    p = _mm512_fmadd_ps(p, r, c4);
+    p = _mm512_fmadd_ps(p, r, c3);
+    p = _mm512_fmadd_ps(p, r, c2);
+    p = _mm512_fmadd_ps(p, r, one);
+    p = _mm512_fmadd_ps(p, r, one);
+    // p 2^nf: nf is an integer in [-126, 127], so this is the product by an exact power of two that
+    // exp_fast builds in the exponent bits, rounded once (inactive lanes zero, for the sum).
+    const __m512 y = _mm512_maskz_scalef_ps(m, p, nf);
     _mm512_mask_storeu_ps(out + i, m, y);
     if (kSum) {
       sum = _mm256_add_ps(sum, _mm512_castps512_ps256(y));
@@ -79,6 +76,45 @@ __attribute__((target("avx512f"))) void exp_shifted_avx512(float* out, const flo
 
 __attribute__((target("avx512f"))) void exp_sum_avx512(float* out, const float* in, float shift, int n, float* acc) {
   exp_avx512_body<true>(out, in, shift, n, acc);
+}
+
+// exp_fast on the first n / 8 * 8 elements, eight at a time; returns how many it did.
+__attribute__((target("avx2,fma"))) int exp_shifted_avx2(float* out, const float* in, float shift, int n) {
+  const __m256 vshift = _mm256_set1_ps(shift), lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f);
+  const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), shifter = _mm256_set1_ps(12582912.0f);
+  const __m256 ln2_hi = _mm256_set1_ps(0.693359375f), ln2_lo = _mm256_set1_ps(-2.12194440e-4f);
+  const __m256 c7 = _mm256_set1_ps(1.0f / 5040.0f), c6 = _mm256_set1_ps(1.0f / 720.0f);
+  const __m256 c5 = _mm256_set1_ps(1.0f / 120.0f), c4 = _mm256_set1_ps(1.0f / 24.0f);
+  const __m256 c3 = _mm256_set1_ps(1.0f / 6.0f), c2 = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  const __m256i bias = _mm256_set1_epi32(127);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 x = _mm256_sub_ps(_mm256_loadu_ps(in + i), vshift);
+    x = _mm256_max_ps(lo, x);  // max_ps returns its second operand when either is NaN: NaN survives
+    x = _mm256_min_ps(hi, x);
+    const __m256 nf = _mm256_sub_ps(_mm256_fmadd_ps(x, log2e, shifter), shifter);
+    __m256 r = _mm256_fnmadd_ps(nf, ln2_hi, x);
+    r = _mm256_fnmadd_ps(nf, ln2_lo, r);
+    __m256 p = c7;
+    p = _mm256_fmadd_ps(p, r, c6);
+    p = _mm256_fmadd_ps(p, r, c5);
+    p = _mm256_fmadd_ps(p, r, c4);
+    p = _mm256_fmadd_ps(p, r, c3);
+    p = _mm256_fmadd_ps(p, r, c2);
+    p = _mm256_fmadd_ps(p, r, one);
+    p = _mm256_fmadd_ps(p, r, one);
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(nf), bias), 23);
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+  }
+  return i;
+}
+
+bool cpu_has_avx2_fma() {
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return has;
 }
 
 // max_lanes' value over x[0..n): lane l of a 16-wide maximum holds the elements lanes l and l + 8
@@ -155,35 +191,17 @@ void exp_shifted(float* out, const float* in, float shift, int n) {
     exp_shifted_avx512(out, in, shift, n);
     return;
   }
-#endif
-#if defined(__SSE2__)
-  const __m128 vshift = _mm_set1_ps(shift), lo = _mm_set1_ps(-87.0f), hi = _mm_set1_ps(88.0f);
-  const __m128 log2e = _mm_set1_ps(1.44269504088896341f), shifter = _mm_set1_ps(12582912.0f);
-  const __m128 ln2_hi = _mm_set1_ps(0.693359375f), ln2_lo = _mm_set1_ps(-2.12194440e-4f);
-  const __m128 c7 = _mm_set1_ps(1.0f / 5040.0f), c6 = _mm_set1_ps(1.0f / 720.0f), c5 = _mm_set1_ps(1.0f / 120.0f);
-  const __m128 c4 = _mm_set1_ps(1.0f / 24.0f), c3 = _mm_set1_ps(1.0f / 6.0f), c2 = _mm_set1_ps(0.5f);
-  const __m128 one = _mm_set1_ps(1.0f);
-  const __m128i bias = _mm_set1_epi32(127);
-  for (; i + 4 <= n; i += 4) {
-    __m128 x = _mm_sub_ps(_mm_loadu_ps(in + i), vshift);
-    x = _mm_max_ps(lo, x);  // max_ps returns its second operand when either is NaN: NaN survives
-    x = _mm_min_ps(hi, x);
-    const __m128 nf = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(x, log2e), shifter), shifter);
-    __m128 r = _mm_sub_ps(x, _mm_mul_ps(nf, ln2_hi));
-    r = _mm_sub_ps(r, _mm_mul_ps(nf, ln2_lo));
-    __m128 p = c7;
-    p = _mm_add_ps(_mm_mul_ps(p, r), c6);
-    p = _mm_add_ps(_mm_mul_ps(p, r), c5);
-    p = _mm_add_ps(_mm_mul_ps(p, r), c4);
-    p = _mm_add_ps(_mm_mul_ps(p, r), c3);
-    p = _mm_add_ps(_mm_mul_ps(p, r), c2);
-    p = _mm_add_ps(_mm_mul_ps(p, r), one);
-    p = _mm_add_ps(_mm_mul_ps(p, r), one);
-    const __m128i e = _mm_slli_epi32(_mm_add_epi32(_mm_cvttps_epi32(nf), bias), 23);
-    _mm_storeu_ps(out + i, _mm_mul_ps(p, _mm_castsi128_ps(e)));
-  }
+  if (cpu_has_avx2_fma()) i = exp_shifted_avx2(out, in, shift, n);
 #endif
   for (; i < n; i++) out[i] = exp_fast(in[i] - shift);
+}
+
+int exp_shifted_avx2_part(float* out, const float* in, float shift, int n) {
+#ifdef MT_VEC_X86
+  if (cpu_has_avx2_fma()) return exp_shifted_avx2(out, in, shift, n);
+#endif
+  (void)out, (void)in, (void)shift, (void)n;
+  return 0;
 }
 
 void exp_shifted(double* out, const double* in, double shift, int n) {

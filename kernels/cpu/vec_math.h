@@ -65,23 +65,27 @@ inline T max_lanes(const T* x, int n) {
 // for |n| <= 128), exp(r) by its degree-7 Taylor polynomial (truncation error < 6e-9 relative), and
 // 2^n built in the exponent bits. Inputs are clamped to [-87, 88], so the result is never inf or
 // subnormal: exp of anything below -87 reads as ~1.6e-38, which every caller treats as zero. NaN
-// stays NaN. exp_shifted's SIMD body performs exactly these operations, so both agree bitwise.
+// stays NaN. Every multiply-add is fused (one rounding, std::fma): the SIMD bodies of exp_shifted
+// perform exactly these operations with FMA instructions, so all agree bitwise, at about 60% of the
+// time the unfused chain took (the polynomial is a chain of dependent steps; docs/perf.md, issue 32's
+// seventh pass). Called one element at a time, std::fma is a library call on builds for CPUs without
+// FMA: loops call exp_shifted instead.
 inline float exp_fast(float x) {
   x = std::max(x, -87.0f);  // (x < -87) ? -87 : x, which keeps NaN, like max_ps(-87, x)
   x = std::min(x, 88.0f);
   // round(x / ln2) by the 1.5 * 2^23 trick: exact round-to-nearest without SSE4.1 rint.
   const float shifter = 12582912.0f;
-  const float n = (x * 1.44269504088896341f + shifter) - shifter;
-  float r = x - n * 0.693359375f;  // ln2 split: 0.693359375 has 9 significant bits
-  r = r - n * -2.12194440e-4f;
+  const float n = std::fma(x, 1.44269504088896341f, shifter) - shifter;
+  float r = std::fma(-n, 0.693359375f, x);  // ln2 split: 0.693359375 has 9 significant bits
+  r = std::fma(-n, -2.12194440e-4f, r);
   float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  p = std::fma(p, r, 1.0f / 720.0f);
+  p = std::fma(p, r, 1.0f / 120.0f);
+  p = std::fma(p, r, 1.0f / 24.0f);
+  p = std::fma(p, r, 1.0f / 6.0f);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.0f);
+  p = std::fma(p, r, 1.0f);
   const int32_t bits = (int32_t(n) + 127) << 23;
   float two_n;
   std::memcpy(&two_n, &bits, sizeof two_n);
@@ -95,6 +99,9 @@ bool cpu_has_avx512();
 
 // out[i] = exp(in[i] - shift) for i < n; out may alias in.
 void exp_shifted(float* out, const float* in, float shift, int n);
+// exp_shifted's AVX2 body alone, on the first n / 8 * 8 elements: how many it did (0 where the CPU
+// lacks AVX2 or FMA). For tests on CPUs that take the AVX-512 body.
+int exp_shifted_avx2_part(float* out, const float* in, float shift, int n);
 void exp_shifted(double* out, const double* in, double shift, int n);
 
 // The softmax's passes over a row, sixteen floats at a time where the CPU has AVX-512, each with the

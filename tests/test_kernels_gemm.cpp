@@ -1,7 +1,8 @@
 // The GEMM under every CPU matmul: gemm() (whichever path it takes on this machine, see
 // gemm_backend()) and gemm_builtin() against a plain triple loop in long double, for all four transpose combinations,
 // alpha/beta, leading dimensions wider than the matrices, and sizes that cross the built-in kernel's register and cache
-// blocks (MR up to 12, NR up to 32, MC 192, KC 256, and the deep slices of a long k) with ragged edges.
+// blocks (MR up to 12, NR up to 32, MC 192, KC 256 over many slices of a long k, blocks of B 1 MiB wide) with
+// ragged edges.
 //
 // Tolerance, with entries uniform in (-1, 1) and u the unit roundoff of the type:
 // |error| <= 2 u (K |alpha| + |beta|). Rounding errors of a length-K sum grow like a random walk, about

@@ -24,8 +24,10 @@ void forward_tile(A* P, const A* V, int br, int bc, int hs, A* m, A* l, A* O, Se
   for (int r = 0; r < br; r++) {
     A* p = P + size_t(r) * kBc;
     A mx = neg_inf;
+    bool hidden[kBc];  // -inf scores: exact zeros after the exp
     for (int c = 0; c < bc; c++) {
       if (!sees(r, c)) p[c] = neg_inf;
+      hidden[c] = p[c] == neg_inf;
       mx = std::max(mx, p[c]);
     }
     const A m_new = std::max(m[r], mx);
@@ -36,8 +38,6 @@ void forward_tile(A* P, const A* V, int br, int bc, int hs, A* m, A* l, A* O, Se
     const A corr = m[r] == neg_inf ? A(0) : exp_fast(A(m[r] - m_new));
     // exp over the row in one vectorised call (exp_fast one element at a time is a chain of library
     // calls on builds without FMA), then the hidden keys back to exact zeros.
-    bool hidden[kBc];
-    for (int c = 0; c < bc; c++) hidden[c] = p[c] == neg_inf;
     exp_shifted(p, p, m_new, bc);
     A rowsum = A(0);
     for (int c = 0; c < bc; c++) {

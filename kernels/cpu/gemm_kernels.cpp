@@ -151,9 +151,8 @@ __attribute__((target("avx2,fma"))) void run_avx2(int kc, const float* a, int64_
 std::vector<MicroKernel<float>> runnable_float_micro_kernels() {
   std::vector<MicroKernel<float>> ks;
 #ifdef MT_GEMM_X86
-  __builtin_cpu_init();
   if (cpu_has_avx512()) ks.push_back({12, 32, run_avx512, "avx512"});
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ks.push_back({6, 16, run_avx2, "avx2"});
+  if (cpu_has_avx2_fma()) ks.push_back({6, 16, run_avx2, "avx2"});
 #endif
   ks.push_back({4, 8, run_portable<float, 4, 8>, "portable"});
   return ks;

@@ -109,14 +109,6 @@ __attribute__((target("avx2,fma"))) int exp_shifted_avx2(float* out, const float
   return i;
 }
 
-bool cpu_has_avx2_fma() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return has;
-}
-
 // max_lanes' value over x[0..n): lane l of a 16-wide maximum holds the elements lanes l and l + 8
 // of max_lanes hold, and a maximum does not depend on the order it takes its elements in.
 __attribute__((target("avx512f"))) float max_avx512(const float* x, int n) {
@@ -177,6 +169,18 @@ bool cpu_has_avx512() {
   static const bool yes = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") != 0;
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_avx2_fma() {
+#ifdef MT_VEC_X86
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   }();
   return yes;
 #else

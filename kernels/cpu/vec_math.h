@@ -93,9 +93,11 @@ inline float exp_fast(float x) {
 }
 inline double exp_fast(double x) { return std::exp(x); }
 
-// Whether this CPU runs AVX-512F (asked once per process; false off x86-64). The kernels' explicit
-// AVX-512 bodies (here and in the GEMM's packing) take it as their condition.
+// Whether this CPU runs AVX-512F, and AVX2 with FMA (each asked once per process; false off x86-64).
+// The kernels' explicit SIMD bodies (here, in the GEMM's micro-kernels and packing, in the norm) take
+// them as their conditions.
 bool cpu_has_avx512();
+bool cpu_has_avx2_fma();
 
 // out[i] = exp(in[i] - shift) for i < n; out may alias in.
 void exp_shifted(float* out, const float* in, float shift, int n);

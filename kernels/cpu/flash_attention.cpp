@@ -31,7 +31,12 @@
 // that rounds P or dS to 16 bits for its products differs from this reference by about as much.
 //
 // Work split: OpenMP over the B*NH (b, h) pairs, one pair per thread, tile GEMMs on the calling
-// thread (see attention.cpp); the result does not depend on the thread count.
+// thread (see attention.cpp); the result does not depend on the thread count. A pair's operands are
+// loaded and packed once (gemm_prepacked, whose bits are gemm's for the same operands), not once per
+// tile pair: the GPU's thread blocks each load their own tiles, the CPU's one thread per pair need not.
+// Measured on a 2-core Zen 4 (2 threads; docs/perf.md, issue 32's eighth pass), B=4 T=256: backward
+// 70-71 -> 81-82 GFLOP/s, forward 64-65 -> 64-72; B=2 T=1024: forward 74-76 -> 88-89, backward 86-91 ->
+// 107-108. The bits are the same.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -64,16 +69,28 @@ void flash_attention_fwd(S* out, acc_t<S>* lse, const S* qkv, const int32_t* doc
   const A neg_inf = A(-INFINITY);
 #pragma omp parallel if (parallel_worth(int64_t(B) * NH * T_ * T_ * hs))
   {
-    // A thread block's working set: Q tile, K and V tiles, the score tile, the output accumulator
-    // and the running max and sum of each query row.
-    std::vector<A> Q(size_t(kBr) * hs), K(size_t(kBc) * hs), V(size_t(kBc) * hs), P(size_t(kBr) * kBc),
-        O(size_t(kBr) * hs), m(kBr), l(kBr);
+    // A thread block's working set: the Q tile, the score tile, the output accumulator and the running
+    // max and sum of each query row; K and V come as the products' packed operands (below).
+    std::vector<A> Q(size_t(kBr) * hs), KV(size_t(T_) * hs), P(size_t(kBr) * kBc), O(size_t(kBr) * hs), m(kBr),
+        l(kBr);
+    // A head's K^T, one packed operand per key tile, and its V, packed once for every tile's P V (a key
+    // tile's rows are a window of it). Packed per (b, h) pair instead of per tile pair: the same values
+    // in the same products, loaded once instead of once per query block.
+    std::vector<PackedB<A>> kt(size_t((T_ + kBc - 1) / kBc));
+    PackedB<A> vn;
+    GemmScratch<A> ws;
 #pragma omp for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
       const int b = bh / NH, h = bh % NH;
       const S* base = qkv + int64_t(b) * T_ * ld + h * hs;
       S* o = out + int64_t(b) * T_ * C + h * hs;
       const int32_t* d = doc ? doc + int64_t(b) * T_ : nullptr;
+      for (int j0 = 0; j0 < T_; j0 += kBc) {
+        load_rows(KV.data(), base + int64_t(j0) * ld + C, ld, std::min(kBc, T_ - j0), hs);
+        kt[size_t(j0 / kBc)].pack(true, KV.data(), hs, hs, std::min(kBc, T_ - j0));
+      }
+      load_rows(KV.data(), base + 2 * C, ld, T_, hs);
+      vn.pack(false, KV.data(), hs, T_, hs);
       // The query blocks of a pair: on the GPU, one thread block each, all at once.
       for (int i0 = 0; i0 < T_; i0 += kBr) {
         const int br = std::min(kBr, T_ - i0), i1 = i0 + br;
@@ -85,11 +102,10 @@ void flash_attention_fwd(S* out, acc_t<S>* lse, const S* qkv, const int32_t* doc
         // diagonal block are not loaded.
         for (int j0 = 0; j0 < i1; j0 += kBc) {
           const int bc = std::min(kBc, i1 - j0);
-          load_rows(K.data(), base + int64_t(j0) * ld + C, ld, bc, hs);
-          load_rows(V.data(), base + int64_t(j0) * ld + 2 * C, ld, bc, hs);
-          gemm<A>(false, true, br, bc, hs, scale, Q.data(), hs, K.data(), hs, A(0), P.data(), kBc);
-          flash::forward_tile(P.data(), V.data(), br, bc, hs, m.data(), l.data(), O.data(),
-                              [&](int r, int c) { return allowed(i0 + r, j0 + c, d); });
+          gemm_prepacked<A>(false, br, bc, hs, scale, Q.data(), hs, kt[size_t(j0 / kBc)], 0, A(0), P.data(), kBc, ws);
+          flash::online_softmax_tile(P.data(), br, bc, hs, m.data(), l.data(), O.data(),
+                                     [&](int r, int c) { return allowed(i0 + r, j0 + c, d); });
+          gemm_prepacked<A>(false, br, hs, bc, A(1), P.data(), kBc, vn, j0, A(1), O.data(), hs, ws);
         }
         for (int r = 0; r < br; r++) {
           const A inv = A(1) / l[size_t(r)];
@@ -112,11 +128,17 @@ void flash_attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv
   const A scale = A(1) / std::sqrt(A(hs));
 #pragma omp parallel if (parallel_worth(int64_t(B) * NH * T_ * T_ * hs))
   {
-    // Tiles of one (key block, query block) step, the key block's dK/dV accumulators, and the pair's
-    // dQ accumulator; row buffers for D.
-    std::vector<A> Q(size_t(kBr) * hs), dO(size_t(kBr) * hs), K(size_t(kBc) * hs), V(size_t(kBc) * hs),
-        dK(size_t(kBc) * hs), dV(size_t(kBc) * hs), P(size_t(kBr) * kBc), dS(size_t(kBr) * kBc),
-        dQ(size_t(T_) * hs), row_do(static_cast<size_t>(hs)), row_o(static_cast<size_t>(hs));
+    // A head's Q, dO, K and V in A (T x hs each), the key block's dK/dV accumulators, the pair's dQ
+    // accumulator, one tile pair's P and dS, and row buffers for D.
+    const size_t th = size_t(T_) * size_t(hs);
+    std::vector<A> Q(th), dO(th), K(th), V(th), dK(size_t(kBc) * hs), dV(size_t(kBc) * hs), P(size_t(kBr) * kBc),
+        dS(size_t(kBr) * kBc), dQ(th), row_do(static_cast<size_t>(hs)), row_o(static_cast<size_t>(hs));
+    // The products' B operands, packed once per pair: K^T and V^T one key tile each, and K, Q and dO
+    // whole (a tile's rows are a window of them).
+    const size_t tiles = size_t((T_ + kBc - 1) / kBc);
+    std::vector<PackedB<A>> kt(tiles), vt(tiles);
+    PackedB<A> kn, qn, don;
+    GemmScratch<A> ws;
 #pragma omp for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
       const int b = bh / NH, h = bh % NH;
@@ -132,22 +154,36 @@ void flash_attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv
         load_n(row_o.data(), out + ooff + int64_t(i) * C, hs);
         D[i] = dot_lanes(row_do.data(), row_o.data(), hs);
       }
+      load_rows(Q.data(), base, ld, T_, hs);
+      load_rows(K.data(), base + C, ld, T_, hs);
+      load_rows(V.data(), base + 2 * C, ld, T_, hs);
+      load_rows(dO.data(), go, C, T_, hs);
+      for (int j0 = 0; j0 < T_; j0 += kBc) {
+        const int bc = std::min(kBc, T_ - j0);
+        kt[size_t(j0 / kBc)].pack(true, K.data() + size_t(j0) * hs, hs, hs, bc);
+        vt[size_t(j0 / kBc)].pack(true, V.data() + size_t(j0) * hs, hs, hs, bc);
+      }
+      kn.pack(false, K.data(), hs, T_, hs);
+      qn.pack(false, Q.data(), hs, T_, hs);
+      don.pack(false, dO.data(), hs, T_, hs);
       std::fill(dQ.begin(), dQ.end(), A(0));
       for (int j0 = 0; j0 < T_; j0 += kBc) {
         const int bc = std::min(kBc, T_ - j0);
-        load_rows(K.data(), base + int64_t(j0) * ld + C, ld, bc, hs);
-        load_rows(V.data(), base + int64_t(j0) * ld + 2 * C, ld, bc, hs);
         std::fill(dK.begin(), dK.end(), A(0));
         std::fill(dV.begin(), dV.end(), A(0));
         // Causal: query blocks that end before the key block starts see none of it.
         for (int i0 = j0 / kBr * kBr; i0 < T_; i0 += kBr) {
           const int br = std::min(kBr, T_ - i0);
-          load_rows(Q.data(), base + int64_t(i0) * ld, ld, br, hs);
-          load_rows(dO.data(), go + int64_t(i0) * C, C, br, hs);
-          gemm<A>(false, true, br, bc, hs, scale, Q.data(), hs, K.data(), hs, A(0), P.data(), kBc);
-          flash::backward_tile(P.data(), dS.data(), Q.data(), dO.data(), K.data(), V.data(), L + i0, D + i0, br, bc,
-                               hs, scale, dQ.data() + size_t(i0) * hs, hs, dK.data(), dV.data(), hs,
-                               [&](int r, int c) { return allowed(i0 + r, j0 + c, d); });
+          const A* Qi = Q.data() + size_t(i0) * hs;
+          const A* dOi = dO.data() + size_t(i0) * hs;
+          gemm_prepacked<A>(false, br, bc, hs, scale, Qi, hs, kt[size_t(j0 / kBc)], 0, A(0), P.data(), kBc, ws);
+          flash::backward_probs(P.data(), L + i0, br, bc, [&](int r, int c) { return allowed(i0 + r, j0 + c, d); });
+          gemm_prepacked<A>(true, bc, hs, br, A(1), P.data(), kBc, don, i0, A(1), dV.data(), hs, ws);
+          gemm_prepacked<A>(false, br, bc, hs, A(1), dOi, hs, vt[size_t(j0 / kBc)], 0, A(0), dS.data(), kBc, ws);
+          flash::backward_ds(P.data(), dS.data(), D + i0, br, bc);
+          gemm_prepacked<A>(false, br, hs, bc, scale, dS.data(), kBc, kn, j0, A(1), dQ.data() + size_t(i0) * hs, hs,
+                            ws);
+          gemm_prepacked<A>(true, bc, hs, br, scale, dS.data(), kBc, qn, i0, A(1), dK.data(), hs, ws);
         }
         S* dst = dqkv + qoff + int64_t(j0) * ld;
         store_rows(dst + C, ld, dK.data(), bc, hs);

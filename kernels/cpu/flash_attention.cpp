@@ -36,7 +36,8 @@
 // tile pair: the GPU's thread blocks each load their own tiles, the CPU's one thread per pair need not.
 // Measured on a 2-core Zen 4 (2 threads; docs/perf.md, issue 32's eighth pass), B=4 T=256: backward
 // 70-71 -> 81-82 GFLOP/s, forward 64-65 -> 64-72; B=2 T=1024: forward 74-76 -> 88-89, backward 86-91 ->
-// 107-108. The bits are the same.
+// 107-108. fp32 keeps its bits (gemm() ran the same built-in kernel); fp64, which gemm() hands to
+// OpenBLAS, now runs the built-in kernel like the materialized path's.
 #include <algorithm>
 #include <cmath>
 #include <vector>

@@ -71,14 +71,10 @@ void flash_attention_fwd(S* out, acc_t<S>* lse, const S* qkv, const int32_t* doc
 #pragma omp parallel if (parallel_worth(int64_t(B) * NH * T_ * T_ * hs))
   {
     // A thread block's working set: the Q tile, the score tile, the output accumulator and the running
-    // max and sum of each query row; K and V come as the products' packed operands (below).
-    std::vector<A> Q(size_t(kBr) * hs), KV(size_t(T_) * hs), P(size_t(kBr) * kBc), O(size_t(kBr) * hs), m(kBr),
+    // max and sum of each query row; K^T by key tile and V whole come packed (flash_tile.h).
+    std::vector<A> Q(size_t(kBr) * hs), buf(size_t(T_) * hs), P(size_t(kBr) * kBc), O(size_t(kBr) * hs), m(kBr),
         l(kBr);
-    // A head's K^T, one packed operand per key tile, and its V, packed once for every tile's P V (a key
-    // tile's rows are a window of it). Packed per (b, h) pair instead of per tile pair: the same values
-    // in the same products, loaded once instead of once per query block.
-    std::vector<PackedB<A>> kt(size_t((T_ + kBc - 1) / kBc));
-    PackedB<A> vn;
+    flash::HeadOperand<A> kt(T_), vn(T_);
     GemmScratch<A> ws;
 #pragma omp for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
@@ -86,12 +82,8 @@ void flash_attention_fwd(S* out, acc_t<S>* lse, const S* qkv, const int32_t* doc
       const S* base = qkv + int64_t(b) * T_ * ld + h * hs;
       S* o = out + int64_t(b) * T_ * C + h * hs;
       const int32_t* d = doc ? doc + int64_t(b) * T_ : nullptr;
-      for (int j0 = 0; j0 < T_; j0 += kBc) {
-        load_rows(KV.data(), base + int64_t(j0) * ld + C, ld, std::min(kBc, T_ - j0), hs);
-        kt[size_t(j0 / kBc)].pack(true, KV.data(), hs, hs, std::min(kBc, T_ - j0));
-      }
-      load_rows(KV.data(), base + 2 * C, ld, T_, hs);
-      vn.pack(false, KV.data(), hs, T_, hs);
+      kt.reset();
+      vn.reset();
       // The query blocks of a pair: on the GPU, one thread block each, all at once.
       for (int i0 = 0; i0 < T_; i0 += kBr) {
         const int br = std::min(kBr, T_ - i0), i1 = i0 + br;
@@ -103,10 +95,10 @@ void flash_attention_fwd(S* out, acc_t<S>* lse, const S* qkv, const int32_t* doc
         // diagonal block are not loaded.
         for (int j0 = 0; j0 < i1; j0 += kBc) {
           const int bc = std::min(kBc, i1 - j0);
-          gemm_prepacked<A>(false, br, bc, hs, scale, Q.data(), hs, kt[size_t(j0 / kBc)], 0, A(0), P.data(), kBc, ws);
-          flash::online_softmax_tile(P.data(), br, bc, hs, m.data(), l.data(), O.data(),
-                                     [&](int r, int c) { return allowed(i0 + r, j0 + c, d); });
-          gemm_prepacked<A>(false, br, hs, bc, A(1), P.data(), kBc, vn, j0, A(1), O.data(), hs, ws);
+          const PackedB<A>& ktj = kt.tile_t(base + C, ld, j0, std::min(kBc, T_ - j0), hs, buf);
+          gemm_prepacked<A>(false, br, bc, hs, scale, Q.data(), hs, ktj, 0, A(0), P.data(), kBc, ws);
+          flash::forward_tile(P.data(), vn.whole(base + 2 * C, ld, T_, hs, buf), j0, br, bc, hs, m.data(), l.data(),
+                              O.data(), ws, [&](int r, int c) { return allowed(i0 + r, j0 + c, d); });
         }
         for (int r = 0; r < br; r++) {
           const A inv = A(1) / l[size_t(r)];
@@ -129,16 +121,13 @@ void flash_attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv
   const A scale = A(1) / std::sqrt(A(hs));
 #pragma omp parallel if (parallel_worth(int64_t(B) * NH * T_ * T_ * hs))
   {
-    // A head's Q, dO, K and V in A (T x hs each), the key block's dK/dV accumulators, the pair's dQ
-    // accumulator, one tile pair's P and dS, and row buffers for D.
+    // A head's Q and dO in A (T x hs each: the query tiles' operands), the key block's dK/dV
+    // accumulators, the pair's dQ accumulator, one tile pair's P and dS, and row buffers for D; the
+    // products' B operands come packed (flash_tile.h).
     const size_t th = size_t(T_) * size_t(hs);
-    std::vector<A> Q(th), dO(th), K(th), V(th), dK(size_t(kBc) * hs), dV(size_t(kBc) * hs), P(size_t(kBr) * kBc),
+    std::vector<A> Q(th), dO(th), buf(th), dK(size_t(kBc) * hs), dV(size_t(kBc) * hs), P(size_t(kBr) * kBc),
         dS(size_t(kBr) * kBc), dQ(th), row_do(static_cast<size_t>(hs)), row_o(static_cast<size_t>(hs));
-    // The products' B operands, packed once per pair: K^T and V^T one key tile each, and K, Q and dO
-    // whole (a tile's rows are a window of them).
-    const size_t tiles = size_t((T_ + kBc - 1) / kBc);
-    std::vector<PackedB<A>> kt(tiles), vt(tiles);
-    PackedB<A> kn, qn, don;
+    flash::BackwardOperands<A> ops(T_, T_);
     GemmScratch<A> ws;
 #pragma omp for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
@@ -156,17 +145,8 @@ void flash_attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv
         D[i] = dot_lanes(row_do.data(), row_o.data(), hs);
       }
       load_rows(Q.data(), base, ld, T_, hs);
-      load_rows(K.data(), base + C, ld, T_, hs);
-      load_rows(V.data(), base + 2 * C, ld, T_, hs);
       load_rows(dO.data(), go, C, T_, hs);
-      for (int j0 = 0; j0 < T_; j0 += kBc) {
-        const int bc = std::min(kBc, T_ - j0);
-        kt[size_t(j0 / kBc)].pack(true, K.data() + size_t(j0) * hs, hs, hs, bc);
-        vt[size_t(j0 / kBc)].pack(true, V.data() + size_t(j0) * hs, hs, hs, bc);
-      }
-      kn.pack(false, K.data(), hs, T_, hs);
-      qn.pack(false, Q.data(), hs, T_, hs);
-      don.pack(false, dO.data(), hs, T_, hs);
+      ops.reset();
       std::fill(dQ.begin(), dQ.end(), A(0));
       for (int j0 = 0; j0 < T_; j0 += kBc) {
         const int bc = std::min(kBc, T_ - j0);
@@ -175,16 +155,13 @@ void flash_attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv
         // Causal: query blocks that end before the key block starts see none of it.
         for (int i0 = j0 / kBr * kBr; i0 < T_; i0 += kBr) {
           const int br = std::min(kBr, T_ - i0);
-          const A* Qi = Q.data() + size_t(i0) * hs;
-          const A* dOi = dO.data() + size_t(i0) * hs;
-          gemm_prepacked<A>(false, br, bc, hs, scale, Qi, hs, kt[size_t(j0 / kBc)], 0, A(0), P.data(), kBc, ws);
-          flash::backward_probs(P.data(), L + i0, br, bc, [&](int r, int c) { return allowed(i0 + r, j0 + c, d); });
-          gemm_prepacked<A>(true, bc, hs, br, A(1), P.data(), kBc, don, i0, A(1), dV.data(), hs, ws);
-          gemm_prepacked<A>(false, br, bc, hs, A(1), dOi, hs, vt[size_t(j0 / kBc)], 0, A(0), dS.data(), kBc, ws);
-          flash::backward_ds(P.data(), dS.data(), D + i0, br, bc);
-          gemm_prepacked<A>(false, br, hs, bc, scale, dS.data(), kBc, kn, j0, A(1), dQ.data() + size_t(i0) * hs, hs,
-                            ws);
-          gemm_prepacked<A>(true, bc, hs, br, scale, dS.data(), kBc, qn, i0, A(1), dK.data(), hs, ws);
+          gemm_prepacked<A>(false, br, bc, hs, scale, Q.data() + size_t(i0) * hs, hs,
+                            ops.kt.tile_t(base + C, ld, j0, bc, hs, buf), 0, A(0), P.data(), kBc, ws);
+          flash::backward_tile(P.data(), dS.data(), dO.data() + size_t(i0) * hs, i0, j0,
+                               ops.vt.tile_t(base + 2 * C, ld, j0, bc, hs, buf), ops.k.whole(base + C, ld, T_, hs, buf),
+                               ops.q.whole(Q.data(), hs, T_, hs, buf), ops.dout.whole(dO.data(), hs, T_, hs, buf),
+                               L + i0, D + i0, br, bc, hs, scale, dQ.data() + size_t(i0) * hs, hs, dK.data(), dV.data(),
+                               hs, ws, [&](int r, int c) { return allowed(i0 + r, j0 + c, d); });
         }
         S* dst = dqkv + qoff + int64_t(j0) * ld;
         store_rows(dst + C, ld, dK.data(), bc, hs);

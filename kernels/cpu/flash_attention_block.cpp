@@ -6,8 +6,8 @@
 //     key j visible to query i  iff  k_pos[j] <= q_pos[i]  and  (no doc ids or q_doc[i] == k_doc[j])
 // and a query may see no key of the block at all: its output is 0 and its log-sum-exp -inf, never NaN.
 //
-// The loops are flash_attention.cpp's (FlashAttention-2 order, kBr x kBc tiles, online softmax in A),
-// with two changes. A tile pair is skipped when the tiles' position ranges or document ranges make
+// The loops are flash_attention.cpp's (FlashAttention-2 order, kBr x kBc tiles, online softmax in A,
+// the products' operands packed once per (b, h) pair: flash_tile.h), with two changes. A tile pair is skipped when the tiles' position ranges or document ranges make
 // every pair invisible (tile_hidden; packed rows, whose document ids rise along the sequence, are where
 // the document test skips whole tiles, e.g. a key block of a document that ended earlier). And the
 // forward writes its output unrounded in A, normalised by the block's own sum, with that lse:
@@ -108,8 +108,11 @@ void flash_block_fwd(acc_t<S>* out, acc_t<S>* lse, const S* q, int ldq, const S*
   const A neg_inf = A(-INFINITY);
 #pragma omp parallel if (parallel_worth(int64_t(B) * NH * Tq * Tk * hs))
   {
-    std::vector<A> Q(size_t(kBr) * hs), K(size_t(kBc) * hs), V(size_t(kBc) * hs), P(size_t(kBr) * kBc),
-        O(size_t(kBr) * hs), m(kBr), l(kBr);
+    std::vector<A> Q(size_t(kBr) * hs), buf(size_t(Tk) * hs), P(size_t(kBr) * kBc), O(size_t(kBr) * hs), m(kBr),
+        l(kBr);
+    // The pair's K^T per key tile and its V whole, packed when a visible tile first needs them.
+    flash::HeadOperand<A> kt(Tk), vn(Tk);
+    GemmScratch<A> ws;
 #pragma omp for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
       const int b = bh / NH, h = bh % NH;
@@ -119,6 +122,8 @@ void flash_block_fwd(acc_t<S>* out, acc_t<S>* lse, const S* q, int ldq, const S*
       const int32_t* qd = q_doc ? q_doc + int64_t(b) * Tq : nullptr;
       const int32_t* kd = k_doc ? k_doc + int64_t(b) * Tk : nullptr;
       A* o = out + int64_t(b) * Tq * C + h * hs;
+      kt.reset();
+      vn.reset();
       for (int i0 = 0; i0 < Tq; i0 += kBr) {
         const int br = std::min(kBr, Tq - i0);
         const TileRange qr = tile_range(q_pos, qd, i0, i0 + br);
@@ -129,12 +134,12 @@ void flash_block_fwd(acc_t<S>* out, acc_t<S>* lse, const S* q, int ldq, const S*
         for (int j0 = 0; j0 < Tk; j0 += kBc) {
           const int bc = std::min(kBc, Tk - j0);
           if (tile_hidden(qr, tile_range(k_pos, kd, j0, j0 + bc), qd != nullptr)) continue;
-          load_rows(K.data(), kb + int64_t(j0) * ldkv, ldkv, bc, hs);
-          load_rows(V.data(), vb + int64_t(j0) * ldkv, ldkv, bc, hs);
-          gemm<A>(false, true, br, bc, hs, scale, Q.data(), hs, K.data(), hs, A(0), P.data(), kBc);
-          flash::forward_tile(P.data(), V.data(), br, bc, hs, m.data(), l.data(), O.data(), [&](int r, int c) {
-            return visible(q_pos[i0 + r], k_pos[j0 + c], qd, kd, i0 + r, j0 + c);
-          });
+          gemm_prepacked<A>(false, br, bc, hs, scale, Q.data(), hs, kt.tile_t(kb, ldkv, j0, bc, hs, buf), 0, A(0),
+                            P.data(), kBc, ws);
+          flash::forward_tile(P.data(), vn.whole(vb, ldkv, Tk, hs, buf), j0, br, bc, hs, m.data(), l.data(), O.data(),
+                              ws, [&](int r, int c) {
+                                return visible(q_pos[i0 + r], k_pos[j0 + c], qd, kd, i0 + r, j0 + c);
+                              });
         }
         for (int r = 0; r < br; r++) {
           A* dst = o + int64_t(i0 + r) * C;
@@ -205,8 +210,10 @@ void flash_block_bwd(acc_t<S>* dq, acc_t<S>* dk, acc_t<S>* dv, int lddkv, const 
   const A scale = A(1) / std::sqrt(A(hs));
 #pragma omp parallel if (parallel_worth(int64_t(B) * NH * Tq * Tk * hs))
   {
-    std::vector<A> Q(size_t(kBr) * hs), dO(size_t(kBr) * hs), K(size_t(kBc) * hs), V(size_t(kBc) * hs),
-        P(size_t(kBr) * kBc), dS(size_t(kBr) * kBc);
+    std::vector<A> Q(size_t(kBr) * hs), dO(size_t(kBr) * hs), P(size_t(kBr) * kBc), dS(size_t(kBr) * kBc),
+        buf(size_t(std::max(Tq, Tk)) * hs);
+    flash::BackwardOperands<A> ops(Tq, Tk);  // each packed once per pair, when first needed
+    GemmScratch<A> ws;
 #pragma omp for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
       const int b = bh / NH, h = bh % NH;
@@ -221,25 +228,23 @@ void flash_block_bwd(acc_t<S>* dq, acc_t<S>* dk, acc_t<S>* dv, int lddkv, const 
       A* dqb = dq + int64_t(b) * Tq * C + h * hs;
       A* dkb = dk + int64_t(b) * Tk * lddkv + h * hs;
       A* dvb = dv + int64_t(b) * Tk * lddkv + h * hs;
+      ops.reset();
       for (int j0 = 0; j0 < Tk; j0 += kBc) {
         const int bc = std::min(kBc, Tk - j0);
         const TileRange kr = tile_range(k_pos, kd, j0, j0 + bc);
-        bool loaded = false;
         for (int i0 = 0; i0 < Tq; i0 += kBr) {
           const int br = std::min(kBr, Tq - i0);
           if (tile_hidden(tile_range(q_pos, qd, i0, i0 + br), kr, qd != nullptr)) continue;
-          if (!loaded) {
-            load_rows(K.data(), kb + int64_t(j0) * ldkv, ldkv, bc, hs);
-            load_rows(V.data(), vb + int64_t(j0) * ldkv, ldkv, bc, hs);
-            loaded = true;
-          }
           load_rows(Q.data(), qb + int64_t(i0) * ldq, ldq, br, hs);
           load_rows(dO.data(), go + int64_t(i0) * C, C, br, hs);
-          gemm<A>(false, true, br, bc, hs, scale, Q.data(), hs, K.data(), hs, A(0), P.data(), kBc);
+          gemm_prepacked<A>(false, br, bc, hs, scale, Q.data(), hs, ops.kt.tile_t(kb, ldkv, j0, bc, hs, buf), 0,
+                            A(0), P.data(), kBc, ws);
           // A query that sees no key anywhere has lse -inf and no gradient.
-          flash::backward_tile(P.data(), dS.data(), Q.data(), dO.data(), K.data(), V.data(), L + i0, D + i0, br, bc,
-                               hs, scale, dqb + int64_t(i0) * C, C, dkb + int64_t(j0) * lddkv,
-                               dvb + int64_t(j0) * lddkv, lddkv, [&](int r, int c) {
+          flash::backward_tile(P.data(), dS.data(), dO.data(), i0, j0, ops.vt.tile_t(vb, ldkv, j0, bc, hs, buf),
+                               ops.k.whole(kb, ldkv, Tk, hs, buf), ops.q.whole(qb, ldq, Tq, hs, buf),
+                               ops.dout.whole(go, C, Tq, hs, buf), L + i0, D + i0, br, bc, hs, scale,
+                               dqb + int64_t(i0) * C, C, dkb + int64_t(j0) * lddkv, dvb + int64_t(j0) * lddkv, lddkv,
+                               ws, [&](int r, int c) {
                                  return visible(q_pos[i0 + r], k_pos[j0 + c], qd, kd, i0 + r, j0 + c) &&
                                         L[i0 + r] != A(-INFINITY);
                                });

@@ -1,12 +1,19 @@
-// The arithmetic of one tile of flash attention, shared by the whole-sequence kernels
+// The arithmetic of one tile pair of flash attention, shared by the whole-sequence kernels
 // (flash_attention.cpp) and ring attention's block kernels (flash_attention_block.cpp). The two
 // differ in which tiles they visit and in which keys a query may see (`sees(r, c)`: query row r of
-// the tile, key column c); what happens inside a tile is the same, so both call these.
+// the tile, key column c); what happens inside a tile pair is the same, so both call these. The
+// products take their B operands packed once per (b, h) pair (HeadOperand), not once per tile pair:
+// the GPU's thread blocks each load their own tiles, while the CPU's one thread per pair need not
+// load or pack anything twice. gemm_prepacked gives gemm()'s bits for the same operands.
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/load_store.h"
 #include "kernels/cpu/vec_math.h"
 
 namespace mt::cpu::flash {
@@ -14,13 +21,68 @@ namespace mt::cpu::flash {
 constexpr int kBr = 64;  // query rows per tile
 constexpr int kBc = 64;  // key/value rows per tile
 
+// One (b, h) pair's B operand for the tile products, packed when a tile pair first asks for it (a
+// block pair may hide most of its tiles) and then reused by every tile pair: the transposes of a
+// matrix's tiles of kBc rows (tile_t), or the matrix whole (whole; a tile's rows are then a window of
+// it, rows k0.. of gemm_prepacked). The matrix is read from S, through `buf` (rows x cols values)
+// where S is not A. reset() before the next pair.
+template <class A>
+class HeadOperand {
+ public:
+  explicit HeadOperand(int rows) : tiles_(size_t((rows + kBc - 1) / kBc)), ready_(tiles_.size()) {}
+  void reset() {
+    std::fill(ready_.begin(), ready_.end(), char(0));
+    whole_ready_ = false;
+  }
+  // Rows j0..j0+rows of x (row stride ld, cols columns), transposed.
+  template <class S>
+  const PackedB<A>& tile_t(const S* x, int ld, int j0, int rows, int cols, std::vector<A>& buf) {
+    const size_t t = size_t(j0 / kBc);
+    if (!ready_[t]) {
+      const auto [src, lds] = as_a(x + int64_t(j0) * ld, ld, rows, cols, buf);
+      tiles_[t].pack(true, src, lds, cols, rows);
+      ready_[t] = 1;
+    }
+    return tiles_[t];
+  }
+  // x whole (rows x cols, row stride ld).
+  template <class S>
+  const PackedB<A>& whole(const S* x, int ld, int rows, int cols, std::vector<A>& buf) {
+    if (!whole_ready_) {
+      const auto [src, lds] = as_a(x, ld, rows, cols, buf);
+      whole_.pack(false, src, lds, rows, cols);
+      whole_ready_ = true;
+    }
+    return whole_;
+  }
+
+ private:
+  // The rows as A values: in place where S is A, else loaded into buf.
+  template <class S>
+  static std::pair<const A*, int> as_a(const S* x, int ld, int rows, int cols, std::vector<A>& buf) {
+    if constexpr (std::is_same_v<S, A>) {
+      (void)rows;
+      (void)cols;
+      (void)buf;
+      return {x, ld};
+    } else {
+      load_rows(buf.data(), x, ld, rows, cols);
+      return {buf.data(), cols};
+    }
+  }
+  std::vector<PackedB<A>> tiles_;
+  std::vector<char> ready_;
+  PackedB<A> whole_;
+  bool whole_ready_ = false;
+};
+
 // Forward, one key tile meeting the query tile. On entry P (br x bc, row stride kBc) holds the scaled
 // scores s Q K^T. Row by row the online softmax: hidden scores -inf, the row's running max m and sum
 // l rescaled to the new max (a row that has seen no key yet keeps m = -inf, l = 0 and adds nothing),
-// P = exp(S - m), O = corr O; the caller then adds P V to O (forward_tile below, or a product with V
-// packed once for all of a head's tiles).
+// P = exp(S - m), then O = corr O + P V with the key tile's rows j0.. of V (whole V packed).
 template <class A, class Sees>
-void online_softmax_tile(A* P, int br, int bc, int hs, A* m, A* l, A* O, Sees sees) {
+void forward_tile(A* P, const PackedB<A>& v, int j0, int br, int bc, int hs, A* m, A* l, A* O, GemmScratch<A>& ws,
+                  Sees sees) {
   const A neg_inf = A(-INFINITY);
   for (int r = 0; r < br; r++) {
     A* p = P + size_t(r) * kBc;
@@ -50,52 +112,45 @@ void online_softmax_tile(A* P, int br, int bc, int hs, A* m, A* l, A* O, Sees se
     A* orow = O + size_t(r) * hs;
     for (int c = 0; c < hs; c++) orow[c] *= corr;
   }
+  gemm_prepacked<A>(false, br, hs, bc, A(1), P, kBc, v, j0, A(1), O, hs, ws);
 }
 
-// The online softmax, then O += P V with the tile V (bc x hs).
-template <class A, class Sees>
-void forward_tile(A* P, const A* V, int br, int bc, int hs, A* m, A* l, A* O, Sees sees) {
-  online_softmax_tile(P, br, bc, hs, m, l, O, sees);
-  gemm<A>(false, false, br, hs, bc, A(1), P, kBc, V, hs, A(1), O, hs);
-}
+// The B operands of the backward's products for one (b, h) pair: K^T and V^T by key tile, K, Q and
+// dO whole.
+template <class A>
+struct BackwardOperands {
+  HeadOperand<A> kt, vt, k, q, dout;
+  BackwardOperands(int Tq, int Tk) : kt(Tk), vt(Tk), k(Tk), q(Tq), dout(Tq) {}
+  void reset() {
+    for (HeadOperand<A>* o : {&kt, &vt, &k, &q, &dout}) o->reset();
+  }
+};
 
-// Backward, one (query tile, key tile) pair, in two elementwise steps around the products. On entry P
-// holds the scaled scores; L and D point at the tile's first query row's log-sum-exp and rowsum(dO * O).
-//   backward_probs:  P = exp(S - L) where the key is seen (0 elsewhere);
-//   then the caller's products dV += P^T dO and dS = dO V^T;
-//   backward_ds:     dS = P (dS - D);
-//   then dQ += s dS K and dK += s dS^T Q.
-// backward_tile runs the whole step on tile buffers (Q, dO: br x hs; K, V: bc x hs); dQ rows have
-// stride ldq, dK and dV rows stride ldkv.
+// Backward, one (query tile i0, key tile j0) pair. On entry P holds the scaled scores s Q_i K_j^T; L
+// and D point at the tile's first query row's log-sum-exp and rowsum(dO * O); dOi is the query tile
+// of dO (br x hs). P = exp(S - L) where the key is seen (0 elsewhere), dV += P^T dO,
+// dS = P (dO V^T - D), dQ += s dS K, dK += s dS^T Q, with the B operands from `b` (packed already by
+// the caller's calls for this pair); dQ rows have stride ldq, dK and dV rows stride ldkv.
 template <class A, class Sees>
-void backward_probs(A* P, const A* L, int br, int bc, Sees sees) {
+void backward_tile(A* P, A* dS, const A* dOi, int i0, int j0, const PackedB<A>& vt, const PackedB<A>& k,
+                   const PackedB<A>& q, const PackedB<A>& dout, const A* L, const A* D, int br, int bc, int hs,
+                   A scale, A* dQ, int ldq, A* dK, A* dV, int ldkv, GemmScratch<A>& ws, Sees sees) {
   for (int r = 0; r < br; r++) {
     A* p = P + size_t(r) * kBc;
     exp_shifted(p, p, L[r], bc);
     for (int c = 0; c < bc; c++)
       if (!sees(r, c)) p[c] = A(0);
   }
-}
-
-template <class A>
-void backward_ds(const A* P, A* dS, const A* D, int br, int bc) {
+  gemm_prepacked<A>(true, bc, hs, br, A(1), P, kBc, dout, i0, A(1), dV, ldkv, ws);
+  gemm_prepacked<A>(false, br, bc, hs, A(1), dOi, hs, vt, 0, A(0), dS, kBc, ws);
   for (int r = 0; r < br; r++) {
     const A Di = D[r];
     const A* p = P + size_t(r) * kBc;
     A* g = dS + size_t(r) * kBc;
     for (int c = 0; c < bc; c++) g[c] = p[c] * (g[c] - Di);
   }
-}
-
-template <class A, class Sees>
-void backward_tile(A* P, A* dS, const A* Q, const A* dO, const A* K, const A* V, const A* L, const A* D, int br,
-                   int bc, int hs, A scale, A* dQ, int ldq, A* dK, A* dV, int ldkv, Sees sees) {
-  backward_probs(P, L, br, bc, sees);
-  gemm<A>(true, false, bc, hs, br, A(1), P, kBc, dO, hs, A(1), dV, ldkv);
-  gemm<A>(false, true, br, bc, hs, A(1), dO, hs, V, hs, A(0), dS, kBc);
-  backward_ds(P, dS, D, br, bc);
-  gemm<A>(false, false, br, hs, bc, scale, dS, kBc, K, hs, A(1), dQ, ldq);
-  gemm<A>(true, false, bc, hs, br, scale, dS, kBc, Q, hs, A(1), dK, ldkv);
+  gemm_prepacked<A>(false, br, hs, bc, scale, dS, kBc, k, j0, A(1), dQ, ldq, ws);
+  gemm_prepacked<A>(true, bc, hs, br, scale, dS, kBc, q, i0, A(1), dK, ldkv, ws);
 }
 
 }  // namespace mt::cpu::flash

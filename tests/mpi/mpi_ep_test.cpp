@@ -372,7 +372,7 @@ TEST(ExpertParallel, ZeroBubbleSplitBackwardOfMixtureLayersMatchesTheSingleRankR
   const CurveErr e = curve_err(got, want);
   if (world.rank() == 0) std::printf("%s: %s\n", what.c_str(), e.str().c_str());
   expect_fp32_match(e, what);
-  EXPECT_LT(got.loss.back(), got.loss.front()) << what << ": does not learn";
+  EXPECT_TRUE(learns(got.loss)) << what << ": does not learn";
   // Saved under zb1 and resumed alone, saved alone and resumed under zb1: 3 more steps each with the
   // uninterrupted run's losses.
   char root[256] = {};

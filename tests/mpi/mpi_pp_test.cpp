@@ -105,7 +105,9 @@ TEST(PipelineParallel, EveryLayoutMatchesTheSingleRankRun) {
   parallel::Comm& world = mpi_world().comm();
   const int W = world.size();
   const std::string data = shared_corpus(world);
-  const int B = 2, steps = 10;
+  // 20 steps: in ten (32 tokens a step at accum=1) the loss fell by less than a batch's noise on some
+  // seeds (3708027791, 3133180849), and learns() could not tell.
+  const int B = 2, steps = 20;
   const std::vector<Layout> ls = layouts(W);
   if (ls.empty()) GTEST_SKIP() << "no pipeline layout for " << W << " ranks";
   for (const Layout& l : ls) {
@@ -135,11 +137,7 @@ TEST(PipelineParallel, EveryLayoutMatchesTheSingleRankRun) {
     } else {
       expect_fp32_match(e, l.str());
     }
-    // Learning, above the noise of a small batch (accum=1 is 32 tokens a step, whose loss moves by more
-    // than ten steps' progress: seed 3708027791 ended above its first step): the mean of the last
-    // three steps against the first three.
-    const auto mean3 = [](const std::vector<double>& v, size_t at) { return (v[at] + v[at + 1] + v[at + 2]) / 3; };
-    EXPECT_LT(mean3(got.loss, got.loss.size() - 3), mean3(got.loss, 0)) << l.str() << ": does not learn";
+    EXPECT_TRUE(learns(got.loss)) << l.str() << ": does not learn";
     EXPECT_TRUE(tied_copies_equal(t)) << l.str() << ": the two copies of wte differ";
     std::vector<float> flat;
     for (const auto& w : got.weights) flat.insert(flat.end(), w.begin(), w.end());

@@ -195,6 +195,8 @@ TEST(TensorParallel, NoiseScaleEqualsTheDataParallelRuns) {
 
 // bf16 activations: the tp run rounds at other points (the sum of partial products is rounded once
 // after the reduction, not inside one GEMM), so it agrees with the single rank to bf16's precision.
+// 30 steps: in ten, 32 tokens a step, the loss fell by less than one batch's noise on some seeds
+// (3133180849); in 30 it falls from ~4.15 to ~3.7 against a noise of ~0.1.
 TEST(TensorParallel, Bf16FollowsTheSingleRankRun) {
   parallel::Comm& world = mpi_world().comm();
   const int W = world.size();
@@ -204,14 +206,14 @@ TEST(TensorParallel, Bf16FollowsTheSingleRankRun) {
   Layout single = l;
   single.tp = single.dp = 1;
   single.zero = 0;
-  Trainer ref(options(data, single, l.dp * 2, 10));
-  const Curve want = train_curve(ref, 10);
-  Trainer t(options(data, l, 2, 10), &world);
-  const Curve got = train_curve(t, 10);
+  Trainer ref(options(data, single, l.dp * 2, 30));
+  const Curve want = train_curve(ref, 30);
+  Trainer t(options(data, l, 2, 30), &world);
+  const Curve got = train_curve(t, 30);
   const double loss_err = max_rel(got.loss, want.loss);
   if (world.rank() == 0) std::printf("%s: loss max rel err %.2e\n", l.str().c_str(), loss_err);
   EXPECT_LE(loss_err, 2e-2) << l.str();
-  EXPECT_LT(got.loss.back(), got.loss.front()) << "bf16 tp run does not learn";
+  EXPECT_TRUE(learns(got.loss)) << "bf16 tp run does not learn";
 }
 
 // Per step and layer, sequence parallelism moves 4 collectives of the (B T, C) activations each way:

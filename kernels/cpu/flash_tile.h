@@ -129,8 +129,9 @@ struct BackwardOperands {
 // Backward, one (query tile i0, key tile j0) pair. On entry P holds the scaled scores s Q_i K_j^T; L
 // and D point at the tile's first query row's log-sum-exp and rowsum(dO * O); dOi is the query tile
 // of dO (br x hs). P = exp(S - L) where the key is seen (0 elsewhere), dV += P^T dO,
-// dS = P (dO V^T - D), dQ += s dS K, dK += s dS^T Q, with the B operands from `b` (packed already by
-// the caller's calls for this pair); dQ rows have stride ldq, dK and dV rows stride ldkv.
+// dS = P (dO V^T - D), dQ += s dS K, dK += s dS^T Q. The B operands are the pair's packed V^T of key
+// tile j0, and K, Q and dO whole (the tile's rows start at j0, i0 and i0); dQ rows have stride ldq, dK
+// and dV rows stride ldkv.
 template <class A, class Sees>
 void backward_tile(A* P, A* dS, const A* dOi, int i0, int j0, const PackedB<A>& vt, const PackedB<A>& k,
                    const PackedB<A>& q, const PackedB<A>& dout, const A* L, const A* D, int br, int bc, int hs,

@@ -34,8 +34,8 @@
 // thread (see attention.cpp); the result does not depend on the thread count. A pair's operands are
 // loaded and packed once (gemm_prepacked, whose bits are gemm's for the same operands), not once per
 // tile pair: the GPU's thread blocks each load their own tiles, the CPU's one thread per pair need not.
-// Measured on a 2-core Zen 4 (2 threads; docs/perf.md, issue 32's eighth pass), B=4 T=256: backward
-// 70-71 -> 81-82 GFLOP/s, forward 64-65 -> 64-72; B=2 T=1024: forward 74-76 -> 88-89, backward 86-91 ->
+// Measured on a 2-core Zen 4 (2 threads; docs/perf.md, issue 32's eighth pass), B=4 T=256: forward
+// 64-66 -> 75 GFLOP/s, backward 72 -> 83-84; B=2 T=1024: forward 74-76 -> 88-89, backward 86-91 ->
 // 107-108. fp32 keeps its bits (gemm() ran the same built-in kernel); fp64, which gemm() hands to
 // OpenBLAS, now runs the built-in kernel like the materialized path's.
 #include <algorithm>
@@ -95,8 +95,8 @@ void flash_attention_fwd(S* out, acc_t<S>* lse, const S* qkv, const int32_t* doc
         // diagonal block are not loaded.
         for (int j0 = 0; j0 < i1; j0 += kBc) {
           const int bc = std::min(kBc, i1 - j0);
-          const PackedB<A>& ktj = kt.tile_t(base + C, ld, j0, std::min(kBc, T_ - j0), hs, buf);
-          gemm_prepacked<A>(false, br, bc, hs, scale, Q.data(), hs, ktj, 0, A(0), P.data(), kBc, ws);
+          gemm_prepacked<A>(false, br, bc, hs, scale, Q.data(), hs, kt.tile_t(base + C, ld, j0, hs, buf), 0, A(0),
+                            P.data(), kBc, ws);
           flash::forward_tile(P.data(), vn.whole(base + 2 * C, ld, T_, hs, buf), j0, br, bc, hs, m.data(), l.data(),
                               O.data(), ws, [&](int r, int c) { return allowed(i0 + r, j0 + c, d); });
         }
@@ -156,9 +156,9 @@ void flash_attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv
         for (int i0 = j0 / kBr * kBr; i0 < T_; i0 += kBr) {
           const int br = std::min(kBr, T_ - i0);
           gemm_prepacked<A>(false, br, bc, hs, scale, Q.data() + size_t(i0) * hs, hs,
-                            ops.kt.tile_t(base + C, ld, j0, bc, hs, buf), 0, A(0), P.data(), kBc, ws);
+                            ops.kt.tile_t(base + C, ld, j0, hs, buf), 0, A(0), P.data(), kBc, ws);
           flash::backward_tile(P.data(), dS.data(), dO.data() + size_t(i0) * hs, i0, j0,
-                               ops.vt.tile_t(base + 2 * C, ld, j0, bc, hs, buf), ops.k.whole(base + C, ld, T_, hs, buf),
+                               ops.vt.tile_t(base + 2 * C, ld, j0, hs, buf), ops.k.whole(base + C, ld, T_, hs, buf),
                                ops.q.whole(Q.data(), hs, T_, hs, buf), ops.dout.whole(dO.data(), hs, T_, hs, buf),
                                L + i0, D + i0, br, bc, hs, scale, dQ.data() + size_t(i0) * hs, hs, dK.data(), dV.data(),
                                hs, ws, [&](int r, int c) { return allowed(i0 + r, j0 + c, d); });

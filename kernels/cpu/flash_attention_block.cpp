@@ -7,9 +7,10 @@
 // and a query may see no key of the block at all: its output is 0 and its log-sum-exp -inf, never NaN.
 //
 // The loops are flash_attention.cpp's (FlashAttention-2 order, kBr x kBc tiles, online softmax in A,
-// the products' operands packed once per (b, h) pair: flash_tile.h), with two changes. A tile pair is skipped when the tiles' position ranges or document ranges make
-// every pair invisible (tile_hidden; packed rows, whose document ids rise along the sequence, are where
-// the document test skips whole tiles, e.g. a key block of a document that ended earlier). And the
+// the products' operands packed once per (b, h) pair: flash_tile.h), with two changes. A tile pair is
+// skipped when the tiles' position ranges or document ranges make every pair invisible (tile_hidden;
+// packed rows, whose document ids rise along the sequence, are where the document test skips whole
+// tiles, e.g. a key block of a document that ended earlier). And the
 // forward writes its output unrounded in A, normalised by the block's own sum, with that lse:
 //     out_blk = sum_j exp(s_ij - lse_blk) v_j,   lse_blk = log sum_j exp(s_ij)   (visible j only),
 // so that partial results merge exactly (attention_merge): with L = log(e^lse1 + e^lse2),
@@ -134,7 +135,7 @@ void flash_block_fwd(acc_t<S>* out, acc_t<S>* lse, const S* q, int ldq, const S*
         for (int j0 = 0; j0 < Tk; j0 += kBc) {
           const int bc = std::min(kBc, Tk - j0);
           if (tile_hidden(qr, tile_range(k_pos, kd, j0, j0 + bc), qd != nullptr)) continue;
-          gemm_prepacked<A>(false, br, bc, hs, scale, Q.data(), hs, kt.tile_t(kb, ldkv, j0, bc, hs, buf), 0, A(0),
+          gemm_prepacked<A>(false, br, bc, hs, scale, Q.data(), hs, kt.tile_t(kb, ldkv, j0, hs, buf), 0, A(0),
                             P.data(), kBc, ws);
           flash::forward_tile(P.data(), vn.whole(vb, ldkv, Tk, hs, buf), j0, br, bc, hs, m.data(), l.data(), O.data(),
                               ws, [&](int r, int c) {
@@ -237,10 +238,10 @@ void flash_block_bwd(acc_t<S>* dq, acc_t<S>* dk, acc_t<S>* dv, int lddkv, const 
           if (tile_hidden(tile_range(q_pos, qd, i0, i0 + br), kr, qd != nullptr)) continue;
           load_rows(Q.data(), qb + int64_t(i0) * ldq, ldq, br, hs);
           load_rows(dO.data(), go + int64_t(i0) * C, C, br, hs);
-          gemm_prepacked<A>(false, br, bc, hs, scale, Q.data(), hs, ops.kt.tile_t(kb, ldkv, j0, bc, hs, buf), 0,
+          gemm_prepacked<A>(false, br, bc, hs, scale, Q.data(), hs, ops.kt.tile_t(kb, ldkv, j0, hs, buf), 0,
                             A(0), P.data(), kBc, ws);
           // A query that sees no key anywhere has lse -inf and no gradient.
-          flash::backward_tile(P.data(), dS.data(), dO.data(), i0, j0, ops.vt.tile_t(vb, ldkv, j0, bc, hs, buf),
+          flash::backward_tile(P.data(), dS.data(), dO.data(), i0, j0, ops.vt.tile_t(vb, ldkv, j0, hs, buf),
                                ops.k.whole(kb, ldkv, Tk, hs, buf), ops.q.whole(qb, ldq, Tq, hs, buf),
                                ops.dout.whole(go, C, Tq, hs, buf), L + i0, D + i0, br, bc, hs, scale,
                                dqb + int64_t(i0) * C, C, dkb + int64_t(j0) * lddkv, dvb + int64_t(j0) * lddkv, lddkv,

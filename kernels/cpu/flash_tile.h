@@ -29,16 +29,18 @@ constexpr int kBc = 64;  // key/value rows per tile
 template <class A>
 class HeadOperand {
  public:
-  explicit HeadOperand(int rows) : tiles_(size_t((rows + kBc - 1) / kBc)), ready_(tiles_.size()) {}
+  explicit HeadOperand(int rows) : rows_(rows), tiles_(size_t((rows + kBc - 1) / kBc)), ready_(tiles_.size()) {}
   void reset() {
     std::fill(ready_.begin(), ready_.end(), char(0));
     whole_ready_ = false;
   }
-  // Rows j0..j0+rows of x (row stride ld, cols columns), transposed.
+  // The key tile starting at row j0 of x (row stride ld, cols columns; all of the tile's rows, whatever
+  // part of it a product uses), transposed.
   template <class S>
-  const PackedB<A>& tile_t(const S* x, int ld, int j0, int rows, int cols, std::vector<A>& buf) {
+  const PackedB<A>& tile_t(const S* x, int ld, int j0, int cols, std::vector<A>& buf) {
     const size_t t = size_t(j0 / kBc);
     if (!ready_[t]) {
+      const int rows = std::min(kBc, rows_ - j0);
       const auto [src, lds] = as_a(x + int64_t(j0) * ld, ld, rows, cols, buf);
       tiles_[t].pack(true, src, lds, cols, rows);
       ready_[t] = 1;
@@ -70,6 +72,7 @@ class HeadOperand {
       return {buf.data(), cols};
     }
   }
+  int rows_;
   std::vector<PackedB<A>> tiles_;
   std::vector<char> ready_;
   PackedB<A> whole_;

@@ -143,7 +143,16 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   train::Trainer tr(o, world, local_rank);
   const bool print = !world || world->rank() == 0;
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
+  const bool on_device = o.device == Device::cuda;
   plan::Peak peak = train::run_peak(o, threads);
+  // A CPU's peak is calibrated again after each measured step and the fastest reading kept. One
+  // calibration runs for about a second, and on a shared machine a slower phase of a few seconds can
+  // cover it, which made MFU read high (above 100% at times) while the steps ran at full speed;
+  // readings spread over the steps' own window catch the speed the steps had. All ranks calibrate
+  // together (between barriers), as they did before the steps, so no rank's step shares its cores
+  // with another's calibration.
+  const bool recalibrate = o.peak_flops <= 0 && !on_device;
+  std::vector<double> readings{peak.flops};
   std::vector<train::StepResult> rs;
   for (int i = 0; i < o.steps; i++) {
     if (i == warmup) {
@@ -154,6 +163,18 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
     if (i >= warmup) rs.push_back(r);
     if (print)
       std::fprintf(stderr, "bench: step %d/%d %.3f s%s\n", i + 1, o.steps, r.t_total, i < warmup ? " (warm-up)" : "");
+    if (recalibrate && i >= warmup) {
+      if (world) world->barrier();
+      readings.push_back(train::calibrate_cpu_peak(threads, kRecalibrateSeconds).flops);
+      if (world) world->barrier();
+    }
+  }
+  if (recalibrate) {
+    std::string list;
+    for (double f : readings) list += strfmt("%s%.1f", list.empty() ? "" : ", ", f / 1e9);
+    peak.flops = *std::max_element(readings.begin(), readings.end());
+    peak.label += strfmt("; the fastest of %zu readings, before the steps and after each: %s", readings.size(),
+                         list.c_str());
   }
   // The op profile of the measured steps, taken before the blocking measurement below runs its own
   // reduction (and allocates its staging) under the same timer.
@@ -174,7 +195,6 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   // communicator over device buffers, timed to the device's completion).
   std::vector<double> waits, blocking;
   for (const train::StepResult& r : rs) waits.push_back(r.t_grad_wait);
-  const bool on_device = o.device == Device::cuda;
   parallel::Comm* reducer = &dp;
   if (dp.size() > 1 && on_device) {
     reducer = mesh.device_comm(mesh.cp() > 1 ? parallel::MeshGroup::cp_dp : parallel::MeshGroup::dp);
@@ -201,16 +221,6 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
       blocking.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     if (on_device) mem.free(g);
-  }
-  // A CPU's peak is calibrated again after the steps and the faster reading kept: the calibration
-  // GEMM runs for about a second, and on a shared machine a slower phase of a few seconds can cover
-  // all of it, which made MFU read high (above 100% at times) while the steps ran at full speed.
-  if (o.peak_flops <= 0 && !on_device) {
-    const plan::Peak again = train::run_peak(o, threads);
-    const double before = peak.flops;
-    if (again.flops > peak.flops) peak = again;
-    peak.label += strfmt("; the faster of two readings, %.1f before the steps and %.1f after", before / 1e9,
-                         again.flops / 1e9);
   }
   std::vector<double> ep_seconds, ep_blocking;
   if (mesh.ep() > 1 && tr.op_timer()) ep_seconds = ep_exchange_seconds(mesh.ep_comm(), op_totals);

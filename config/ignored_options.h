@@ -4,6 +4,8 @@
 //   moe.top_k, moe.every, moe.capacity, moe.balance, moe.aux_coef, moe.z_coef, moe.bias_rate,
 //   moe.shared                      need a mixture of experts (moe.experts > 0)
 //   trace.start, trace.steps        need trace=1
+//   loss_scale.init,
+//   loss_scale.growth_interval      need precision=fp16 (the only precision that scales its loss)
 //
 // Only options typed on the command line count (a key=value or a --flag; a --config file may hold
 // every key, as a run's config.json does): a preset's, a default's or a file's values are never refused.

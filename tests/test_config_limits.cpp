@@ -81,6 +81,16 @@ TEST(IgnoredOptions, TraceStepsWithoutATraceAreRefused) {
   EXPECT_EQ(refusal({"trace=1", "trace.start=3", "trace.steps=2"}), "accepted");
 }
 
+TEST(IgnoredOptions, LossScaleOptionsOutsideFp16AreRefused) {
+  for (const std::string kv : {"loss_scale.init=1024", "loss_scale.growth_interval=100"}) {
+    expect_refused({kv}, kv + " needs precision=fp16");
+    expect_refused({"precision=bf16", kv}, kv + " needs precision=fp16");
+    EXPECT_EQ(refusal({"precision=fp16", kv}), "accepted") << kv;
+    EXPECT_EQ(refusal({kv, "precision=fp16"}), "accepted") << kv;  // in any order
+  }
+  EXPECT_EQ(refusal({"precision=bf16", "loss_scale.max_skips=3"}), "accepted");  // the divergence guard's
+}
+
 TEST(IgnoredOptions, AConfigFileMayHoldEveryKey) {
   // A run's resolved config.json holds every key, the dense model's moe.* and trace.* included.
   const std::string path = ::testing::TempDir() + "/ignored_options_config.json";

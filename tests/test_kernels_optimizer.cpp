@@ -105,8 +105,15 @@ TEST(Optimizer, SumSquaresKeepsTheBlockOrderBitForBit) {
     // Magnitudes from 2^-12 to 2^26, so that the sum's last bits depend on which lane takes which value.
     std::vector<float> x = mt::testing::random_floats(sz(N), rng, -1.f, 1.f);
     for (float& v : x) v = std::ldexp(v, int(rng() % 39) - 12);
-    EXPECT_EQ(sum_squares<float>(x.data(), N), sum_squares_in_documented_order(x)) << "N=" << N;
+    const double want = sum_squares_in_documented_order(x);
+    EXPECT_EQ(sum_squares<float>(x.data(), N), want) << "N=" << N;
+    // Every vector path this CPU can run (an AVX-512 CPU also runs the AVX2 one) has the same bits.
+    for (SumPath p : {SumPath::portable, SumPath::avx2, SumPath::avx512})
+      if (can_sum_squares_on(p)) {
+        EXPECT_EQ(sum_squares_via(p, x.data(), N), want) << "N=" << N << " path " << int(p);
+      }
   }
+  EXPECT_TRUE(can_sum_squares_on(SumPath::portable));
   // A short block's tail goes lane by lane too: 1.25^2 joins lane 1's 1 (together they round 2^54 up
   // by an ulp, 4), not lane 0's 2^54 (where each alone would vanish).
   std::vector<float> x(13, 0.f);

@@ -68,16 +68,16 @@ void JsonlWriter::write(const nlohmann::json& j) {
   size_ += line.size();
 }
 
-plan::Peak calibrate_cpu_peak(int threads) {
+plan::Peak calibrate_cpu_peak(int threads, double min_seconds) {
   // A square fp32 GEMM through the same matmul op the model uses; best of a few repetitions.
   const int n = 1024;
   std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
   ops::Ctx ctx;
   ops::matmul_fwd<float>(c.data(), a.data(), b.data(), nullptr, n, n, n, ctx);  // warm-up
-  // Best of at least 8 repetitions and one second: the peak is what the GEMM reaches when it has
+  // Best of at least 8 repetitions and min_seconds: the peak is what the GEMM reaches when it has
   // the cores to itself, so a momentarily busy machine must not lower it (MFU would read high).
   double best = 1e30, spent = 0;
-  for (int rep = 0; rep < 8 || spent < 1.0; rep++) {
+  for (int rep = 0; rep < 8 || spent < min_seconds; rep++) {
     auto t0 = std::chrono::steady_clock::now();
     ops::matmul_fwd<float>(c.data(), a.data(), b.data(), nullptr, n, n, n, ctx);
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

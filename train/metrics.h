@@ -45,8 +45,9 @@ class JsonlWriter {
   bool regular_ = false;  // a regular file (not a pipe or device), which can be cut
 };
 
-// The peak of this CPU: the best rate of a square fp32 GEMM through the model's matmul op.
-plan::Peak calibrate_cpu_peak(int threads);
+// The peak of this CPU: the best rate of a square fp32 GEMM through the model's matmul op, over at
+// least min_seconds of repetitions.
+plan::Peak calibrate_cpu_peak(int threads, double min_seconds = 1.0);
 nlohmann::json memory_json(const MemStats& s);
 
 }  // namespace mt::train

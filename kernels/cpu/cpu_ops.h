@@ -85,6 +85,11 @@ void adamw(T* params, T* m, T* v, const T* grads, int64_t N, T lr, T beta1, T be
            const T* grad_scale = nullptr);
 template <class T>
 double sum_squares(const T* x, int64_t N);
+// sum_squares<float>'s vector paths: each gives the same bits (the same lanes, added in the same
+// order); sum_squares takes the widest this CPU has. For tests, which run every path the CPU can.
+enum class SumPath { portable, avx2, avx512 };
+bool can_sum_squares_on(SumPath path);
+double sum_squares_via(SumPath path, const float* x, int64_t N);
 template <class T>
 void scale(T* x, T s, int64_t N);
 void round_to(float* x, int64_t N, int dtype /* mt::DType */);

@@ -105,39 +105,88 @@ __attribute__((target("avx512f"))) void block_sums_avx512(const float* x, int64_
     out[s] = finish_lanes(lanes, x + s * kSumBlock + i, n - i);
   }
 }
+
+// The same lanes in two AVX2 registers per block (lanes 0-3 and 4-7), for CPUs without AVX-512.
+template <int kBlocks>
+__attribute__((target("avx2"))) void block_sums_avx2(const float* x, int64_t n, double* out) {
+  __m256d lo[kBlocks], hi[kBlocks];
+  for (int s = 0; s < kBlocks; s++) lo[s] = hi[s] = _mm256_setzero_pd();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int s = 0; s < kBlocks; s++) {
+      const __m256d a = _mm256_cvtps_pd(_mm_loadu_ps(x + s * kSumBlock + i));
+      const __m256d b = _mm256_cvtps_pd(_mm_loadu_ps(x + s * kSumBlock + i + 4));
+      lo[s] = _mm256_add_pd(lo[s], _mm256_mul_pd(a, a));
+      hi[s] = _mm256_add_pd(hi[s], _mm256_mul_pd(b, b));
+    }
+  for (int s = 0; s < kBlocks; s++) {
+    alignas(32) double lanes[8];
+    _mm256_store_pd(lanes, lo[s]);
+    _mm256_store_pd(lanes + 4, hi[s]);
+    out[s] = finish_lanes(lanes, x + s * kSumBlock + i, n - i);
+  }
+}
 #pragma GCC diagnostic pop
 #endif
 
 template <int kBlocks, class T>
-void block_sums(const T* x, int64_t n, double* out) {
+void block_sums(const T* x, int64_t n, double* out, SumPath path) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if constexpr (std::is_same_v<T, float>)
-    if (cpu_has_avx512()) return block_sums_avx512<kBlocks>(x, n, out);
+  if constexpr (std::is_same_v<T, float>) {
+    if (path == SumPath::avx512) return block_sums_avx512<kBlocks>(x, n, out);
+    if (path == SumPath::avx2) return block_sums_avx2<kBlocks>(x, n, out);
+  }
 #endif
+  (void)path;
   block_sums_portable<kBlocks>(x, n, out);
 }
 
-}  // namespace
-
 template <class T>
-double sum_squares(const T* x, int64_t N) {
+double sum_squares_on(const T* x, int64_t N, SumPath path) {
   const int64_t blocks = (N + kSumBlock - 1) / kSumBlock, groups = (blocks + kStreams - 1) / kStreams;
   std::vector<double> partial(size_t(blocks), 0.0);
 #pragma omp parallel for schedule(static) if (parallel_worth(N))
   for (int64_t g = 0; g < groups; g++) {
     const int64_t b0 = g * kStreams;
     if ((b0 + kStreams) * kSumBlock <= N) {
-      block_sums<kStreams>(x + b0 * kSumBlock, kSumBlock, &partial[size_t(b0)]);
+      block_sums<kStreams>(x + b0 * kSumBlock, kSumBlock, &partial[size_t(b0)], path);
       continue;
     }
     for (int64_t b = b0; b < std::min(blocks, b0 + kStreams); b++) {  // the ragged end, a block at a time
       const int64_t i0 = b * kSumBlock;
-      block_sums<1>(x + i0, std::min(kSumBlock, N - i0), &partial[size_t(b)]);
+      block_sums<1>(x + i0, std::min(kSumBlock, N - i0), &partial[size_t(b)], path);
     }
   }
   double total = 0.0;
   for (double p : partial) total += p;
   return total;
+}
+
+}  // namespace
+
+bool can_sum_squares_on(SumPath path) {
+  switch (path) {
+    case SumPath::portable:
+      return true;
+    case SumPath::avx2:
+      return cpu_has_avx2_fma();
+    case SumPath::avx512:
+      return cpu_has_avx512();
+  }
+  return false;
+}
+
+double sum_squares_via(SumPath path, const float* x, int64_t N) {
+  MT_CHECK(can_sum_squares_on(path), "sum_squares_via: this CPU cannot run the requested vector path");
+  return sum_squares_on(x, N, path);
+}
+
+template <class T>
+double sum_squares(const T* x, int64_t N) {
+  const SumPath best = can_sum_squares_on(SumPath::avx512) ? SumPath::avx512
+                       : can_sum_squares_on(SumPath::avx2) ? SumPath::avx2
+                                                           : SumPath::portable;
+  return sum_squares_on(x, N, best);
 }
 
 template <class T>

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -43,11 +45,44 @@ World::World(int* argc, char*** argv) {
 }
 
 World::~World() {
+  const double deadline_s = comm_->wait_policy().timeout_s;
+  const int rank = comm_->rank(), size = comm_->size();
   comm_.reset();
 #ifdef MT_HAVE_MPI
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalize_ && !finalized) MPI_Finalize();
+  if (!finalize_ || finalized) return;
+  if (size == 1) {
+    MPI_Finalize();
+    return;
+  }
+  // MPI_Finalize waits for every rank to reach it. A rank stuck after the last collective (a write
+  // that never returns, a stopped process) would hold the others here forever: past the deadline
+  // (dist.timeout, as every wait on peers) this rank says so and ends with kExitHung, and mpirun
+  // then ends the job.
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watch([&] {
+    std::unique_lock<std::mutex> lock(m);
+    if (cv.wait_for(lock, std::chrono::duration<double>(deadline_s), [&] { return done; })) return;
+    std::fprintf(stderr,
+                 "minitrain: [rank %d] error: hung: MPI_Finalize waited %.1f s for the other ranks to finish "
+                 "(dist.timeout); one of them is stuck: ending the job\n",
+                 rank, deadline_s);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(kExitHung);
+  });
+  MPI_Finalize();
+  {
+    std::lock_guard<std::mutex> lock(m);
+    done = true;
+  }
+  cv.notify_one();
+  watch.join();
+#else
+  (void)deadline_s, (void)rank, (void)size;
 #endif
 }
 

@@ -30,7 +30,9 @@ class World {
  public:
   // Initialises MPI (when built with it). Only one World may exist in a process.
   World(int* argc, char*** argv);
-  ~World();  // finalises MPI
+  // Finalises MPI. MPI_Finalize waits for every rank: a rank still waiting after the world
+  // communicator's wait deadline (dist.timeout) prints one "hung" line and exits with kExitHung.
+  ~World();
   World(const World&) = delete;
   World& operator=(const World&) = delete;
 

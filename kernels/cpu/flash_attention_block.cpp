@@ -211,7 +211,9 @@ void flash_block_bwd(acc_t<S>* dq, acc_t<S>* dk, acc_t<S>* dv, int lddkv, const 
   const A scale = A(1) / std::sqrt(A(hs));
 #pragma omp parallel if (parallel_worth(int64_t(B) * NH * Tq * Tk * hs))
   {
-    std::vector<A> Q(size_t(kBr) * hs), dO(size_t(kBr) * hs), P(size_t(kBr) * kBc), dS(size_t(kBr) * kBc),
+    // The pair's Q and dO in A, loaded once (when its first visible tile pair needs them): the A
+    // operands of every query tile's products and the source of their packed forms.
+    std::vector<A> Q(size_t(Tq) * hs), dO(size_t(Tq) * hs), P(size_t(kBr) * kBc), dS(size_t(kBr) * kBc),
         buf(size_t(std::max(Tq, Tk)) * hs);
     flash::BackwardOperands<A> ops(Tq, Tk);  // each packed once per pair, when first needed
     GemmScratch<A> ws;
@@ -230,20 +232,25 @@ void flash_block_bwd(acc_t<S>* dq, acc_t<S>* dk, acc_t<S>* dv, int lddkv, const 
       A* dkb = dk + int64_t(b) * Tk * lddkv + h * hs;
       A* dvb = dv + int64_t(b) * Tk * lddkv + h * hs;
       ops.reset();
+      bool loaded = false;
       for (int j0 = 0; j0 < Tk; j0 += kBc) {
         const int bc = std::min(kBc, Tk - j0);
         const TileRange kr = tile_range(k_pos, kd, j0, j0 + bc);
         for (int i0 = 0; i0 < Tq; i0 += kBr) {
           const int br = std::min(kBr, Tq - i0);
           if (tile_hidden(tile_range(q_pos, qd, i0, i0 + br), kr, qd != nullptr)) continue;
-          load_rows(Q.data(), qb + int64_t(i0) * ldq, ldq, br, hs);
-          load_rows(dO.data(), go + int64_t(i0) * C, C, br, hs);
-          gemm_prepacked<A>(false, br, bc, hs, scale, Q.data(), hs, ops.kt.tile_t(kb, ldkv, j0, hs, buf), 0,
-                            A(0), P.data(), kBc, ws);
+          if (!loaded) {
+            load_rows(Q.data(), qb, ldq, Tq, hs);
+            load_rows(dO.data(), go, C, Tq, hs);
+            loaded = true;
+          }
+          gemm_prepacked<A>(false, br, bc, hs, scale, Q.data() + size_t(i0) * hs, hs,
+                            ops.kt.tile_t(kb, ldkv, j0, hs, buf), 0, A(0), P.data(), kBc, ws);
           // A query that sees no key anywhere has lse -inf and no gradient.
-          flash::backward_tile(P.data(), dS.data(), dO.data(), i0, j0, ops.vt.tile_t(vb, ldkv, j0, hs, buf),
-                               ops.k.whole(kb, ldkv, Tk, hs, buf), ops.q.whole(qb, ldq, Tq, hs, buf),
-                               ops.dout.whole(go, C, Tq, hs, buf), L + i0, D + i0, br, bc, hs, scale,
+          flash::backward_tile(P.data(), dS.data(), dO.data() + size_t(i0) * hs, i0, j0,
+                               ops.vt.tile_t(vb, ldkv, j0, hs, buf), ops.k.whole(kb, ldkv, Tk, hs, buf),
+                               ops.q.whole(Q.data(), hs, Tq, hs, buf), ops.dout.whole(dO.data(), hs, Tq, hs, buf),
+                               L + i0, D + i0, br, bc, hs, scale,
                                dqb + int64_t(i0) * C, C, dkb + int64_t(j0) * lddkv, dvb + int64_t(j0) * lddkv, lddkv,
                                ws, [&](int r, int c) {
                                  return visible(q_pos[i0 + r], k_pos[j0 + c], qd, kd, i0 + r, j0 + c) &&

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/calibrate.h"
+#include "kernels/cpu/fma_probe.h"
 #include "runtime/check.h"
 #include "train/run_summary.h"
 #include "train/trainer.h"
@@ -153,6 +154,15 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   // with another's calibration.
   const bool recalibrate = o.peak_flops <= 0 && !on_device;
   std::vector<double> readings{peak.flops};
+  // The cores' arithmetic limit (kernels/cpu/fma_probe.h), read at the same points as the GEMM's peak.
+  cpu::FmaPeak fma;
+  size_t fma_readings = 0;
+  auto read_fma = [&] {
+    fma_readings++;
+    const cpu::FmaPeak p = cpu::measure_fma_peak(threads);
+    if (p.flops > fma.flops) fma = p;
+  };
+  if (!on_device) read_fma();
   std::vector<train::StepResult> rs;
   for (int i = 0; i < o.steps; i++) {
     if (i == warmup) {
@@ -163,9 +173,10 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
     if (i >= warmup) rs.push_back(r);
     if (print)
       std::fprintf(stderr, "bench: step %d/%d %.3f s%s\n", i + 1, o.steps, r.t_total, i < warmup ? " (warm-up)" : "");
-    if (recalibrate && i >= warmup) {
+    if (!on_device && i >= warmup) {
       if (world) world->barrier();
-      readings.push_back(train::calibrate_cpu_peak(threads, kRecalibrateSeconds).flops);
+      if (recalibrate) readings.push_back(train::calibrate_cpu_peak(threads, kRecalibrateSeconds).flops);
+      read_fma();
       if (world) world->barrier();
     }
   }
@@ -260,6 +271,11 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   std::printf("| %-22s | %.1f%% |\n", "MFU", 100 * mfu);
   std::printf("| %-22s | %.1f%% |\n", "HFU", 100 * hfu);
   std::printf("| %-22s | %.1f GFLOP/s (%s) |\n", "peak", peak.flops / 1e9, peak.label.c_str());
+  if (!on_device)
+    std::printf("| %-22s | %.1f%% of %.1f GFLOP/s (%s FMAs on registers alone, %d thread%s, the fastest of %zu "
+                "readings: the cores' arithmetic limit, whatever the GEMM) |\n",
+                "MFU of FMA peak", 100 * tok_s * o.model.flops_per_token(o.seq_len) / (fma.flops * (world ? world->size() : 1)),
+                fma.flops / 1e9, fma.unit, threads, threads == 1 ? "" : "s", fma_readings);
   if (mfu > 1)
     std::fprintf(stderr,
                  "bench: MFU %.1f%% is above 100%%: the peak was measured while the machine ran slower than during "

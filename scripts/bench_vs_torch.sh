@@ -28,6 +28,11 @@ mt_tps=$(echo "$mt_out" | awk -F'|' '/tokens\/s \(median\)/ {gsub(/ /, "", $3); 
 pt_tps=$(echo "$pt_out" | awk -v p="$preset" '$1 == p {print $7; exit}')
 pt2_tps=$(echo "$pt2_out" | awk -v p="$preset" '$1 == p {print $7; exit}')
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "?" }'; }
+# Each side's share of the cores' FMA limit (bench's "MFU of FMA peak": the same FLOPs per token, so
+# PyTorch's share is minitrain's scaled by the throughputs).
+fma_mfu=$(echo "$mt_out" | awk -F'|' '/MFU of FMA peak/ {split($3, w, "%"); gsub(/ /, "", w[1]); print w[1]}')
+share() { awk -v m="$fma_mfu" -v a="$1" -v b="$mt_tps" 'BEGIN { if (m > 0 && b > 0) printf "%.1f%%", m * a / b; else print "?" }'; }
 echo "summary: $(date -u +%F) $preset B=$B T=$T fp32 threads=$threads: minitrain $mt_tps tok/s;" \
      "PyTorch eager $pt_tps tok/s (ratio $(ratio "$mt_tps" "$pt_tps")), with SkylakeX OpenBLAS $pt2_tps tok/s" \
-     "(ratio $(ratio "$mt_tps" "$pt2_tps"))"
+     "(ratio $(ratio "$mt_tps" "$pt2_tps")); of the FMA peak: minitrain $(share "$mt_tps"), PyTorch" \
+     "$(share "$pt_tps") / $(share "$pt2_tps")"

@@ -155,11 +155,12 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   const bool recalibrate = o.peak_flops <= 0 && !on_device;
   std::vector<double> readings{peak.flops};
   // The cores' arithmetic limit (kernels/cpu/fma_probe.h), read at the same points as the GEMM's peak.
+  // Its readings after the steps also show how fast the machine ran while they did.
   cpu::FmaPeak fma;
-  size_t fma_readings = 0;
+  std::string fma_readings;
   auto read_fma = [&] {
-    fma_readings++;
     const cpu::FmaPeak p = cpu::measure_fma_peak(threads);
+    fma_readings += strfmt("%s%.1f", fma_readings.empty() ? "" : ", ", p.flops / 1e9);
     if (p.flops > fma.flops) fma = p;
   };
   if (!on_device) read_fma();
@@ -272,10 +273,10 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   std::printf("| %-22s | %.1f%% |\n", "HFU", 100 * hfu);
   std::printf("| %-22s | %.1f GFLOP/s (%s) |\n", "peak", peak.flops / 1e9, peak.label.c_str());
   if (!on_device)
-    std::printf("| %-22s | %.1f%% of %.1f GFLOP/s (%s FMAs on registers alone, %d thread%s, the fastest of %zu "
-                "readings: the cores' arithmetic limit, whatever the GEMM) |\n",
+    std::printf("| %-22s | %.1f%% of %.1f GFLOP/s (%s FMAs on registers alone, %d thread%s: the cores' arithmetic "
+                "limit, whatever the GEMM; the fastest of %s) |\n",
                 "MFU of FMA peak", 100 * tok_s * o.model.flops_per_token(o.seq_len) / (fma.flops * (world ? world->size() : 1)),
-                fma.flops / 1e9, fma.unit, threads, threads == 1 ? "" : "s", fma_readings);
+                fma.flops / 1e9, fma.unit, threads, threads == 1 ? "" : "s", fma_readings.c_str());
   if (mfu > 1)
     std::fprintf(stderr,
                  "bench: MFU %.1f%% is above 100%%: the peak was measured while the machine ran slower than during "

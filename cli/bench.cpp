@@ -272,16 +272,31 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   std::printf("| %-22s | %.1f%% |\n", "MFU", 100 * mfu);
   std::printf("| %-22s | %.1f%% |\n", "HFU", 100 * hfu);
   std::printf("| %-22s | %.1f GFLOP/s (%s) |\n", "peak", peak.flops / 1e9, peak.label.c_str());
+  const double fma_mfu = on_device ? 0 : tok_s * o.model.flops_per_token(o.seq_len) / (fma.flops * (world ? world->size() : 1));
   if (!on_device)
     std::printf("| %-22s | %.1f%% of %.1f GFLOP/s (%s FMAs on registers alone, %d thread%s: the cores' arithmetic "
                 "limit, whatever the GEMM; the fastest of %s) |\n",
-                "MFU of FMA peak", 100 * tok_s * o.model.flops_per_token(o.seq_len) / (fma.flops * (world ? world->size() : 1)),
-                fma.flops / 1e9, fma.unit, threads, threads == 1 ? "" : "s", fma_readings.c_str());
-  if (mfu > 1)
+                "MFU of FMA peak", 100 * fma_mfu, fma.flops / 1e9, fma.unit, threads, threads == 1 ? "" : "s",
+                fma_readings.c_str());
+  if (mfu > 1) {
+    // Two causes, both in the definition rather than the step: the peak, and attention's FLOPs. The
+    // model FLOPs count the whole T x T (12 L C T a token, the usual convention), of which a causal
+    // step computes about half.
+    const double attention = 12.0 * o.model.n_layer * double(o.model.n_embd) * o.seq_len / o.model.flops_per_token(o.seq_len);
+    const bool given = o.peak_flops > 0;
+    const std::string peak_why =
+        given       ? "the peak given as peak_flops= is below what the step reached"
+        : on_device ? "the datasheet peak is below what the step reached (check the GPU's name and clocks)"
+                    : "the calibration GEMM ran slower than the step's products (a slow phase of the machine, or a "
+                      "shape it handles less well)";
+    std::string more;
+    if (!on_device) more += strfmt(" MFU of FMA peak (%.1f%%) has no calibration in it.", 100 * fma_mfu);
+    if (!given) more += " peak_flops=<FLOP/s> sets the peak yourself.";
     std::fprintf(stderr,
-                 "bench: MFU %.1f%% is above 100%%: the peak was measured while the machine ran slower than during "
-                 "the steps; rerun on a quieter machine, or give the peak as peak_flops=<FLOP/s>\n",
-                 100 * mfu);
+                 "bench: MFU %.1f%% is above 100%%: %s, and the model FLOPs count attention's whole T x T (%.1f%% of "
+                 "them here), of which a causal step computes about half.%s\n",
+                 100 * mfu, peak_why.c_str(), 100 * attention, more.c_str());
+  }
   std::printf("| %-22s | data %.1f%%, forward %.1f%%, backward %.1f%%, optimizer %.1f%% |\n", "time split",
               pct(sum.t_data), pct(sum.t_forward), pct(sum.t_backward), pct(sum.t_optimizer));
   for (int c = 0; c < kNumMemCategories; c++)

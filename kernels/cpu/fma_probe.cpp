@@ -78,16 +78,17 @@ float chains_portable(long n) {
 }  // namespace
 
 FmaPeak measure_fma_peak(int threads, double min_seconds) {
-  float (*chains)(long) = chains_portable;
-  double flops_per_iteration = 64 * 2;
-  FmaPeak p;
-  p.unit = "portable";
+  struct Probe {
+    float (*chains)(long);
+    double flops_per_iteration;
+    const char* unit;
+  };
+  Probe probe{chains_portable, 64 * 2, "portable"};
 #ifdef MT_FMA_X86
-  if (cpu_has_avx512()) {
-    chains = chains_avx512, flops_per_iteration = 12 * 16 * 2, p.unit = "AVX-512";
-  } else if (cpu_has_avx2_fma()) {
-    chains = chains_avx2, flops_per_iteration = 10 * 8 * 2, p.unit = "AVX2";
-  }
+  if (cpu_has_avx512())
+    probe = {chains_avx512, 12 * 16 * 2, "AVX-512"};
+  else if (cpu_has_avx2_fma())
+    probe = {chains_avx2, 10 * 8 * 2, "AVX2"};
 #endif
   threads = std::max(threads, 1);
   double best = 1e30, spent = 0;
@@ -96,15 +97,14 @@ FmaPeak measure_fma_peak(int threads, double min_seconds) {
     const auto t0 = std::chrono::steady_clock::now();
     float sum = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : sum)
-    sum += chains(kIterations);
+    sum += probe.chains(kIterations);
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     sink = sink + sum;
     best = std::min(best, t);
     spent += t;
     if (rep > 1000) break;
   }
-  p.flops = flops_per_iteration * double(kIterations) * threads / best;
-  return p;
+  return FmaPeak{probe.flops_per_iteration * double(kIterations) * threads / best, probe.unit};
 }
 
 }  // namespace mt::cpu

@@ -272,7 +272,8 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   std::printf("| %-22s | %.1f%% |\n", "MFU", 100 * mfu);
   std::printf("| %-22s | %.1f%% |\n", "HFU", 100 * hfu);
   std::printf("| %-22s | %.1f GFLOP/s (%s) |\n", "peak", peak.flops / 1e9, peak.label.c_str());
-  const double fma_mfu = on_device ? 0 : tok_s * o.model.flops_per_token(o.seq_len) / (fma.flops * (world ? world->size() : 1));
+  const double fma_mfu =
+      on_device ? 0 : tok_s * o.model.flops_per_token(o.seq_len) / (fma.flops * (world ? world->size() : 1));
   if (!on_device)
     std::printf("| %-22s | %.1f%% of %.1f GFLOP/s (%s FMAs on registers alone, %d thread%s: the cores' arithmetic "
                 "limit, whatever the GEMM; the fastest of %s) |\n",
@@ -282,7 +283,8 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
     // Two causes, both in the definition rather than the step: the peak, and attention's FLOPs. The
     // model FLOPs count the whole T x T (12 L C T a token, the usual convention), of which a causal
     // step computes about half.
-    const double attention = 12.0 * o.model.n_layer * double(o.model.n_embd) * o.seq_len / o.model.flops_per_token(o.seq_len);
+    const double attention =
+        12.0 * o.model.n_layer * double(o.model.n_embd) * o.seq_len / o.model.flops_per_token(o.seq_len);
     const bool given = o.peak_flops > 0;
     const std::string peak_why =
         given       ? "the peak given as peak_flops= is below what the step reached"

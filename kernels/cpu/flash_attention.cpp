@@ -72,8 +72,8 @@ void flash_attention_fwd(S* out, acc_t<S>* lse, const S* qkv, const int32_t* doc
   {
     // A thread block's working set: the Q tile, the score tile, the output accumulator and the running
     // max and sum of each query row; K^T by key tile and V whole come packed (flash_tile.h).
-    std::vector<A> Q(size_t(kBr) * hs), buf(size_t(T_) * hs), P(size_t(kBr) * kBc), O(size_t(kBr) * hs), m(kBr),
-        l(kBr);
+    std::vector<A> Q(size_t(kBr) * hs), buf(flash::load_buffer_size<S, A>(size_t(T_) * hs)), P(size_t(kBr) * kBc),
+        O(size_t(kBr) * hs), m(kBr), l(kBr);
     flash::HeadOperand<A> kt(T_), vn(T_);
     GemmScratch<A> ws;
 #pragma omp for schedule(static)
@@ -125,8 +125,9 @@ void flash_attention_bwd(S* dqkv, acc_t<S>* scratch, const S* dout, const S* qkv
     // accumulators, the pair's dQ accumulator, one tile pair's P and dS, and row buffers for D; the
     // products' B operands come packed (flash_tile.h).
     const size_t th = size_t(T_) * size_t(hs);
-    std::vector<A> Q(th), dO(th), buf(th), dK(size_t(kBc) * hs), dV(size_t(kBc) * hs), P(size_t(kBr) * kBc),
-        dS(size_t(kBr) * kBc), dQ(th), row_do(static_cast<size_t>(hs)), row_o(static_cast<size_t>(hs));
+    std::vector<A> Q(th), dO(th), buf(flash::load_buffer_size<S, A>(th)), dK(size_t(kBc) * hs), dV(size_t(kBc) * hs),
+        P(size_t(kBr) * kBc), dS(size_t(kBr) * kBc), dQ(th), row_do(static_cast<size_t>(hs)),
+        row_o(static_cast<size_t>(hs));
     flash::BackwardOperands<A> ops(T_, T_);
     GemmScratch<A> ws;
 #pragma omp for schedule(static)

@@ -109,8 +109,8 @@ void flash_block_fwd(acc_t<S>* out, acc_t<S>* lse, const S* q, int ldq, const S*
   const A neg_inf = A(-INFINITY);
 #pragma omp parallel if (parallel_worth(int64_t(B) * NH * Tq * Tk * hs))
   {
-    std::vector<A> Q(size_t(kBr) * hs), buf(size_t(Tk) * hs), P(size_t(kBr) * kBc), O(size_t(kBr) * hs), m(kBr),
-        l(kBr);
+    std::vector<A> Q(size_t(kBr) * hs), buf(flash::load_buffer_size<S, A>(size_t(Tk) * hs)), P(size_t(kBr) * kBc),
+        O(size_t(kBr) * hs), m(kBr), l(kBr);
     // The pair's K^T per key tile and its V whole, packed when a visible tile first needs them.
     flash::HeadOperand<A> kt(Tk), vn(Tk);
     GemmScratch<A> ws;
@@ -214,7 +214,7 @@ void flash_block_bwd(acc_t<S>* dq, acc_t<S>* dk, acc_t<S>* dv, int lddkv, const 
     // The pair's Q and dO in A, loaded once (when its first visible tile pair needs them): the A
     // operands of every query tile's products and the source of their packed forms.
     std::vector<A> Q(size_t(Tq) * hs), dO(size_t(Tq) * hs), P(size_t(kBr) * kBc), dS(size_t(kBr) * kBc),
-        buf(size_t(std::max(Tq, Tk)) * hs);
+        buf(flash::load_buffer_size<S, A>(size_t(std::max(Tq, Tk)) * hs));
     flash::BackwardOperands<A> ops(Tq, Tk);  // each packed once per pair, when first needed
     GemmScratch<A> ws;
 #pragma omp for schedule(static)

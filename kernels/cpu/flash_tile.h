@@ -21,6 +21,13 @@ namespace mt::cpu::flash {
 constexpr int kBr = 64;  // query rows per tile
 constexpr int kBc = 64;  // key/value rows per tile
 
+// The values HeadOperand's `buf` needs for a matrix of n values stored in S: none where S is A (the
+// matrix is packed in place).
+template <class S, class A>
+constexpr size_t load_buffer_size(size_t n) {
+  return std::is_same_v<S, A> ? 0 : n;
+}
+
 // One (b, h) pair's B operand for the tile products, packed when a tile pair first asks for it (a
 // block pair may hide most of its tiles) and then reused by every tile pair: the transposes of a
 // matrix's tiles of kBc rows (tile_t), or the matrix whole (whole; a tile's rows are then a window of

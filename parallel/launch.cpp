@@ -63,9 +63,11 @@ World::~World() {
   std::mutex m;
   std::condition_variable cv;
   bool done = false;
+  // At most about 30 years: a longer wait in nanoseconds would overflow the clock's count.
+  const std::chrono::duration<double> wait(std::min(deadline_s, 1e9));
   std::thread watch([&] {
     std::unique_lock<std::mutex> lock(m);
-    if (cv.wait_for(lock, std::chrono::duration<double>(deadline_s), [&] { return done; })) return;
+    if (cv.wait_for(lock, wait, [&] { return done; })) return;
     std::fprintf(stderr,
                  "minitrain: [rank %d] error: hung: MPI_Finalize waited %.1f s for the other ranks to finish "
                  "(dist.timeout); one of them is stuck: ending the job\n",

@@ -1,6 +1,7 @@
 // A job in which one rank fails while the others wait for it in a collective. Run as
 //   mpirun -np N mpi_fault <mode>
-// with mode: none (no failure: exits 0), kill (rank 1 SIGKILLs itself), exit (rank 1 exits with
+// with mode: none (no failure, under a deadline of 1e12 s, which the MPI_Finalize watchdog must not
+// take for an overflowed, already-passed one: exits 0), kill (rank 1 SIGKILLs itself), exit (rank 1 exits with
 // status 3 without finalising MPI), throw (rank 1 throws), collective (every rank throws the same
 // CollectiveError), mismatch (the last rank has a different config), hang (rank 1 stops itself with
 // SIGSTOP; the others' waits have a 1 s deadline and the job must end with status 4, each live rank
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
     Comm& c = w.comm();
     const int rank = c.rank();
     if (mode == "hang" || mode == "finalize") c.set_wait_policy({1.0, nullptr});
+    if (mode == "none") c.set_wait_policy({1e12, nullptr});
     float x = 1.f;
     c.all_reduce(&x, 1, mt::DType::f32, ReduceOp::sum);  // step 0: every rank healthy
     if (rank == 1 && mode == "kill") std::raise(SIGKILL);

@@ -115,6 +115,13 @@ void print_ep_ranks(const std::vector<double>& seconds, const std::vector<train:
   std::printf("| %-22s | %s (per step, layers summed) |\n", "ep exchange per rank", cells.c_str());
 }
 
+// Rates as "206.6, 197.3, 206.2" (GFLOP/s), for the peak rows.
+std::string gflops_list(const std::vector<double>& flops) {
+  std::string s;
+  for (double f : flops) s += strfmt("%s%.1f", s.empty() ? "" : ", ", f / 1e9);
+  return s;
+}
+
 }  // namespace
 
 int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int local_rank) {
@@ -157,10 +164,10 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   // The cores' arithmetic limit (kernels/cpu/fma_probe.h), read at the same points as the GEMM's peak.
   // Its readings after the steps also show how fast the machine ran while they did.
   cpu::FmaPeak fma;
-  std::string fma_readings;
+  std::vector<double> fma_readings;
   auto read_fma = [&] {
     const cpu::FmaPeak p = cpu::measure_fma_peak(threads);
-    fma_readings += strfmt("%s%.1f", fma_readings.empty() ? "" : ", ", p.flops / 1e9);
+    fma_readings.push_back(p.flops);
     if (p.flops > fma.flops) fma = p;
   };
   if (!on_device) read_fma();
@@ -182,11 +189,9 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
     }
   }
   if (recalibrate) {
-    std::string list;
-    for (double f : readings) list += strfmt("%s%.1f", list.empty() ? "" : ", ", f / 1e9);
     peak.flops = *std::max_element(readings.begin(), readings.end());
     peak.label += strfmt("; the fastest of %zu readings, before the steps and after each: %s", readings.size(),
-                         list.c_str());
+                         gflops_list(readings).c_str());
   }
   // The op profile of the measured steps, taken before the blocking measurement below runs its own
   // reduction (and allocates its staging) under the same timer.
@@ -278,7 +283,7 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
     std::printf("| %-22s | %.1f%% of %.1f GFLOP/s (%s FMAs on registers alone, %d thread%s: the cores' arithmetic "
                 "limit, whatever the GEMM; the fastest of %s) |\n",
                 "MFU of FMA peak", 100 * fma_mfu, fma.flops / 1e9, fma.unit, threads, threads == 1 ? "" : "s",
-                fma_readings.c_str());
+                gflops_list(fma_readings).c_str());
   if (mfu > 1) {
     // Two causes, both in the definition rather than the step: the peak, and attention's FLOPs. The
     // model FLOPs count the whole T x T (12 L C T a token, the usual convention), of which a causal

@@ -80,9 +80,12 @@ struct GPTConfig {
   bool same_shape(const GPTConfig& o) const;
 };
 
-// FLOPs per token that the hardware executes, including activation recomputation: full recompute
-// re-runs each layer's forward (2 N_layers + 4 L C T), selective re-runs the attention core (4 L C T),
-// and the flash backward recomputes one (CPU) or three (GPU) of the attention products (2 L C T each).
+// FLOPs per token for HFU: the model FLOPs plus what activation recomputation runs again. Full
+// recompute re-runs each layer's forward (2 N_layers + 4 L C T), selective re-runs the attention core
+// (4 L C T), and the flash backward recomputes one (CPU) or three (GPU) of the attention products
+// (2 L C T each). Attention is counted as the model FLOPs count it, the whole T x T, although a causal
+// kernel skips the blocks above the diagonal and executes about half of it: the same convention as
+// the planner's attention rates and `bench --calibrate`, so their times stay consistent.
 double hardware_flops_per_token(const GPTConfig& cfg, int T, Recompute r,
                                 Attention a = Attention::materialized, Device device = Device::cpu);
 // The attention products' share of it (12 L C T without recompute): the part the planner times at the

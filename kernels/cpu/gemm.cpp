@@ -41,7 +41,9 @@ namespace {
 // issue 32's seventh pass), and needed three-times-deeper slices for the classifier's products to
 // limit their passes over a large C; this order does best with one slice depth everywhere.
 constexpr int KC = 256;
-constexpr size_t kBlockBytes = size_t(1) << 20;  // a packed block of B: half of a core's 2 MiB L2
+// A packed block of B: half of a 2 MiB L2, all of Zen 4's 1 MiB (where 384 and 512 KiB blocks, with A
+// packed once per k slice instead of once per block, measured no faster: docs/perf.md, tenth pass).
+constexpr size_t kBlockBytes = size_t(1) << 20;
 
 int slice_depth(int K) {
   return std::min(KC, std::max(K, 1));

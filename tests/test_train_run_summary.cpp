@@ -109,6 +109,28 @@ TEST(RunTotals, SumsStepsKeepsTheRunsPeakAndEachCheckpointOnce) {
   EXPECT_TRUE(has(s, "runs/x/model.safetensors")) << s;
 }
 
+// A long CPU run reads its peak again at the end: a faster reading scales the steps' MFU and HFU
+// down (they were against the start's); a slower one leaves them; both readings are named.
+TEST(RunTotals, MfuTakesTheFasterOfTheStartAndEndPeaks) {
+  auto totals = [] {
+    RunTotals t;
+    t.add_step(1, step_with(5.0, 1000, 1.0), 0.10, 0.20, MemStats{});
+    t.add_step(2, step_with(4.0, 1000, 3.0), 0.30, 0.40, MemStats{});
+    return t;
+  };
+  RunTotals faster = totals();
+  faster.set_end_peak(100e9, 125e9);
+  const std::string f = faster.format(5.0, {});
+  EXPECT_TRUE(has(f, "MFU / HFU          20.0% / 28.0% (peak per rank read at the start, 100.00G, and at the end, "
+                     "125.00G FLOP/s: the faster kept)")) << f;
+  RunTotals slower = totals();
+  slower.set_end_peak(100e9, 80e9);
+  const std::string s = slower.format(5.0, {});
+  EXPECT_TRUE(has(s, "MFU / HFU          25.0% / 35.0% (peak per rank read at the start, 100.00G, and at the end, "
+                     "80.00G FLOP/s: the faster kept)")) << s;
+  EXPECT_TRUE(has(totals().format(5.0, {}), "MFU / HFU          25.0% / 35.0%\n"));  // one reading: no note
+}
+
 TEST(RunTotals, HasACriticalBatchRowOnlyWithANoiseEstimate) {
   RunTotals t;
   EXPECT_FALSE(has(t.format(1, {}), "critical batch"));

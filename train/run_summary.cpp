@@ -163,7 +163,17 @@ std::string RunTotals::format(double wall_s, const std::vector<std::pair<std::st
   s += row("train loss", steps_ ? strfmt("%.4f (last step)", loss_) : "-");
   s += row("val loss", has_val_ ? strfmt("%.4f (last evaluation)", val_loss_) : "- (eval_every=0 or no val data)");
   s += row("tokens/s", t_total_ > 0 ? strfmt("%.0f", tokens_ / t_total_) : "-");
-  s += row("MFU / HFU", t_total_ > 0 ? strfmt("%.1f%% / %.1f%%", 100 * mfu_time_ / t_total_, 100 * hfu_time_ / t_total_) : "-");
+  std::string mfu = "-";
+  if (t_total_ > 0) {
+    // The steps' figures are against the start's peak; a faster reading at the end scales them down.
+    const bool reread = start_peak_ > 0 && end_peak_ > 0;
+    const double scale = reread && end_peak_ > start_peak_ ? start_peak_ / end_peak_ : 1.0;
+    mfu = strfmt("%.1f%% / %.1f%%", 100 * scale * mfu_time_ / t_total_, 100 * scale * hfu_time_ / t_total_);
+    if (reread)
+      mfu += strfmt(" (peak per rank read at the start, %s, and at the end, %s FLOP/s: the faster kept)",
+                    format_count(start_peak_).c_str(), format_count(end_peak_).c_str());
+  }
+  s += row("MFU / HFU", mfu);
   const double other = std::max(0.0, t_total_ - t_data_ - t_forward_ - t_backward_ - t_grad_wait_ - t_optimizer_);
   s += row("time split", strfmt("data %.0f%%, forward %.0f%%, backward %.0f%%, grad wait %.0f%%, optimizer %.0f%%, other %.0f%%",
                                 pct(t_data_), pct(t_forward_), pct(t_backward_), pct(t_grad_wait_), pct(t_optimizer_),

@@ -81,6 +81,9 @@ class RunTotals {
   void set_noise_scale(double noise_tokens, double batch_tokens) { noise_tokens_ = noise_tokens, batch_tokens_ = batch_tokens; }
   // The slowest ranks by busy time (train/stragglers.h StragglerTally::slowest; "": no row).
   void set_slowest_ranks(std::string s) { slowest_ = std::move(s); }
+  // The peak read at the start (what each step's MFU used) and again at the end, per rank: the MFU and
+  // HFU row then take the faster of the two, and names both.
+  void set_end_peak(double start_flops, double end_flops) { start_peak_ = start_flops, end_peak_ = end_flops; }
 
   int steps() const { return steps_; }
   int64_t tokens() const { return tokens_; }
@@ -102,6 +105,7 @@ class RunTotals {
   ResumeHistory history_;
   double noise_tokens_ = 0, batch_tokens_ = 0;
   std::string slowest_;
+  double start_peak_ = 0, end_peak_ = 0;
 };
 
 }  // namespace mt::train

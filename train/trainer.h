@@ -276,8 +276,15 @@ class Trainer {
 namespace mt::train {
 // The peak the run's MFU is measured against: peak_flops when given, else on the CUDA backend the
 // datasheet peak of the current GPU (fails for a GPU not in the table, naming peak_flops), else the
-// CPU calibration GEMM. The label says which.
+// CPU calibration GEMM (kPeakSeconds of it). The label says which.
 plan::Peak run_peak(const config::TrainOptions& o, int threads);
+// True where run_peak measures the peak (the CPU calibration) instead of taking a given figure.
+bool peak_is_measured(const config::TrainOptions& o);
+// How long a CPU run reads its peak, before the steps and, once the run has lasted kRereadAfterSeconds
+// (so that the reading costs it under 1%), again at the end, every rank at once; the summary keeps the
+// faster. One reading can fall in a slow phase of a shared machine, which would make MFU read high.
+constexpr double kPeakSeconds = 0.3;
+constexpr double kRereadAfterSeconds = 30;
 // Consolidates a checkpoint (any layout) into one safetensors file with Hugging Face GPT-2 names and
 // orientation; with `all`, also every AdamW moment under its checkpoint name (for bitwise comparisons).
 void export_checkpoint(const std::string& ckpt_path, const std::string& out_path, bool all);

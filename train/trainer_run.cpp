@@ -37,7 +37,11 @@ plan::Peak run_peak(const config::TrainOptions& o, int threads) {
     return plan::Peak{p.flops, name + ", " + p.label, p.bytes_per_s};
   }
 #endif
-  return calibrate_cpu_peak(threads);
+  return calibrate_cpu_peak(threads, kPeakSeconds);
+}
+
+bool peak_is_measured(const config::TrainOptions& o) {
+  return o.peak_flops <= 0 && o.device != Device::cuda;
 }
 
 void Trainer::write_trace(const std::string& dir) {
@@ -239,6 +243,14 @@ int Trainer::run() {
   // The weights for Hugging Face from the checkpoint just committed: one layout-free path for every
   // layout (the checkpoint holds each tensor whole, whoever wrote which part).
   world_.barrier();
+  // A long CPU run reads its peak again, every rank at once, now that they have all stopped.
+  int32_t reread = writer && peak_is_measured(o_) && since_run() >= kRereadAfterSeconds;  // rank 0 decides
+  if (world_.size() > 1) world_.broadcast(&reread, 1, DType::i32, 0);
+  double end_peak = 0;
+  if (reread) {
+    end_peak = calibrate_cpu_peak(threads, kPeakSeconds).flops;
+    totals.set_end_peak(peak.flops, end_peak);
+  }
   if (writer)
     export_checkpoint((fs::path(ckpt_opts_.dir) / checkpoint::step_dir_name(step_)).string(),
                       (out / "model.safetensors").string(), false);
@@ -248,7 +260,9 @@ int Trainer::run() {
                format_bytes(m.peak[2]).c_str(), format_bytes(m.peak[3]).c_str(), format_bytes(m.peak[4]).c_str());
   check_fault_fired();
   if (writer) {
-    log.write({{"event", "end"}, {"step", step_}, {"seconds", since_run()}});
+    nlohmann::json record = {{"event", "end"}, {"step", step_}, {"seconds", since_run()}};
+    if (end_peak > 0) record["peak_flops_per_rank_end"] = end_peak;  // the summary's MFU uses the faster reading
+    log.write(record);
     totals.set_slowest_ranks(stragglers.slowest(3));
     std::fputs(totals.format(since_run(), run_outputs(o_.out_dir, ckpt_opts_.dir)).c_str(), stderr);
   }

@@ -28,10 +28,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# The same presets as minitrain's model config (model/config.cpp).
+# The same presets as minitrain's model config (model/config.cpp). A mixture preset replaces the MLP
+# of every `every`-th layer (layers every-1, 2 every-1, ...) by `experts` MLPs and a router, top_k each.
 PRESETS = {
     "tiny": dict(vocab_size=512, block_size=128, n_layer=4, n_head=4, n_embd=128),
+    "tiny-moe": dict(vocab_size=512, block_size=128, n_layer=4, n_head=4, n_embd=128, experts=4, top_k=2, every=2),
     "gpt2": dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+    "gpt2-moe": dict(vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768, experts=8, top_k=2, every=2),
     "gpt2-medium": dict(vocab_size=50257, block_size=1024, n_layer=24, n_head=16, n_embd=1024),
     "gpt2-large": dict(vocab_size=50257, block_size=1024, n_layer=36, n_head=20, n_embd=1280),
     "gpt2-xl": dict(vocab_size=50257, block_size=1024, n_layer=48, n_head=25, n_embd=1600),
@@ -45,16 +48,63 @@ def padded_vocab(v):
     return (v + 127) // 128 * 128
 
 
+class MLP(nn.Module):
+    def __init__(self, C):
+        super().__init__()
+        self.c_fc = nn.Linear(C, 4 * C)
+        self.c_proj = nn.Linear(4 * C, C)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+# minitrain's moe defaults (model/config.h MoeConfig): dropless, load-balancing and z losses.
+AUX_COEF, Z_COEF = 1e-2, 1e-3
+
+
+class MoE(nn.Module):
+    """A mixture layer as an eager PyTorch user writes it (the Mixtral block of Hugging Face's
+    transformers, dropless): a bias-free router, softmax, top-k gates renormalised to sum to one
+    (k > 1), each expert run on the rows that chose it and its weighted output added back with
+    index_add_. Adds the Switch Transformer balance loss and the ST-MoE z-loss to `self.aux`."""
+
+    def __init__(self, C, experts, top_k):
+        super().__init__()
+        self.top_k = top_k
+        self.router = nn.Linear(C, experts, bias=False)
+        self.experts = nn.ModuleList(MLP(C) for _ in range(experts))
+        self.aux = None
+
+    def forward(self, x):
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        logits = self.router(x)
+        probs = logits.softmax(dim=-1)
+        gate, chosen = probs.topk(self.top_k, dim=-1)
+        if self.top_k > 1:
+            gate = gate / gate.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            rows, slot = (chosen == e).nonzero(as_tuple=True)
+            if rows.numel():
+                out.index_add_(0, rows, expert(x[rows]) * gate[rows, slot, None])
+        E = len(self.experts)
+        share = F.one_hot(chosen, E).float().sum(dim=(0, 1)) / chosen.numel()  # f_i: a count, no gradient
+        balance = E * (share * probs.mean(dim=0)).sum()
+        z = torch.logsumexp(logits, dim=-1).pow(2).mean()
+        self.aux = AUX_COEF * balance + Z_COEF * z
+        return out.reshape(shape)
+
+
 class Block(nn.Module):
-    def __init__(self, C, n_head, block_size):
+    def __init__(self, C, n_head, block_size, moe=None):
         super().__init__()
         self.n_head = n_head
         self.ln_1 = nn.LayerNorm(C, eps=1e-5)
         self.c_attn = nn.Linear(C, 3 * C)
         self.c_proj = nn.Linear(C, C)
         self.ln_2 = nn.LayerNorm(C, eps=1e-5)
-        self.c_fc = nn.Linear(C, 4 * C)
-        self.mlp_proj = nn.Linear(4 * C, C)
+        self.mlp = MoE(C, *moe) if moe else MLP(C)
         if not HAVE_SDPA:
             mask = torch.tril(torch.ones(block_size, block_size, dtype=torch.bool))
             self.register_buffer("causal", mask, persistent=False)
@@ -73,7 +123,7 @@ class Block(nn.Module):
 
     def forward(self, x):
         x = x + self.attention(self.ln_1(x))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
@@ -83,7 +133,9 @@ class GPT(nn.Module):
         C = cfg["n_embd"]
         self.wte = nn.Embedding(padded_vocab(self.vocab), C)
         self.wpe = nn.Embedding(cfg["block_size"], C)
-        self.blocks = nn.ModuleList(Block(C, cfg["n_head"], cfg["block_size"]) for _ in range(cfg["n_layer"]))
+        moe = (cfg["experts"], cfg["top_k"]) if "experts" in cfg else None
+        self.blocks = nn.ModuleList(Block(C, cfg["n_head"], cfg["block_size"], moe if is_moe_layer(cfg, l) else None)
+                                    for l in range(cfg["n_layer"]))
         self.ln_f = nn.LayerNorm(C, eps=1e-5)
         for p in self.parameters():
             nn.init.normal_(p, std=0.02) if p.dim() > 1 else nn.init.zeros_(p)
@@ -99,18 +151,37 @@ class GPT(nn.Module):
             x = blk(x)
         logits = F.linear(self.ln_f(x), self.wte.weight)  # tied unembedding, (B, T, Vp)
         logits = logits[..., : self.vocab]
-        return F.cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1))
+        loss = F.cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1))
+        for blk in self.blocks:
+            if isinstance(blk.mlp, MoE):
+                loss = loss + blk.mlp.aux
+        return loss
+
+
+def is_moe_layer(cfg, layer):
+    return "experts" in cfg and (layer + 1) % cfg["every"] == 0
+
+
+def moe_layers(cfg):
+    return sum(is_moe_layer(cfg, l) for l in range(cfg["n_layer"]))
 
 
 def param_count(cfg):
-    """Parameters with the unpadded vocabulary and the tied embedding counted once (as HF reports)."""
+    """Parameters with the unpadded vocabulary and the tied embedding counted once (as HF reports), every
+    expert counted (model/config.cpp num_params)."""
     V, P, L, C = cfg["vocab_size"], cfg["block_size"], cfg["n_layer"], cfg["n_embd"]
-    return V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C
+    mlp = 8 * C * C + 5 * C
+    moe_extra = cfg["experts"] * C + (cfg["experts"] - 1) * mlp if "experts" in cfg else 0
+    return V * C + P * C + L * (12 * C * C + 13 * C) + moe_layers(cfg) * moe_extra + 2 * C
 
 
 def flops_per_token(cfg, T):
-    n_matmul = cfg["n_layer"] * 12 * cfg["n_embd"] ** 2 + cfg["vocab_size"] * cfg["n_embd"]
-    return 6.0 * n_matmul + 12.0 * cfg["n_layer"] * cfg["n_embd"] * T
+    """minitrain's model FLOPs (model/config.cpp): a mixture layer adds its router and the MLPs of the
+    top_k - 1 further experts a token uses."""
+    C = cfg["n_embd"]
+    moe_extra = cfg["experts"] * C + (cfg["top_k"] - 1) * 8 * C * C if "experts" in cfg else 0
+    n_matmul = cfg["n_layer"] * 12 * C ** 2 + moe_layers(cfg) * moe_extra + cfg["vocab_size"] * C
+    return 6.0 * n_matmul + 12.0 * cfg["n_layer"] * C * T
 
 
 def main():

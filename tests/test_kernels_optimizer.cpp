@@ -108,12 +108,12 @@ TEST(Optimizer, SumSquaresKeepsTheBlockOrderBitForBit) {
     const double want = sum_squares_in_documented_order(x);
     EXPECT_EQ(sum_squares<float>(x.data(), N), want) << "N=" << N;
     // Every vector path this CPU can run (an AVX-512 CPU also runs the AVX2 one) has the same bits.
-    for (SumPath p : {SumPath::portable, SumPath::avx2, SumPath::avx512})
-      if (can_sum_squares_on(p)) {
+    for (SimdPath p : {SimdPath::portable, SimdPath::avx2, SimdPath::avx512})
+      if (cpu_can_run(p)) {
         EXPECT_EQ(sum_squares_via(p, x.data(), N), want) << "N=" << N << " path " << int(p);
       }
   }
-  EXPECT_TRUE(can_sum_squares_on(SumPath::portable));
+  EXPECT_TRUE(cpu_can_run(SimdPath::portable));
   // A short block's tail goes lane by lane too: 1.25^2 joins lane 1's 1 (together they round 2^54 up
   // by an ulp, 4), not lane 0's 2^54 (where each alone would vanish).
   std::vector<float> x(13, 0.f);

@@ -2,16 +2,18 @@
 // long double (kMaxUlp = 4 units in the last place over the whole clamped range), the SIMD body and
 // the scalar tail agreeing bit for bit, NaN propagating, and the saturation of the ops that use it
 // at extreme inputs; the softmax's row passes (maximum, sum of exps, scaling) bitwise their portable
-// loops at every length around the SIMD widths.
+// loops at every length around the SIMD widths; GELU on each vector path bitwise its portable loops.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/load_store.h"
 #include "kernels/cpu/vec_math.h"
 #include "tests/test_util.h"
 
@@ -152,6 +154,48 @@ TEST(VecMath, SoftmaxRowPassesHaveThePortableLoopsBits) {
     EXPECT_EQ(std::memcmp(got.data(), want_g.data(), sizeof(float) * got.size()), 0);
     for (size_t i = x.size() + 5; i < got.size(); i++) EXPECT_EQ(got[i], -7.f) << i;
   }
+}
+
+// GELU's vector paths widen the same fp32 operations: every path this CPU runs gives the portable
+// loops' bits, forward and backward, for each storage type, at ragged lengths around the 256-value
+// blocks and on values from 2^-20 to 2^7 with the saturated, infinite and NaN ones among them.
+template <class S>
+void expect_gelu_paths_match_portable() {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  auto bits = [](const std::vector<S>& v) {
+    std::vector<unsigned char> b(v.size() * sizeof(S));
+    std::memcpy(b.data(), v.data(), b.size());
+    return b;
+  };
+  for (int64_t n : {int64_t(1), int64_t(17), int64_t(255), int64_t(256), int64_t(257), int64_t(4099)}) {
+    SCOPED_TRACE(n);
+    std::vector<S> x(static_cast<size_t>(n)), g(static_cast<size_t>(n));
+    for (size_t i = 0; i < x.size(); i++) {
+      x[i] = store_as<S>(std::ldexp(normal(rng), int(rng() % 28) - 20));
+      g[i] = store_as<S>(normal(rng));
+    }
+    const float special[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity(), -12.f, 12.f, -0.f, 0.f};
+    for (size_t i = 0; i < std::size(special) && i < x.size(); i++) x[x.size() - 1 - i] = store_as<S>(special[i]);
+    std::vector<S> y0(x.size()), d0(x.size());
+    gelu_fwd_via<S>(SimdPath::portable, y0.data(), x.data(), n);
+    gelu_bwd_via<S>(SimdPath::portable, d0.data(), g.data(), x.data(), n);
+    for (SimdPath p : {SimdPath::avx2, SimdPath::avx512}) {
+      if (!cpu_can_run(p)) continue;
+      std::vector<S> y(x.size()), d(x.size());
+      gelu_fwd_via<S>(p, y.data(), x.data(), n);
+      gelu_bwd_via<S>(p, d.data(), g.data(), x.data(), n);
+      EXPECT_EQ(bits(y), bits(y0)) << "forward, path " << int(p);
+      EXPECT_EQ(bits(d), bits(d0)) << "backward, path " << int(p);
+    }
+  }
+}
+
+TEST(VecMath, GeluPathsHaveThePortableLoopsBits) {
+  expect_gelu_paths_match_portable<float>();
+  expect_gelu_paths_match_portable<bf16>();
+  expect_gelu_paths_match_portable<f16>();
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/cpu/vec_math.h"  // SimdPath
 #include "runtime/storage.h"
 
 namespace mt::cpu {
@@ -45,6 +46,12 @@ template <class S>
 void gelu_fwd(S* out, const S* inp, int64_t N);
 template <class S>
 void gelu_bwd(S* dinp, const S* dout, const S* inp, int64_t N);
+// The same on one vector path (the fp32 arithmetic widened, the same bits on every path; gelu_fwd and
+// gelu_bwd take the widest this CPU runs). For tests.
+template <class S>
+void gelu_fwd_via(SimdPath path, S* out, const S* inp, int64_t N);
+template <class S>
+void gelu_bwd_via(SimdPath path, S* dinp, const S* dout, const S* inp, int64_t N);
 template <class S>
 void attention_fwd(S* out, S* att, const S* qkv, const int32_t* doc, int B, int T_, int C, int NH);
 template <class S>
@@ -85,11 +92,9 @@ void adamw(T* params, T* m, T* v, const T* grads, int64_t N, T lr, T beta1, T be
            const T* grad_scale = nullptr);
 template <class T>
 double sum_squares(const T* x, int64_t N);
-// sum_squares<float>'s vector paths: each gives the same bits (the same lanes, added in the same
-// order); sum_squares takes the widest this CPU has. For tests, which run every path the CPU can.
-enum class SumPath { portable, avx2, avx512 };
-bool can_sum_squares_on(SumPath path);
-double sum_squares_via(SumPath path, const float* x, int64_t N);
+// sum_squares<float> on one vector path (the same lanes, added in the same order: the same bits);
+// sum_squares takes the widest this CPU runs. For tests, which run every path the CPU can.
+double sum_squares_via(SimdPath path, const float* x, int64_t N);
 template <class T>
 void scale(T* x, T s, int64_t N);
 void round_to(float* x, int64_t N, int dtype /* mt::DType */);

@@ -130,11 +130,11 @@ __attribute__((target("avx2"))) void block_sums_avx2(const float* x, int64_t n, 
 #endif
 
 template <int kBlocks, class T>
-void block_sums(const T* x, int64_t n, double* out, SumPath path) {
+void block_sums(const T* x, int64_t n, double* out, SimdPath path) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if constexpr (std::is_same_v<T, float>) {
-    if (path == SumPath::avx512) return block_sums_avx512<kBlocks>(x, n, out);
-    if (path == SumPath::avx2) return block_sums_avx2<kBlocks>(x, n, out);
+    if (path == SimdPath::avx512) return block_sums_avx512<kBlocks>(x, n, out);
+    if (path == SimdPath::avx2) return block_sums_avx2<kBlocks>(x, n, out);
   }
 #endif
   (void)path;
@@ -142,7 +142,7 @@ void block_sums(const T* x, int64_t n, double* out, SumPath path) {
 }
 
 template <class T>
-double sum_squares_on(const T* x, int64_t N, SumPath path) {
+double sum_squares_on(const T* x, int64_t N, SimdPath path) {
   const int64_t blocks = (N + kSumBlock - 1) / kSumBlock, groups = (blocks + kStreams - 1) / kStreams;
   std::vector<double> partial(size_t(blocks), 0.0);
 #pragma omp parallel for schedule(static) if (parallel_worth(N))
@@ -164,29 +164,14 @@ double sum_squares_on(const T* x, int64_t N, SumPath path) {
 
 }  // namespace
 
-bool can_sum_squares_on(SumPath path) {
-  switch (path) {
-    case SumPath::portable:
-      return true;
-    case SumPath::avx2:
-      return cpu_has_avx2_fma();
-    case SumPath::avx512:
-      return cpu_has_avx512();
-  }
-  return false;
-}
-
-double sum_squares_via(SumPath path, const float* x, int64_t N) {
-  MT_CHECK(can_sum_squares_on(path), "sum_squares_via: this CPU cannot run the requested vector path");
+double sum_squares_via(SimdPath path, const float* x, int64_t N) {
+  MT_CHECK(cpu_can_run(path), "sum_squares_via: this CPU cannot run the requested vector path");
   return sum_squares_on(x, N, path);
 }
 
 template <class T>
 double sum_squares(const T* x, int64_t N) {
-  const SumPath best = can_sum_squares_on(SumPath::avx512) ? SumPath::avx512
-                       : can_sum_squares_on(SumPath::avx2) ? SumPath::avx2
-                                                           : SumPath::portable;
-  return sum_squares_on(x, N, best);
+  return sum_squares_on(x, N, widest_simd_path());
 }
 
 template <class T>

@@ -188,6 +188,22 @@ bool cpu_has_avx2_fma() {
 #endif
 }
 
+bool cpu_can_run(SimdPath path) {
+  switch (path) {
+    case SimdPath::portable:
+      return true;
+    case SimdPath::avx2:
+      return cpu_has_avx2_fma();
+    case SimdPath::avx512:
+      return cpu_has_avx512();
+  }
+  return false;
+}
+
+SimdPath widest_simd_path() {
+  return cpu_has_avx512() ? SimdPath::avx512 : cpu_has_avx2_fma() ? SimdPath::avx2 : SimdPath::portable;
+}
+
 void exp_shifted(float* out, const float* in, float shift, int n) {
   int i = 0;
 #ifdef MT_VEC_X86

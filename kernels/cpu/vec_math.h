@@ -98,6 +98,12 @@ inline double exp_fast(double x) { return std::exp(x); }
 // them as their conditions.
 bool cpu_has_avx512();
 bool cpu_has_avx2_fma();
+// The vector paths of the kernels that keep one body per instruction set (sum_squares, GELU). Each
+// path gives the bits of the portable one; the kernels take the widest this CPU runs, and tests run
+// every one it can.
+enum class SimdPath { portable, avx2, avx512 };
+bool cpu_can_run(SimdPath path);
+SimdPath widest_simd_path();
 
 // out[i] = exp(in[i] - shift) for i < n; out may alias in.
 void exp_shifted(float* out, const float* in, float shift, int n);

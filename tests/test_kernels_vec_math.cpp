@@ -156,8 +156,8 @@ TEST(VecMath, SoftmaxRowPassesHaveThePortableLoopsBits) {
   }
 }
 
-// GELU's vector paths widen the same fp32 operations: every path this CPU runs gives the portable
-// loops' bits, forward and backward, for each storage type, at ragged lengths around the 256-value
+// GELU's vector paths widen the same IEEE operations: every path this CPU runs gives the portable
+// loops' bits, forward and backward, for each storage type and double, at ragged lengths around the 256-value
 // blocks and on values from 2^-20 to 2^7 with the saturated, infinite and NaN ones among them.
 template <class S>
 void expect_gelu_paths_match_portable() {
@@ -196,6 +196,7 @@ TEST(VecMath, GeluPathsHaveThePortableLoopsBits) {
   expect_gelu_paths_match_portable<float>();
   expect_gelu_paths_match_portable<bf16>();
   expect_gelu_paths_match_portable<f16>();
+  expect_gelu_paths_match_portable<double>();  // the finite-difference tests' type
 }
 
 }  // namespace

@@ -46,7 +46,7 @@ template <class S>
 void gelu_fwd(S* out, const S* inp, int64_t N);
 template <class S>
 void gelu_bwd(S* dinp, const S* dout, const S* inp, int64_t N);
-// The same on one vector path (the fp32 arithmetic widened, the same bits on every path; gelu_fwd and
+// The same on one vector path (the same arithmetic widened, the same bits on every path; gelu_fwd and
 // gelu_bwd take the widest this CPU runs). For tests.
 template <class S>
 void gelu_fwd_via(SimdPath path, S* out, const S* inp, int64_t N);

@@ -7,7 +7,6 @@
 // (from d tanh(u) = (1 - tanh^2) du and 1 - tanh^2 = 4 s (1 - s)).
 // Computed in A = acc_t<S> from the loaded input, rounded once on store.
 #include <algorithm>
-#include <type_traits>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/load_store.h"
@@ -71,69 +70,57 @@ template <class S>
   }
 }
 
+// One function per vector path around the same bodies (off x86 the "vector" ones are portable
+// builds that cpu_can_run never picks).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MT_GELU_TARGET(isa) [[gnu::target(isa)]]
+#else
+#define MT_GELU_TARGET(isa)
+#endif
 template <class S>
 void fwd_portable(S* out, const S* inp, int n) {
+  fwd_block(out, inp, n);
+}
+template <class S>
+MT_GELU_TARGET("avx2") void fwd_avx2(S* out, const S* inp, int n) {
+  fwd_block(out, inp, n);
+}
+template <class S>
+MT_GELU_TARGET("avx512f") void fwd_avx512(S* out, const S* inp, int n) {
   fwd_block(out, inp, n);
 }
 template <class S>
 void bwd_portable(S* dinp, const S* dout, const S* inp, int n) {
   bwd_block(dinp, dout, inp, n);
 }
-#if defined(__x86_64__) && defined(__GNUC__)
 template <class S>
-[[gnu::target("avx2")]] void fwd_avx2(S* out, const S* inp, int n) {
-  fwd_block(out, inp, n);
-}
-template <class S>
-[[gnu::target("avx2")]] void bwd_avx2(S* dinp, const S* dout, const S* inp, int n) {
+MT_GELU_TARGET("avx2") void bwd_avx2(S* dinp, const S* dout, const S* inp, int n) {
   bwd_block(dinp, dout, inp, n);
 }
 template <class S>
-[[gnu::target("avx512f")]] void fwd_avx512(S* out, const S* inp, int n) {
-  fwd_block(out, inp, n);
-}
-template <class S>
-[[gnu::target("avx512f")]] void bwd_avx512(S* dinp, const S* dout, const S* inp, int n) {
+MT_GELU_TARGET("avx512f") void bwd_avx512(S* dinp, const S* dout, const S* inp, int n) {
   bwd_block(dinp, dout, inp, n);
 }
-#endif
+#undef MT_GELU_TARGET
 
-// The block function of `path` (double keeps the portable one: it is for the tests' references).
-template <class S>
-auto fwd_on(SimdPath path) {
+template <class F>
+F on_path(SimdPath path, F portable, F avx2, F avx512) {
   MT_CHECK(cpu_can_run(path), "gelu: this CPU cannot run the requested vector path");
-#if defined(__x86_64__) && defined(__GNUC__)
-  if constexpr (std::is_same_v<acc_t<S>, float>) {
-    if (path == SimdPath::avx512) return &fwd_avx512<S>;
-    if (path == SimdPath::avx2) return &fwd_avx2<S>;
-  }
-#endif
-  return &fwd_portable<S>;
-}
-template <class S>
-auto bwd_on(SimdPath path) {
-  MT_CHECK(cpu_can_run(path), "gelu: this CPU cannot run the requested vector path");
-#if defined(__x86_64__) && defined(__GNUC__)
-  if constexpr (std::is_same_v<acc_t<S>, float>) {
-    if (path == SimdPath::avx512) return &bwd_avx512<S>;
-    if (path == SimdPath::avx2) return &bwd_avx2<S>;
-  }
-#endif
-  return &bwd_portable<S>;
+  return path == SimdPath::avx512 ? avx512 : path == SimdPath::avx2 ? avx2 : portable;
 }
 #pragma GCC diagnostic pop
 }  // namespace
 
 template <class S>
 void gelu_fwd_via(SimdPath path, S* out, const S* inp, int64_t N) {
-  const auto block = fwd_on<S>(path);
+  const auto block = on_path(path, &fwd_portable<S>, &fwd_avx2<S>, &fwd_avx512<S>);
 #pragma omp parallel for schedule(static) if (parallel_worth(N))
   for (int64_t i0 = 0; i0 < N; i0 += kBlock) block(out + i0, inp + i0, int(std::min<int64_t>(kBlock, N - i0)));
 }
 
 template <class S>
 void gelu_bwd_via(SimdPath path, S* dinp, const S* dout, const S* inp, int64_t N) {
-  const auto block = bwd_on<S>(path);
+  const auto block = on_path(path, &bwd_portable<S>, &bwd_avx2<S>, &bwd_avx512<S>);
 #pragma omp parallel for schedule(static) if (parallel_worth(N))
   for (int64_t i0 = 0; i0 < N; i0 += kBlock)
     block(dinp + i0, dout + i0, inp + i0, int(std::min<int64_t>(kBlock, N - i0)));

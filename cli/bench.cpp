@@ -152,14 +152,14 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
   const bool print = !world || world->rank() == 0;
   const int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
   const bool on_device = o.device == Device::cuda;
-  plan::Peak peak = train::run_peak(o, threads);
+  plan::Peak peak = train::run_peak(o, threads, kFirstPeakSeconds);
   // A CPU's peak is calibrated again after each measured step and the fastest reading kept. One
   // calibration runs for about a second, and on a shared machine a slower phase of a few seconds can
   // cover it, which made MFU read high (above 100% at times) while the steps ran at full speed;
   // readings spread over the steps' own window catch the speed the steps had. All ranks calibrate
   // together (between barriers), as they did before the steps, so no rank's step shares its cores
   // with another's calibration.
-  const bool recalibrate = o.peak_flops <= 0 && !on_device;
+  const bool recalibrate = train::peak_is_measured(o);
   std::vector<double> readings{peak.flops};
   // The cores' arithmetic limit (kernels/cpu/fma_probe.h), read at the same points as the GEMM's peak.
   // Its readings after the steps also show how fast the machine ran while they did.
@@ -183,7 +183,7 @@ int bench_main(const std::vector<std::string>& args, parallel::Comm* world, int 
       std::fprintf(stderr, "bench: step %d/%d %.3f s%s\n", i + 1, o.steps, r.t_total, i < warmup ? " (warm-up)" : "");
     if (!on_device && i >= warmup) {
       if (world) world->barrier();
-      if (recalibrate) readings.push_back(train::calibrate_cpu_peak(threads, kRecalibrateSeconds).flops);
+      if (recalibrate) readings.push_back(train::calibrate_cpu_peak(threads, train::kPeakSeconds).flops);
       read_fma();
       if (world) world->barrier();
     }

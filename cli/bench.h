@@ -13,7 +13,7 @@ namespace mt::cli {
 // backward, next to the time the same reduction takes when nothing overlaps it. Rank 0 prints.
 constexpr int kBenchWarmup = 2;  // untimed steps unless warmup= is given
 constexpr int kBenchSteps = 5;   // timed steps unless steps= is given
-constexpr double kRecalibrateSeconds = 0.3;  // each CPU peak reading after a measured step (30 GEMMs)
+constexpr double kFirstPeakSeconds = 1.0;  // the CPU peak reading before the steps (each after one: train::kPeakSeconds)
 int bench_main(const std::vector<std::string>& args, parallel::Comm* world = nullptr, int local_rank = -1);
 
 }  // namespace mt::cli

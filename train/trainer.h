@@ -276,9 +276,10 @@ class Trainer {
 namespace mt::train {
 // The peak the run's MFU is measured against: peak_flops when given, else on the CUDA backend the
 // datasheet peak of the current GPU (fails for a GPU not in the table, naming peak_flops), else the
-// CPU calibration GEMM (kPeakSeconds of it). The label says which.
-plan::Peak run_peak(const config::TrainOptions& o, int threads);
-// True where run_peak measures the peak (the CPU calibration) instead of taking a given figure.
+// CPU calibration GEMM, `seconds` of it (a run: kPeakSeconds). The label says which.
+plan::Peak run_peak(const config::TrainOptions& o, int threads, double seconds);
+// True where run_peak measures the peak (the CPU calibration) instead of taking a given or datasheet
+// figure: what decides whether a run (or bench) reads it again.
 bool peak_is_measured(const config::TrainOptions& o);
 // How long a CPU run reads its peak, before the steps and, once the run has lasted kRereadAfterSeconds
 // (so that the reading costs it under 1%), again at the end, every rank at once; the summary keeps the

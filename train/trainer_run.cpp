@@ -27,7 +27,16 @@ namespace mt::train {
 
 namespace fs = std::filesystem;
 
-plan::Peak run_peak(const config::TrainOptions& o, int threads) {
+bool peak_is_measured(const config::TrainOptions& o) {
+  if (o.peak_flops > 0) return false;
+#ifdef MT_HAVE_CUDA
+  if (o.device == Device::cuda) return false;  // the datasheet's
+#endif
+  return true;
+}
+
+plan::Peak run_peak(const config::TrainOptions& o, int threads, double seconds) {
+  if (peak_is_measured(o)) return calibrate_cpu_peak(threads, seconds);
   if (o.peak_flops > 0) return plan::Peak{o.peak_flops, "user-given peak"};
 #ifdef MT_HAVE_CUDA
   if (o.device == Device::cuda) {
@@ -37,11 +46,7 @@ plan::Peak run_peak(const config::TrainOptions& o, int threads) {
     return plan::Peak{p.flops, name + ", " + p.label, p.bytes_per_s};
   }
 #endif
-  return calibrate_cpu_peak(threads, kPeakSeconds);
-}
-
-bool peak_is_measured(const config::TrainOptions& o) {
-  return o.peak_flops <= 0 && o.device != Device::cuda;
+  fail("no peak for device %d", int(o.device));  // peak_is_measured covers every other case
 }
 
 void Trainer::write_trace(const std::string& dir) {
@@ -99,7 +104,7 @@ int Trainer::run() {
                    metrics_path.c_str(), (unsigned long long)log.cut_bytes());
   }
   const int threads = o_.threads > 0 ? o_.threads : omp_get_max_threads();
-  const plan::Peak peak = run_peak(o_, threads);
+  const plan::Peak peak = run_peak(o_, threads, kPeakSeconds);
   const double flops_tok = o_.model.flops_per_token(o_.seq_len);
   const double hw_flops_tok = model::hardware_flops_per_token(o_.model, o_.seq_len, o_.recompute, o_.attention_kind(), o_.device);
   const double world_peak = peak.flops * world_.size();

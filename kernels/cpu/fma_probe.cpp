@@ -85,10 +85,16 @@ FmaPeak measure_fma_peak(int threads, double min_seconds) {
   };
   Probe probe{chains_portable, 64 * 2, "portable"};
 #ifdef MT_FMA_X86
-  if (cpu_has_avx512())
-    probe = {chains_avx512, 12 * 16 * 2, "AVX-512"};
-  else if (cpu_has_avx2_fma())
-    probe = {chains_avx2, 10 * 8 * 2, "AVX2"};
+  switch (widest_simd_path()) {
+    case SimdPath::avx512:
+      probe = {chains_avx512, 12 * 16 * 2, "AVX-512"};
+      break;
+    case SimdPath::avx2:
+      probe = {chains_avx2, 10 * 8 * 2, "AVX2"};
+      break;
+    case SimdPath::portable:
+      break;
+  }
 #endif
   threads = std::max(threads, 1);
   double best = 1e30, spent = 0;
